@@ -1,0 +1,40 @@
+"""kdist_magics: distributed Keras training from one notebook cell.
+
+``%load_ext kdist_magics`` registers ``%%kdist`` and ``%kdist``. Loading imports
+neither TensorFlow, Keras nor Horovod: every heavy import happens when a cell
+actually needs it.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["load_ipython_extension", "unload_ipython_extension", "last_run", "__version__"]
+
+# The one piece of module state: the magics instance registered with the shell.
+_extension = None
+
+
+def load_ipython_extension(ipython):
+    """Register the magics with ``ipython`` (called by ``%load_ext``)."""
+    global _extension
+    from .magics import KDist
+
+    if _extension is not None and _extension.shell is ipython:
+        return
+    _extension = KDist(shell=ipython)
+    ipython.register_magics(_extension)
+
+
+def unload_ipython_extension(ipython):
+    """Stop what the extension started (engines, rendezvous) and forget it."""
+    global _extension
+    if _extension is None:
+        return
+    _extension.close()
+    _extension = None
+
+
+def last_run():
+    """The :class:`~kdist_magics.record.RunRecord` of the latest ``%%kdist`` run, or None."""
+    if _extension is None:
+        return None
+    return _extension.last_record

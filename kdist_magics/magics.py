@@ -1,0 +1,166 @@
+"""The ``%%kdist`` cell magic and ``%kdist`` line magic: parse, choose, run.
+
+One execute path: line -> :class:`~kdist_magics.spec.RunSpec` -> strategy ->
+:class:`~kdist_magics.record.RunRecord`. Defaults are traitlets, so
+``%config KDist.np = 4`` works.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
+
+from . import spec as specmod
+from .errors import CellFailed, KDistError
+from .record import RunRecord
+
+LINE_COMMANDS = ("status", "stop", "restart", "advise")
+
+
+@magics_class
+class KDist(Magics):
+    """Distributed Keras training from one notebook cell."""
+
+    strategy = CaselessStrEnum(specmod.STRATEGIES, default_value="auto",
+                               help="strategy used when a cell gives no --strategy").tag(config=True)
+    np = Integer(None, allow_none=True,
+                 help="ranks for engine strategies when a cell gives no --np "
+                      "(None: one per GPU, else 2)").tag(config=True)
+    devices = Integer(None, allow_none=True,
+                      help="mirrored replicas when a cell gives no --devices "
+                           "(None: all GPUs, else 2 logical CPU devices)").tag(config=True)
+    timeout = Float(None, allow_none=True,
+                    help="seconds after which a run is stopped (None: no limit)").tag(config=True)
+    out = CaselessStrEnum(specmod.OUT_MODES, default_value="rank0",
+                          help="whose output engine strategies show").tag(config=True)
+    dashboard = Bool(True, help="show the live dashboard widget").tag(config=True)
+    telemetry = Bool(True, help="attach the telemetry callback to fit()").tag(config=True)
+    bind_address = Unicode("127.0.0.1",
+                           help="address the rendezvous/TF_CONFIG ports listen on for a local "
+                                "cluster; attached clusters use an address every engine reaches"
+                           ).tag(config=True)
+    threads_per_rank = Integer(None, allow_none=True,
+                               help="intra-op threads per rank (None: cores / ranks)").tag(config=True)
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell=shell, **kwargs)
+        if shell is not None:
+            shell.configurables.append(self)
+        self._strategies: dict[str, Any] = {}
+        self.last_record: RunRecord | None = None
+
+    # -- configuration -------------------------------------------------------
+    def defaults(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy, "np": self.np, "devices": self.devices,
+            "timeout": self.timeout, "out": self.out,
+            "dashboard": self.dashboard, "telemetry": self.telemetry,
+        }
+
+    def parse(self, line: str) -> specmod.RunSpec:
+        return specmod.parse_line(line, self.defaults(), magic=self.kdist)
+
+    def strategy_object(self, name: str):
+        if name not in self._strategies:
+            from .strategies import create
+
+            self._strategies[name] = create(name)
+        return self._strategies[name]
+
+    # -- %%kdist -------------------------------------------------------------
+    @specmod.declare
+    @cell_magic
+    def kdist(self, line: str, cell: str):
+        """Run the cell distributed with a chosen strategy.
+
+        Examples::
+
+            %%kdist --strategy horovod --np 2 --pull model,history
+            %%kdist --strategy mirrored --devices 2
+            %%kdist                      # --strategy auto: picks one and says why
+        """
+        spec = self.parse(line)
+        reason = None
+        if spec.strategy == "auto":
+            spec, reason = self.choose(spec)
+            print(f"kdist: --strategy auto chose {spec.strategy}: {reason}")
+        strategy = self.strategy_object(spec.strategy)
+        record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec, reason=reason)
+        self.last_record = record
+        return self.execute(strategy, cell, spec, record)
+
+    def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord):
+        from .strategies import RunContext
+
+        ctx = RunContext(shell=self.shell, spec=spec, record=record, config=self)
+        try:
+            value = strategy.run(cell, ctx)
+        except CellFailed as exc:
+            if strategy.in_kernel:
+                for rank in record.ranks:
+                    record.set_rank(rank, state="failed", error=str(exc))
+            record.finish("failed", str(exc))
+            raise
+        except KeyboardInterrupt:
+            record.finish("interrupted", "interrupted")
+            raise
+        except KDistError as exc:
+            record.finish(getattr(exc, "status", "failed"), str(exc))
+            raise
+        except BaseException as exc:
+            record.finish("failed", f"{type(exc).__name__}: {exc}")
+            raise
+        record.finish("done")
+        return value
+
+    def choose(self, spec: specmod.RunSpec) -> tuple[specmod.RunSpec, str]:
+        """Resolve ``--strategy auto``."""
+        from .advisor import choose
+
+        name, reason = choose(self.shell.user_ns, spec)
+        return spec.with_strategy(name), reason
+
+    # -- %kdist --------------------------------------------------------------
+    @line_magic("kdist")
+    def kdist_line(self, line: str):
+        """%kdist status | stop | restart | advise"""
+        words = line.split()
+        if not words or words[0] not in LINE_COMMANDS:
+            raise UsageError(f"%kdist takes one of: {', '.join(LINE_COMMANDS)} "
+                             f"(to run a cell distributed, use %%kdist)")
+        command, rest = words[0], " ".join(words[1:])
+        return getattr(self, f"_cmd_{command}")(rest)
+
+    def _cmd_status(self, rest: str):
+        lines = ["kdist status"]
+        if not self._strategies:
+            lines.append("  no strategy has run in this kernel yet")
+        for name, strategy in self._strategies.items():
+            facts = ", ".join(f"{k}={v}" for k, v in strategy.status().items()) or "ready"
+            lines.append(f"  {name}: {facts}")
+        lines.append(f"  last run: {self.last_record.summary() if self.last_record else 'none'}")
+        print("\n".join(lines))
+
+    def _cmd_stop(self, rest: str):
+        self.close()
+        print("kdist: stopped everything kdist started")
+
+    def _cmd_restart(self, rest: str):
+        names = list(self._strategies)
+        self.close()
+        print(f"kdist: restarted ({', '.join(names) or 'nothing was running'}); "
+              "engines start again with the next cell")
+
+    def _cmd_advise(self, rest: str):
+        from .advisor import advise
+
+        return advise(self.shell.user_ns, self.parse(rest))
+
+    def close(self) -> None:
+        """Tear down every strategy (engines, servers, connections)."""
+        strategies, self._strategies = self._strategies, {}
+        for strategy in strategies.values():
+            strategy.teardown()

@@ -1,0 +1,120 @@
+"""The record of one ``%%kdist`` run: rank states, metric rows and utilisation samples.
+
+Everything that watches a run (the dashboard, ``kdist_magics.last_run()``,
+tests) reads this one object. Strategies and the telemetry feed write to it
+through :meth:`RunRecord.add`; listeners subscribed with
+:meth:`RunRecord.subscribe` are told of every change (from whatever thread the
+change happened on).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+RANK_STATES = ("starting", "running", "done", "failed", "stopped")
+
+
+@dataclass
+class RankState:
+    rank: int
+    state: str = "starting"
+    host: str | None = None
+    pid: int | None = None
+    device: str | None = None
+    error: str | None = None
+
+
+class RunRecord:
+    """What happened in one run. Rows are plain dicts so they travel and tabulate."""
+
+    def __init__(self, strategy: str, size: int = 1, spec: Any = None, reason: str | None = None):
+        self.strategy = strategy
+        self.spec = spec
+        self.reason = reason  # why --strategy auto chose this strategy
+        self.size = size
+        self.started = time.time()
+        self.ended: float | None = None
+        self.status = "running"  # running | done | failed | interrupted | timeout
+        self.error: str | None = None
+        self.ranks: dict[int, RankState] = {r: RankState(r) for r in range(size)}
+        self.metrics: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
+        self.progress: dict[str, Any] = {}  # epochs, steps per epoch, current step, ...
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[str, Any], None]] = []
+
+    # -- writing -------------------------------------------------------------
+    def subscribe(self, listener: Callable[[str, Any], None]) -> None:
+        self._listeners.append(listener)
+
+    def _notify(self, kind: str, payload: Any) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(kind, payload)
+            except Exception:  # a broken view must never break training
+                pass
+
+    def add(self, kind: str, row: dict[str, Any]) -> None:
+        """Add a ``metric`` or ``sample`` row, or a ``progress`` update."""
+        with self._lock:
+            if kind == "metric":
+                self.metrics.append(row)
+            elif kind == "sample":
+                self.samples.append(row)
+            elif kind == "progress":
+                self.progress.update(row)
+            else:
+                raise ValueError(f"unknown record row kind {kind!r}")
+        self._notify(kind, row)
+
+    def set_rank(self, rank: int, **fields: Any) -> None:
+        with self._lock:
+            state = self.ranks.setdefault(rank, RankState(rank))
+            for key, value in fields.items():
+                setattr(state, key, value)
+            self.size = max(self.size, len(self.ranks))
+        self._notify("rank", state)
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        with self._lock:
+            self.status = status
+            self.error = error
+            self.ended = time.time()
+            final = {"done": "done", "failed": "failed"}.get(status, "stopped")
+            for state in self.ranks.values():
+                if state.state in ("starting", "running"):
+                    state.state = final if status != "failed" else "stopped"
+        self._notify("status", status)
+
+    # -- reading -------------------------------------------------------------
+    @property
+    def duration(self) -> float:
+        return (self.ended or time.time()) - self.started
+
+    def to_pandas(self, table: str = "metrics"):
+        """``metrics``, ``samples`` or ``ranks`` as a pandas DataFrame."""
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pragma: no cover - pandas is an optional extra
+            raise ImportError("RunRecord.to_pandas needs pandas: pip install pandas") from exc
+        with self._lock:
+            if table == "metrics":
+                return pd.DataFrame(list(self.metrics))
+            if table == "samples":
+                return pd.DataFrame(list(self.samples))
+            if table == "ranks":
+                return pd.DataFrame([vars(s) for s in self.ranks.values()])
+        raise ValueError("table must be 'metrics', 'samples' or 'ranks'")
+
+    def summary(self) -> str:
+        done = sum(1 for s in self.ranks.values() if s.state == "done")
+        last = self.metrics[-1] if self.metrics else {}
+        loss = f", last loss {last['loss']:.4g}" if isinstance(last.get("loss"), (int, float)) else ""
+        return (f"{self.strategy}: {self.status} in {self.duration:.1f} s, "
+                f"{done}/{len(self.ranks)} ranks done{loss}")
+
+    def __repr__(self) -> str:
+        return f"<RunRecord {self.summary()}>"

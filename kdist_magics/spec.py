@@ -1,0 +1,187 @@
+"""Parse a ``%%kdist`` line into a frozen, validated :class:`RunSpec`.
+
+The options are declared once, here (:data:`OPTIONS`). :func:`declare` puts
+them on the magic (so ``%%kdist?`` shows them) and on a module-level parser, so
+the fast test tier can parse lines without an IPython shell. Every invalid
+value raises exactly :class:`IPython.core.error.UsageError`, before anything
+starts.
+"""
+
+from __future__ import annotations
+
+import keyword
+import shlex
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+STRATEGIES = ("auto", "default", "mirrored", "tpu", "horovod", "multiworker")
+#: strategies whose cell runs on ipyparallel engines, one process per rank
+ENGINE_STRATEGIES = ("horovod", "multiworker")
+#: strategies whose cell runs in the notebook's own namespace
+KERNEL_STRATEGIES = ("default", "mirrored", "tpu")
+OUT_MODES = ("rank0", "all", "none")
+
+OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("--strategy", "-s"), dict(default=None, choices=STRATEGIES, metavar="NAME",
+        help=f"how to distribute the cell: {', '.join(STRATEGIES)} (default: %%config KDist.strategy, 'auto')")),
+    (("--np", "-n"), dict(default=None, type=int, metavar="N",
+        help="number of ranks (engines) for horovod/multiworker, N >= 1")),
+    (("--devices",), dict(default=None, type=int, metavar="N",
+        help="number of replicas for mirrored (GPUs, or logical CPU devices without GPUs), N >= 1")),
+    (("--timeout",), dict(default=None, type=float, metavar="SECONDS",
+        help="stop the run after SECONDS (> 0) and report which ranks were still busy")),
+    (("--push",), dict(default=None, metavar="NAMES",
+        help="comma-separated notebook variables copied to every rank before the cell")),
+    (("--pull",), dict(default=None, metavar="NAMES",
+        help="comma-separated names copied from rank 0 into the notebook after the cell")),
+    (("--out",), dict(default=None, choices=OUT_MODES, metavar="WHICH",
+        help="whose output to show: rank0 (default), all (prefixed [rank N]) or none")),
+    (("--checkpoint",), dict(default=None, metavar="DIR",
+        help="rank 0 saves the model to DIR after every epoch (kept on interrupt or failure)")),
+    (("--no-dashboard",), dict(action="store_true", dest="no_dashboard",
+        help="do not show the live dashboard widget")),
+    (("--no-telemetry",), dict(action="store_true", dest="no_telemetry",
+        help="do not attach the telemetry callback to fit() (implies --no-dashboard)")),
+    (("--cluster-id",), dict(default=None, dest="cluster_id", metavar="ID",
+        help="attach to a running ipyparallel cluster with this cluster id (never stopped by kdist)")),
+    (("--profile",), dict(default=None, metavar="NAME",
+        help="IPython profile of the ipyparallel cluster to attach to")),
+)
+
+
+def declare(func):
+    """Decorate a magic function with every option in :data:`OPTIONS`."""
+    for flags, kwargs in reversed(OPTIONS):
+        func = argument(*flags, **kwargs)(func)
+    return magic_arguments()(func)
+
+
+@declare
+def _kdist(line):  # pragma: no cover - carrier of the parser only
+    """Run the cell distributed with a chosen strategy."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one ``%%kdist`` cell asked for, after defaults and validation."""
+
+    strategy: str = "auto"
+    np: int | None = None
+    devices: int | None = None
+    timeout: float | None = None
+    push: tuple[str, ...] = ()
+    pull: tuple[str, ...] = ()
+    out: str = "rank0"
+    checkpoint: str | None = None
+    dashboard: bool = True
+    telemetry: bool = True
+    cluster_id: str | None = None
+    profile: str | None = None
+    #: option names the user wrote on the line (as opposed to defaults)
+    given: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def on_engines(self) -> bool:
+        return self.strategy in ENGINE_STRATEGIES
+
+    @property
+    def attach(self) -> bool:
+        """True when the run uses a cluster the user started."""
+        return self.cluster_id is not None or self.profile is not None
+
+    def with_strategy(self, name: str) -> "RunSpec":
+        """The same request with ``auto`` resolved to ``name`` (validated again)."""
+        return validate(replace(self, strategy=name))
+
+
+def _names(option: str, value: str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n)]
+    if not names or bad:
+        shown = ", ".join(repr(b) for b in bad) or repr(value)
+        raise UsageError(
+            f"{option}: {shown} is not a Python name.\n"
+            f"{option} takes comma-separated variable names, e.g. {option} model,history"
+        )
+    return names
+
+
+def validate(spec: RunSpec) -> RunSpec:
+    """Check the combinations of options; return ``spec`` or raise UsageError."""
+    given = spec.given
+    if spec.strategy not in STRATEGIES:
+        raise UsageError(f"--strategy: {spec.strategy!r} is not a strategy; choose from {', '.join(STRATEGIES)}")
+    if spec.out not in OUT_MODES:
+        raise UsageError(f"--out: {spec.out!r} is not accepted; choose from {', '.join(OUT_MODES)}")
+    if spec.np is not None and spec.np < 1:
+        raise UsageError(f"--np: {spec.np} ranks is not possible; give N >= 1")
+    if spec.devices is not None and spec.devices < 1:
+        raise UsageError(f"--devices: {spec.devices} replicas is not possible; give N >= 1")
+    if spec.timeout is not None and not spec.timeout > 0:
+        raise UsageError(f"--timeout: {spec.timeout:g} seconds is not possible; give SECONDS > 0")
+    s = spec.strategy
+    if s in KERNEL_STRATEGIES:
+        for opt, name in (("--np", "np"), ("--push", "push"), ("--pull", "pull"),
+                          ("--cluster-id", "cluster_id"), ("--profile", "profile")):
+            if name in given:
+                raise UsageError(
+                    f"{opt} applies to engine strategies (horovod, multiworker), not {s}:\n"
+                    f"a {s} cell already runs in the notebook's own namespace"
+                    + ("; use --devices N for replicas" if name == "np" else "")
+                )
+        if "out" in given and spec.out != "rank0":
+            raise UsageError(f"--out applies to engine strategies (horovod, multiworker), not {s}")
+    if s in ENGINE_STRATEGIES and "devices" in given:
+        raise UsageError(f"--devices applies to mirrored; for {s} give the number of ranks with --np N")
+    if s in ("default", "tpu") and "devices" in given:
+        raise UsageError(f"--devices applies to mirrored, not {s}")
+    return spec
+
+
+def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
+    """Build a RunSpec from parsed arguments and configured defaults."""
+    defaults = dict(defaults or {})
+    given = set()
+    values: dict[str, Any] = {}
+    for key in ("strategy", "np", "devices", "timeout", "out", "checkpoint", "cluster_id", "profile"):
+        v = getattr(args, key)
+        if v is None:
+            v = defaults.get(key)
+        else:
+            given.add(key)
+        if v is not None:
+            values[key] = v
+    for key in ("push", "pull"):
+        raw = getattr(args, key)
+        if raw is not None:
+            given.add(key)
+        values[key] = _names(f"--{key}", raw)
+    telemetry = defaults.get("telemetry", True) and not args.no_telemetry
+    dashboard = defaults.get("dashboard", True) and not args.no_dashboard and telemetry
+    if args.no_dashboard:
+        given.add("dashboard")
+    if args.no_telemetry:
+        given.add("telemetry")
+    return validate(RunSpec(**values, dashboard=dashboard, telemetry=telemetry, given=frozenset(given)))
+
+
+def parse_line(line: str, defaults: Mapping[str, Any] | None = None, magic=None) -> RunSpec:
+    """Parse a ``%%kdist`` line (``magic`` is the decorated magic function, if any)."""
+    try:
+        shlex.split(line)
+    except ValueError as exc:  # unbalanced quotes
+        raise UsageError(f"%%kdist: cannot read the options ({exc})") from None
+    try:
+        args = parse_argstring(magic or _kdist, line)
+    except UsageError as exc:
+        msg = str(exc).replace("unrecognized arguments:", "unknown option(s):")
+        raise UsageError(f"%%kdist: {msg}\nSee %%kdist? for the options.") from None
+    extra = getattr(args, "_", None)
+    if extra:
+        raise UsageError(f"%%kdist: unexpected {' '.join(extra)!r}; options start with --")
+    return from_args(args, defaults)

@@ -1,0 +1,28 @@
+"""The strategies, looked up by name and imported only when a cell needs one."""
+
+from __future__ import annotations
+
+import importlib
+
+from ..errors import StrategyUnavailable
+from .base import RunContext, Strategy
+
+__all__ = ["RunContext", "Strategy", "create", "REGISTRY"]
+
+#: name -> "module:Class", relative to this package
+REGISTRY: dict[str, str] = {
+    "default": ".default:DefaultStrategy",
+}
+
+
+def create(name: str) -> Strategy:
+    """A new strategy object for ``name``; StrategyUnavailable if it is not built."""
+    target = REGISTRY.get(name)
+    if target is None:
+        raise StrategyUnavailable(
+            f"--strategy {name} is not available in this version of kdist_magics "
+            f"(built: {', '.join(sorted(REGISTRY))})"
+        )
+    module_name, _, cls = target.partition(":")
+    module = importlib.import_module(module_name, __name__)
+    return getattr(module, cls)()

@@ -1,0 +1,36 @@
+"""Running a cell in the notebook's own namespace, as a plain cell would run."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager
+
+from ..errors import CellFailed
+from .base import RunContext
+
+
+def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = None,
+                  bind: dict[str, Any] | None = None) -> Any:
+    """Run ``cell`` in the user's namespace inside ``scope``.
+
+    The cell goes through ``shell.run_cell``, so output, progress bars, the
+    value of a last expression and tracebacks look exactly as in a plain cell.
+    Names in ``bind`` (``strategy``) are set in the namespace first and stay
+    there afterwards. When the cell raises, its traceback has been shown and
+    :class:`CellFailed` marks the ``%%kdist`` cell as failed too.
+    """
+    shell = ctx.shell
+    if bind:
+        shell.user_ns.update(bind)
+    with contextlib.ExitStack() as stack:
+        if scope is not None:
+            stack.enter_context(scope)
+        if ctx.spec.telemetry:
+            from ..telemetry import attached
+
+            stack.enter_context(attached(ctx.record.add, rank=0))
+        result = shell.run_cell(cell, store_history=False, silent=False)
+    error = result.error_before_exec or result.error_in_exec
+    if error is not None:
+        raise CellFailed(error) from error
+    return result.result

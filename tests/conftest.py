@@ -1,0 +1,77 @@
+"""Shared fixtures. Importing this isolates IPython and Jupyter state in temp folders
+(before anything reads them), so tests never touch the developer's profiles."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_HOME = Path(tempfile.mkdtemp(prefix="kdist-tests-"))
+for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
+                 ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
+                 ("MPLCONFIGDIR", "mpl")):
+    os.environ[var] = str(_HOME / sub)
+    (_HOME / sub).mkdir(parents=True, exist_ok=True)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTPUT = Path(os.environ.get("KDIST_TEST_OUTPUT", ROOT / "test-output"))
+
+
+@pytest.fixture(scope="session")
+def test_output() -> Path:
+    """Folder for artefacts a person may want to look at (screenshots, executed notebooks)."""
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    return OUTPUT
+
+
+@pytest.fixture(scope="session")
+def shell():
+    """One IPython shell for the session with kdist loaded.
+
+    ``shell.run_cell_magic`` re-raises what the magic raises, so tests see the
+    exact exception type (UsageError, CellFailed, ...).
+    """
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "kdist_magics")
+    yield ip
+    ip.run_line_magic("unload_ext", "kdist_magics")
+
+
+@pytest.fixture
+def ip(shell):
+    """The session shell with a clean user namespace and default configuration."""
+    import kdist_magics
+
+    ext = kdist_magics._extension
+    saved = {name: getattr(ext, name) for name in ext.trait_names() if ext.trait_metadata(name, "config")}
+    keep = dict(shell.user_ns)
+    yield shell
+    for name, value in saved.items():
+        setattr(ext, name, value)
+    shell.user_ns.clear()
+    shell.user_ns.update(keep)
+
+
+def run_cell(ip, source: str):
+    """Run ``source`` as a notebook cell would and re-raise its error, if any."""
+    result = ip.run_cell(source, store_history=False)
+    error = result.error_before_exec or result.error_in_exec
+    if error is not None:
+        raise error
+    return result.result
+
+
+def python_without(*modules: str) -> str:
+    """Snippet that fails if any of ``modules`` got imported."""
+    return f"import sys; bad=[m for m in {modules!r} if m in sys.modules]; assert not bad, bad"
+
+
+PY = sys.executable
