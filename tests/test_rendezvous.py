@@ -1,0 +1,44 @@
+"""Horovod host assignment and the loopback-only rendezvous (needs horovod, no TF session)."""
+
+import socket
+import urllib.request
+
+import pytest
+
+pytest.importorskip("horovod.runner", reason="Horovod is built by `make test`'s set-up")
+
+from kdist_magics.rendezvous import Rendezvous, assign  # noqa: E402
+
+pytestmark = pytest.mark.horovod
+
+
+def test_single_host_ranks():
+    slots = assign(["a", "a", "a"])
+    assert [s.rank for s in slots] == [0, 1, 2]
+    assert [s.local_rank for s in slots] == [0, 1, 2]
+    assert {(s.local_size, s.cross_size, s.cross_rank) for s in slots} == {(3, 1, 0)}
+
+
+def test_two_hosts_interleaved_engines_get_host_local_ranks():
+    slots = assign(["h1", "h2", "h1", "h2"])
+    by_engine = [(s.hostname, s.rank, s.local_rank, s.cross_rank) for s in slots]
+    assert by_engine == [("h1", 0, 0, 0), ("h2", 2, 0, 1), ("h1", 1, 1, 0), ("h2", 3, 1, 1)]
+    assert all(s.local_size == 2 and s.cross_size == 2 and s.size == 4 for s in slots)
+
+
+def test_server_listens_on_loopback_only_and_serves_horovod_protocol():
+    with Rendezvous(["a", "a"]) as rdv:
+        assert rdv._httpd.server_address[0] == "127.0.0.1"
+        env = rdv.env(1)
+        assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_SIZE"] == "2"
+        assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "127.0.0.1" and env["HOROVOD_GLOO_IFACE"] == "lo"
+        # it is Horovod's key-value rendezvous store (what Gloo talks to)
+        url = f"http://127.0.0.1:{rdv.port}/global/probe"
+        put = urllib.request.Request(url, data=b"hello", method="PUT")
+        assert urllib.request.urlopen(put, timeout=5).status == 200
+        assert urllib.request.urlopen(url, timeout=5).read() == b"hello"
+        # and it is not reachable on any other local address
+        other = socket.gethostbyname(socket.gethostname())
+        if not other.startswith("127."):
+            with pytest.raises(OSError):
+                socket.create_connection((other, rdv.port), timeout=2).close()
