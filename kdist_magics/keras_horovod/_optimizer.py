@@ -1,0 +1,315 @@
+"""DistributedOptimizer for Keras 3 (TensorFlow backend) on Horovod's core collectives."""
+
+from __future__ import annotations
+
+import warnings
+
+import tensorflow as tf
+
+import horovod.tensorflow as hvd_tf
+
+
+def _check_backend():
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(
+            "the Keras 3 Horovod binding needs Keras' TensorFlow backend "
+            f"(KERAS_BACKEND=tensorflow); the active backend is {keras.backend.backend()!r}")
+
+
+def tf_variable(v):
+    """The ``tf.Variable`` behind a Keras 3 variable (or ``v`` itself)."""
+    if isinstance(v, tf.Variable):
+        return v
+    inner = getattr(v, "_value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    inner = getattr(v, "value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    raise TypeError(f"expected a Keras or TensorFlow variable, got {type(v).__name__}")
+
+
+def _split(items, n):
+    """``items`` in ``n`` contiguous, nearly equal chunks (no empty chunk)."""
+    n = max(1, min(n, len(items)))
+    q, r = divmod(len(items), n)
+    out, start = [], 0
+    for i in range(n):
+        stop = start + q + (1 if i < r else 0)
+        out.append(items[start:stop])
+        start = stop
+    return out
+
+
+class _Settings:
+    """What DistributedOptimizer was asked for (plain object: Keras does not track it)."""
+
+    def __init__(self, name, device_dense, device_sparse, compression, sparse_as_dense,
+                 gradient_predivide_factor, op, backward_passes_per_step,
+                 average_aggregated_gradients, groups, process_set, scale_local_gradients):
+        self.name = name
+        self.device_dense = device_dense
+        self.device_sparse = device_sparse
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.op = op
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self.average_aggregated_gradients = average_aggregated_gradients
+        self.groups = groups
+        self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
+
+
+class _State:
+    """Per-optimizer runtime state, kept out of Keras' variable tracking so that the
+    optimizer's ``variables`` (and so its saved state) are exactly the wrapped class's."""
+
+    def __init__(self, settings: _Settings):
+        self.s = settings
+        self.local = []          # registered worker-local tf.Variables
+        self.counter = None      # tf.Variable int32, backward passes since the last allreduce
+        self.accumulators = None  # list of tf.Variable or None (for None gradients)
+
+    # -- local variables -------------------------------------------------------------
+    def is_local(self, var) -> bool:
+        if not self.local:
+            return False
+        ref = tf_variable(var).ref()
+        return any(ref == v.ref() for v in self.local)
+
+    # -- the allreduce -------------------------------------------------------------
+    def reduce(self, grads, variables):
+        """Allreduce ``grads`` (list aligned with ``variables``; None entries stay None)."""
+        s = self.s
+        ps = s.process_set
+        grads = list(grads)
+        if s.sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
+        todo = [i for i, (g, v) in enumerate(zip(grads, variables))
+                if g is not None and not self.is_local(v)]
+        out = list(grads)
+        if todo and ps.included() and ps.size() > 1:
+            if s.op == hvd_tf.Average:
+                pre, post = 1.0 / s.gradient_predivide_factor, s.gradient_predivide_factor
+            else:
+                pre, post = 1.0, 1.0
+            with tf.name_scope(s.name + "_Allreduce"):
+                for chunk in self._groups(todo, variables):
+                    reduced = hvd_tf.grouped_allreduce(
+                        [grads[i] for i in chunk], device_dense=s.device_dense,
+                        device_sparse=s.device_sparse, compression=s.compression, op=s.op,
+                        prescale_factor=pre, postscale_factor=post, process_set=ps)
+                    for i, r in zip(chunk, reduced):
+                        out[i] = r
+        if self.local and s.scale_local_gradients:
+            n = float(ps.size())
+            for i, (g, v) in enumerate(zip(out, variables)):
+                if g is not None and self.is_local(v):
+                    if isinstance(g, tf.IndexedSlices):
+                        out[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                    else:
+                        out[i] = g / n
+        return out
+
+    def _groups(self, todo, variables):
+        groups = self.s.groups
+        if groups is None:
+            return [todo]  # one fused, grouped allreduce for the whole step
+        if isinstance(groups, int):
+            return _split(todo, groups)
+        # a list of lists of variables: those share a group; the rest go one by one
+        position = {tf_variable(variables[i]).ref(): i for i in todo}
+        chunks, seen = [], set()
+        for group in groups:
+            chunk = []
+            for var in group:
+                i = position.get(tf_variable(var).ref())
+                if i is not None and i not in seen:
+                    chunk.append(i)
+                    seen.add(i)
+            if chunk:
+                chunks.append(sorted(chunk))
+        chunks.extend([i] for i in todo if i not in seen)
+        return chunks
+
+    # -- local gradient aggregation (backward_passes_per_step > 1) ---------------------
+    def ensure_accumulators(self, grads, variables):
+        if self.accumulators is not None:
+            if len(self.accumulators) != len(variables):
+                raise ValueError(
+                    "DistributedOptimizer(backward_passes_per_step>1) was applied to a different "
+                    f"number of variables ({len(variables)}) than before ({len(self.accumulators)})")
+            return
+        with tf.init_scope():  # eager variables even when first called while tracing
+            self.counter = tf.Variable(0, dtype=tf.int32, trainable=False,
+                                       name="hvd_aggregation_counter")
+            accs = []
+            for g, v in zip(grads, variables):
+                if g is None:
+                    accs.append(None)
+                    continue
+                tv = tf_variable(v)
+                accs.append(tf.Variable(tf.zeros(tv.shape, dtype=tv.dtype), trainable=False,
+                                        name="hvd_aggregated_gradient"))
+            self.accumulators = accs
+
+    def dense(self, g):
+        if isinstance(g, tf.IndexedSlices):
+            if self.s.sparse_as_dense:
+                return tf.convert_to_tensor(g)
+            raise ValueError("IndexedSlices are not supported when `backward_passes_per_step` > 1 "
+                             "and `sparse_as_dense` is False.")
+        return g
+
+
+def _make_class(base_cls, settings: _Settings):
+    """A subclass of ``base_cls`` with the same name and module whose ``apply`` allreduces."""
+
+    class _DistributedOptimizer(base_cls):
+        _kdist_hvd_settings = settings
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._kdist_hvd = _State(self._kdist_hvd_settings)
+
+        def register_local_var(self, var):
+            """Treat ``var`` as worker-local: its gradient is not allreduced (it is divided by
+            the number of ranks when ``scale_local_gradients``, as in Horovod)."""
+            self._kdist_hvd.local.append(tf_variable(var))
+
+        def apply(self, grads, trainable_variables=None):
+            grads = list(grads)
+            if not grads:
+                return super().apply(grads, trainable_variables)
+            if trainable_variables is None:
+                if not self.built:
+                    return super().apply(grads, trainable_variables)  # Keras' own error
+                variables = list(self._trainable_variables)
+            else:
+                variables = list(trainable_variables)
+            state = self._kdist_hvd
+            k = state.s.backward_passes_per_step
+            if k <= 1:
+                return super().apply(state.reduce(grads, variables), trainable_variables)
+
+            if not self.built:
+                import keras
+
+                with keras.name_scope(self.name, caller=self):
+                    self.build(variables)
+            base_apply = super().apply
+            state.ensure_accumulators(grads, variables)
+            dense = [None if g is None else state.dense(g) for g in grads]
+            for acc, g in zip(state.accumulators, dense):
+                if acc is not None and g is not None:
+                    acc.assign_add(tf.cast(g, acc.dtype))
+            state.counter.assign_add(1)
+
+            def allreduce_and_apply():
+                summed = [None if acc is None else acc.read_value() for acc in state.accumulators]
+                reduced = state.reduce(summed, variables)
+                if state.s.average_aggregated_gradients:
+                    reduced = [None if r is None else r / k for r in reduced]
+                base_apply(reduced, trainable_variables)
+                for acc in state.accumulators:
+                    if acc is not None:
+                        acc.assign(tf.zeros_like(acc))
+                state.counter.assign(0)
+                return tf.constant(True)
+
+            def count_only():
+                # Horovod: the optimizer's iterations count every backward pass.
+                self._iterations.assign_add(1)
+                return tf.constant(False)
+
+            tf.cond(tf.equal(state.counter, k), allreduce_and_apply, count_only)
+            return None
+
+    _DistributedOptimizer.__name__ = base_cls.__name__
+    _DistributedOptimizer.__qualname__ = base_cls.__qualname__
+    _DistributedOptimizer.__module__ = base_cls.__module__
+    _DistributedOptimizer.__doc__ = base_cls.__doc__
+    return _DistributedOptimizer
+
+
+def _settings(name, base_cls, device_dense='', device_sparse='', compression=None,
+              sparse_as_dense=False, gradient_predivide_factor=1.0, op=None,
+              backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
+              groups=None, process_set=None, scale_local_gradients=True):
+    from . import Compression
+
+    op = hvd_tf.Average if op is None else op
+    if op != hvd_tf.Average and op != hvd_tf.Sum:
+        raise ValueError("op currently only supports Average and Sum")
+    if gradient_predivide_factor != 1.0 and hvd_tf.rocm_built():
+        raise ValueError("gradient_predivide_factor not supported yet with ROCm")
+    if gradient_predivide_factor <= 0:
+        raise ValueError("gradient_predivide_factor must be > 0")
+    if int(backward_passes_per_step) < 1:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` "
+                      "and will be removed in v0.23.0.", DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is not None:
+        if isinstance(groups, bool) or not (isinstance(groups, list) or
+                                            (isinstance(groups, int) and groups > 0)):
+            raise ValueError("groups should be a non-negative integer or "
+                             "a list of list of tf.Variable.")
+    return _Settings(
+        name=name or f"Distributed{base_cls.__name__}", device_dense=device_dense,
+        device_sparse=device_sparse,
+        compression=Compression.none if compression is None else compression,
+        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor,
+        op=op, backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=hvd_tf.global_process_set if process_set is None else process_set,
+        scale_local_gradients=scale_local_gradients)
+
+
+def create_distributed_optimizer(optimizer, name=None, **kwargs):
+    import keras
+
+    _check_backend()
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "DistributedOptimizer expects a Keras 3 optimizer (keras.optimizers.*), got "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}. tf.compat.v1 optimizers "
+            "belong to horovod.tensorflow.DistributedOptimizer; tf_keras optimizers to "
+            "Horovod's own horovod.tensorflow.keras (with TF_USE_LEGACY_KERAS=1).")
+    base_cls = type(optimizer)
+    if hasattr(base_cls, "_kdist_hvd_settings"):
+        raise ValueError("this optimizer is already a DistributedOptimizer")
+    settings = _settings(name, base_cls, **kwargs)
+    cls = _make_class(base_cls, settings)
+    return cls.from_config(optimizer.get_config())
+
+
+def _optimizer_classes(root):
+    seen, stack = [], [root]
+    while stack:
+        cls = stack.pop()
+        for sub in cls.__subclasses__():
+            if sub not in seen:
+                seen.append(sub)
+                stack.append(sub)
+    return [c for c in seen if not hasattr(c, "_kdist_hvd_settings")]
+
+
+def load_model(filepath, custom_optimizers, custom_objects, compression):
+    import keras
+
+    _check_backend()
+    objects = {}
+    for cls in _optimizer_classes(keras.optimizers.Optimizer) + list(custom_optimizers or []):
+        wrapped = _make_class(cls, _settings(None, cls, compression=compression))
+        objects[cls.__name__] = wrapped
+        objects[cls.__name__.lower()] = wrapped
+    if custom_objects:
+        objects.update(custom_objects)
+    return keras.models.load_model(filepath, custom_objects=objects)
