@@ -1,0 +1,259 @@
+"""The teaching notebooks and the binder set-up.
+
+Fast tier: committed notebooks carry no outputs; ``binder/`` follows
+repo2docker's rules and agrees with pyproject.toml's pins.
+
+Notebook tier (``-m notebook``): every ``notebooks/*.ipynb`` runs top to bottom
+with nbclient, in a temp working copy of ``notebooks/``, with its own IPYTHONDIR
+and Jupyter dirs, on the venv's own ``python3`` kernel. The executed copy is saved
+under ``test-output/notebooks/``; a failing cell fails the test with that cell's
+source and error in the message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+BINDER = ROOT / "binder"
+PAPERS = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
+CELL_TIMEOUT = 300  # seconds for one cell; the notebooks take far less here
+
+
+def _nb_id(path: Path) -> str:
+    return path.stem
+
+
+# -- fast tier: notebooks are committed clean -----------------------------------
+
+def test_there_are_notebooks():
+    assert PAPERS, "notebooks/ has no numbered notebooks"
+    assert (NOTEBOOKS / "01-quickstart.ipynb") in PAPERS
+
+
+@pytest.mark.parametrize("path", PAPERS, ids=_nb_id)
+def test_committed_notebook_is_valid_and_has_no_outputs(path):
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", \
+        f"{path.name}: kernelspec must be the standard python3 kernel"
+    dirty = [i for i, c in enumerate(nb.cells)
+             if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
+    assert not dirty, (f"{path.name}: cells {dirty} have outputs; "
+                       f"strip them with: python scripts/strip_outputs.py {path.relative_to(ROOT)}")
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), \
+        f"{path.name}: the first cell should be a markdown title"
+
+
+@pytest.mark.parametrize("path", PAPERS, ids=_nb_id)
+def test_notebook_stops_what_it_starts(path):
+    """Notebooks that start engines end with %kdist stop; --devices comes before any TF use."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    text = "\n".join(code)
+    if re.search(r"--strategy\s+(horovod|multiworker)|-s\s+(horovod|multiworker)", text):
+        assert any(src.strip() == "%kdist stop" for src in code), \
+            f"{path.name} starts engines but never runs %kdist stop"
+    first_devices = next((i for i, src in enumerate(code) if "--devices" in src), None)
+    if first_devices is not None:
+        tf_use = re.compile(r"^\s*(import tensorflow|from tensorflow|import keras|from keras)", re.M)
+        early = [i for i, src in enumerate(code[:first_devices]) if tf_use.search(src)]
+        early += [i for i, src in enumerate(code[:first_devices]) if src.lstrip().startswith("%%kdist")]
+        assert not early, (f"{path.name}: code cells {early} use TensorFlow before the first "
+                           f"--devices cell; TF fixes its devices when it starts")
+
+
+# -- fast tier: binder follows repo2docker's rules -----------------------------------
+
+def _pyproject():
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _pin(requirements: list[str], name: str) -> str | None:
+    for req in requirements:
+        m = re.match(rf"^\s*{re.escape(name)}\s*(?:\[[^\]]*\])?\s*([=<>!~].*)?$", req, re.I)
+        if m:
+            return (m.group(1) or "").split(";")[0].strip()
+    return None
+
+
+def test_binder_files_present():
+    for name in ("requirements.txt", "apt.txt", "postBuild", "runtime.txt", "README.md"):
+        assert (BINDER / name).is_file(), f"binder/{name} is missing"
+    # repo2docker uses binder/ exclusively when it exists: no environment.yml next to
+    # requirements.txt (it would win and requirements.txt would be ignored)
+    assert not (BINDER / "environment.yml").exists()
+
+
+def test_binder_runtime_pins_python_311():
+    # repo2docker: runtime.txt "python-X.Y" picks the Python version (with requirements.txt)
+    assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
+    req = _pyproject()["project"]["requires-python"]
+    assert req == ">=3.11"
+
+
+def test_binder_postbuild_is_executable_and_stops_on_errors():
+    post = BINDER / "postBuild"
+    mode = post.stat().st_mode
+    assert mode & stat.S_IXUSR, "binder/postBuild must be executable (git update-index --chmod=+x)"
+    lines = post.read_text().splitlines()
+    assert lines[0].startswith("#!") and "bash" in lines[0]
+    body = [ln.strip() for ln in lines[1:] if ln.strip() and not ln.strip().startswith("#")]
+    assert body and re.match(r"set -[a-z]*e", body[0]), "postBuild must start with set -e"
+    text = post.read_text()
+    for flag in ("HOROVOD_WITH_TENSORFLOW=1", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITHOUT_MPI=1",
+                 "HOROVOD_WITHOUT_PYTORCH=1", "HOROVOD_WITHOUT_MXNET=1"):
+        assert flag in text, f"postBuild does not set {flag}"
+    assert "--no-build-isolation" in text
+    horovod = _pyproject()["project"]["optional-dependencies"]["horovod"]
+    assert f"horovod{_pin(horovod, 'horovod')}" in text.replace(" ", ""), \
+        "postBuild builds a different Horovod than pyproject.toml pins"
+
+
+def test_binder_apt_has_build_tools():
+    # repo2docker: one package per line, "#" starts a comment, names match ^[a-z0-9.+-]+
+    pkgs = {ln.partition("#")[0].strip() for ln in (BINDER / "apt.txt").read_text().splitlines()}
+    pkgs.discard("")
+    assert {"cmake", "g++", "make"} <= pkgs
+    assert all(re.fullmatch(r"[a-z0-9.+-]+", p) for p in pkgs), pkgs
+
+
+def test_binder_requirements_match_pyproject_pins():
+    lines = [ln.split("#")[0].strip() for ln in (BINDER / "requirements.txt").read_text().splitlines()]
+    lines = [ln for ln in lines if ln]
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert _pin(lines, "tensorflow-cpu") == _pin(extras["tensorflow-cpu"], "tensorflow-cpu")
+    keras = _pin(lines, "keras")
+    assert keras is not None and re.match(r"(==|>=)3\.", keras), "binder must install Keras 3"
+    for name in ("ipyparallel", "ipywidgets", "anywidget", "jupyterlab", "scikit-learn", "pandas"):
+        assert _pin(lines, name) is not None, f"binder/requirements.txt lacks {name}"
+    # the package itself, relative to the repository root (repo2docker runs pip from there)
+    local = [ln for ln in lines if re.match(r"^(-e\s+)?\.(\[.*\])?$", ln)]
+    assert local, "binder/requirements.txt must install the package itself ('.' or '-e .')"
+    wanted = set(re.search(r"\[(.*)\]", local[0]).group(1).split(",")) if "[" in local[0] else set()
+    assert {"tensorflow-cpu", "lab"} <= wanted and wanted <= set(extras), \
+        f"the package's extras {sorted(wanted)} must exist in pyproject.toml"
+    # Horovod is built in postBuild, after TensorFlow (needs --no-build-isolation)
+    assert _pin(lines, "horovod") is None
+
+
+def test_binder_pins_satisfy_pyproject():
+    """Every exact pin in binder/requirements.txt parses and meets pyproject.toml's ranges."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = _pyproject()["project"]
+    ranges: dict[str, list] = {}
+    for req in project["dependencies"] + [r for rs in project["optional-dependencies"].values() for r in rs]:
+        r = Requirement(req)
+        ranges.setdefault(canonicalize_name(r.name), []).append(r.specifier)
+    checked = 0
+    for line in (BINDER / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line or line.startswith((".", "-")):
+            continue
+        r = Requirement(line)  # raises on a line pip would not read
+        pins = [s.version for s in r.specifier if s.operator == "=="]
+        for spec in ranges.get(canonicalize_name(r.name), []):
+            for version in pins:
+                assert spec.contains(version, prereleases=True), \
+                    f"binder pins {r.name}=={version} but pyproject.toml wants {spec}"
+                checked += 1
+    assert checked >= 3
+
+
+def test_readme_links_binder():
+    text = (ROOT / "README.md").read_text()
+    assert "mybinder.org/v2/gh/" in text and "badge_logo.svg" in text
+
+
+# -- notebook tier: execute every notebook ---------------------------------------
+
+def _kernel_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
+                     ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
+                     ("MPLCONFIGDIR", "mpl")):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+        env[var] = str(home / sub)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.pop("KERAS_BACKEND", None)  # a notebook chooses its own backend
+    env["PYTHONUNBUFFERED"] = "1"
+    # the kernel is the venv's python, also when the test runs from an activated shell
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _execute(path: Path, out_dir: Path) -> tuple[object, Exception | None]:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    home = Path(tempfile.mkdtemp(prefix=f"kdist-nb-{path.stem}-"))
+    work = home / "notebooks"
+    shutil.copytree(NOTEBOOKS, work, ignore=shutil.ignore_patterns(
+        "data", ".ipynb_checkpoints", "__pycache__", "*.out.ipynb"))
+    nb = nbformat.read(work / path.name, as_version=4)
+    client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
+                            startup_timeout=120, allow_errors=False,
+                            resources={"metadata": {"path": str(work)}})
+    # "python3" is the kernelspec ipykernel installs in the venv (sys.prefix/share/jupyter,
+    # which the isolated dirs leave on the path); jupyter_client replaces its argv[0]
+    # "python" with sys.executable, so the kernel is the venv's own Python
+    error = None
+    try:
+        client.execute(env=_kernel_env(home))
+    except (CellExecutionError, CellTimeoutError) as exc:
+        error = exc
+    finally:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, out_dir / path.name)
+        shutil.rmtree(home, ignore_errors=True)
+    return nb, error
+
+
+def _failed_cell(nb) -> tuple[int, str]:
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return i, cell.source
+    return -1, ""
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", PAPERS, ids=_nb_id)
+def test_notebook_runs_top_to_bottom(path, test_output):
+    out_dir = test_output / "notebooks"
+    nb, error = _execute(path, out_dir)
+    if error is not None:
+        index, source = _failed_cell(nb)
+        message = str(error)
+        if len(message) > 4000:
+            message = message[:1500] + "\n...\n" + message[-2500:]
+        pytest.fail(f"{path.name}: cell {index} failed\n--- cell source ---\n{source}\n"
+                    f"--- error ---\n{message}\n(executed copy: {out_dir / path.name})",
+                    pytrace=False)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+              if o.get("output_type") == "error"]
+    assert not errors
+    ran = [c for c in nb.cells if c.cell_type == "code"]
+    assert ran and all(c.execution_count is not None for c in ran), "some cells did not run"
