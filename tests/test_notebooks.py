@@ -246,7 +246,7 @@ def test_notebook_runs_top_to_bottom(path, test_output):
     nb, error = _execute(path, out_dir)
     if error is not None:
         index, source = _failed_cell(nb)
-        message = str(error)
+        message = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # no terminal colours
         if len(message) > 4000:
             message = message[:1500] + "\n...\n" + message[-2500:]
         pytest.fail(f"{path.name}: cell {index} failed\n--- cell source ---\n{source}\n"
