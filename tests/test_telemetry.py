@@ -1,0 +1,285 @@
+"""Telemetry: the sampler (fast tier, fakes for psutil/NVML/TPU) and the Keras callback
+(kernel tier: real Keras, a fake clock, logs fed by hand and by a tiny real fit)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import types
+
+import pytest
+
+from kdist_magics import telemetry
+
+
+# -- fakes ---------------------------------------------------------------------------
+
+class FakeProcess:
+    def __init__(self, pid):
+        self.pid = pid
+        self.calls = 0
+
+    def cpu_percent(self, interval=None):
+        self.calls += 1
+        return 150.0
+
+    def memory_info(self):
+        return types.SimpleNamespace(rss=123_456_789)
+
+
+class FakePsutil:
+    def __init__(self):
+        self.processes = []
+
+    def Process(self, pid):
+        p = FakeProcess(pid)
+        self.processes.append(p)
+        return p
+
+    def cpu_count(self):
+        return 4
+
+
+class FakeNvml:
+    """Two GPUs; this process (pid 4242) runs on GPU 1."""
+
+    def __init__(self, pid=4242, fail_init=False):
+        self.pid = pid
+        self.fail_init = fail_init
+        self.shutdown = False
+
+    def nvmlInit(self):
+        if self.fail_init:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlShutdown(self):
+        self.shutdown = True
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return b"FakeGPU"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=[10, 87][h], memory=5)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return types.SimpleNamespace(used=[1, 6][h] * 2**30, total=16 * 2**30, free=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [types.SimpleNamespace(pid=self.pid)] if h == 1 else []
+
+
+def no_tpu():
+    return None
+
+
+# -- sampler -----------------------------------------------------------------------------
+
+def test_sample_row_with_fake_gpus_picks_this_process_gpu():
+    s = telemetry.Sampler(lambda k, r: None, rank=3, psutil=FakePsutil(), nvml=FakeNvml(),
+                          tpu_probe=no_tpu, pid=4242, clock=lambda: 100.0)
+    row = s.sample()
+    assert row["rank"] == 3 and row["time"] == 100.0 and row["pid"] == 4242
+    assert row["cpu_percent"] == 150.0 and row["cpu_count"] == 4
+    assert row["rss_bytes"] == 123_456_789
+    assert row["accelerator"] == "gpu" and row["accelerator_note"] is None
+    assert [g["index"] for g in row["gpus"]] == [1]  # the GPU this pid runs on
+    assert row["gpu_util_percent"] == 87.0
+    assert row["gpu_mem_used_bytes"] == 6 * 2**30 and row["gpu_mem_total_bytes"] == 16 * 2**30
+    assert row["gpus"][0]["name"] == "FakeGPU"
+    json.dumps(row)  # rows cross process boundaries as JSON
+
+
+def test_all_visible_gpus_before_this_process_has_a_context(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1),
+                          tpu_probe=no_tpu, pid=999)
+    assert [g["index"] for g in s.sample()["gpus"]] == [0, 1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1),
+                          tpu_probe=no_tpu, pid=999)
+    assert [g["index"] for g in s.sample()["gpus"]] == [1]
+
+
+def test_no_nvml_means_not_available_with_the_reason():
+    s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(fail_init=True),
+                          tpu_probe=no_tpu)
+    row = s.sample()
+    assert row["accelerator"] is None and row["gpus"] == []
+    assert row["accelerator_note"].startswith("not available")
+    assert "NVML Shared Library Not Found" in row["accelerator_note"]
+    assert "gpu_util_percent" not in row
+
+
+def test_real_machine_without_gpu_says_not_available():
+    # This machine has no GPU driver: pynvml (if installed) fails to initialise.
+    row = telemetry.Sampler(lambda k, r: None, tpu_probe=no_tpu).sample()
+    assert row["cpu_percent"] is not None and row["rss_bytes"] > 0
+    assert row["accelerator"] is None and row["accelerator_note"].startswith("not available")
+
+
+def test_tpu_probe_is_used_when_there_is_no_gpu():
+    tpus = [{"index": 0, "name": "/device:TPU:0", "mem_used_bytes": 2048}]
+    s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False, tpu_probe=lambda: tpus)
+    row = s.sample()
+    assert row["accelerator"] == "tpu" and row["tpus"] == tpus
+
+
+def test_broken_probes_never_raise():
+    def boom():
+        raise RuntimeError("runtime gone")
+
+    class BadProcess(FakeProcess):
+        def memory_info(self):
+            raise OSError("gone")
+
+    ps = FakePsutil()
+    ps.Process = lambda pid: BadProcess(pid)
+    row = telemetry.Sampler(lambda k, r: None, psutil=ps, nvml=False, tpu_probe=boom).sample()
+    assert row["rss_bytes"] is None and row["cpu_percent"] == 150.0
+    assert row["accelerator"] is None
+
+
+@pytest.mark.timeout(60)
+def test_sampling_block_sends_samples_from_a_thread_and_stops():
+    rows, threads = [], set()
+    got_two = threading.Event()
+
+    def sink(kind, row):
+        rows.append((kind, row))
+        threads.add(threading.current_thread().name)
+        if len(rows) >= 3:
+            got_two.set()
+
+    nvml = FakeNvml()
+    with telemetry.sampling(sink, rank=1, interval=0.05, psutil=FakePsutil(), nvml=nvml,
+                            tpu_probe=no_tpu) as sampler:
+        assert got_two.wait(30), "the sampler thread sent nothing"
+    n = len(rows)
+    assert all(kind == "sample" and row["rank"] == 1 for kind, row in rows)
+    assert "kdist-sampler-1" in threads  # periodic rows come from the daemon thread
+    assert sampler._thread is None and nvml.shutdown
+    import time
+
+    time.sleep(0.2)
+    assert len(rows) == n  # stopped: nothing after the block
+
+
+def test_failing_sink_does_not_stop_the_sampler():
+    calls = []
+
+    def sink(kind, row):
+        calls.append(1)
+        raise RuntimeError("transport down")
+
+    with telemetry.sampling(sink, interval=0.05, psutil=FakePsutil(), nvml=False, tpu_probe=no_tpu):
+        import time
+
+        deadline = time.time() + 20
+        while len(calls) < 3 and time.time() < deadline:
+            time.sleep(0.02)
+    assert len(calls) >= 3
+
+
+def test_loading_telemetry_imports_no_framework():
+    import subprocess
+    import sys
+
+    code = ("import sys, kdist_magics.telemetry, kdist_magics.dashboard; "
+            "bad=[m for m in ('tensorflow','keras','horovod','jax') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_batch_size_inference():
+    import numpy as np
+
+    assert telemetry._batch_size((np.zeros((10, 2)),), {"batch_size": 8}) == 8
+    assert telemetry._batch_size((np.zeros((10, 2)),), {}) == 32
+    assert telemetry._batch_size((), {}) is None
+    assert telemetry._batch_size((object(),), {}) is None
+
+
+# -- the Keras callback -------------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_callback_throttles_steps_and_reports_progress():
+    import keras
+
+    rows = []
+    clock = Clock()
+    cb = telemetry.make_callback(lambda k, r: rows.append((k, r)), rank=2, batch_size=16,
+                                 min_interval=0.5, clock=clock)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.125), loss="mse", metrics=["mae"])
+    cb.set_model(model)
+    cb.set_params({"epochs": 2, "steps": 10, "verbose": 0})
+    cb.on_train_begin()
+    for epoch in range(2):
+        cb.on_epoch_begin(epoch)
+        for batch in range(10):
+            clock.t += 0.1  # 10 steps/s; rows at most every 0.5 s
+            cb.on_train_batch_end(batch, {"loss": 1.0 / (epoch * 10 + batch + 1), "mae": 0.5})
+        cb.on_epoch_end(epoch, {"loss": 0.1, "mae": 0.5, "val_loss": 0.2})
+    cb.on_train_end()
+
+    metrics = [r for k, r in rows if k == "metric"]
+    steps = [r for r in metrics if r["kind"] == "step"]
+    epochs = [r for r in metrics if r["kind"] == "epoch"]
+    progress = [r for k, r in rows if k == "progress"]
+    assert [r["epoch"] for r in epochs] == [0, 1] and epochs[1]["val_loss"] == 0.2
+    # throttled: far fewer than 20 step rows, but the last step of each epoch is always there
+    assert 4 <= len(steps) < 20
+    assert {10, 20} <= {r["step"] for r in steps}
+    assert all(r["rank"] == 2 and r["mae"] == 0.5 for r in steps)
+    assert steps[-1]["lr"] == pytest.approx(0.125)
+    # throughput from the fake clock: 10 steps/s x 16 samples
+    timed = [r for r in steps if r["steps_per_s"] is not None]
+    assert timed and all(r["steps_per_s"] == pytest.approx(10.0) for r in timed)
+    assert all(r["samples_per_s"] == pytest.approx(160.0) for r in timed)
+    # progress carries totals from Keras' params, for the ETA
+    assert progress[0]["epochs"] == 2 and progress[0]["total_steps"] == 20
+    assert progress[-1]["step"] == 20 and progress[-1]["steps_per_s"] == pytest.approx(10.0)
+    assert all(p["fit_started"] == 1000.0 for p in progress)
+    json.dumps(rows)
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_attached_adds_callback_and_opt_outs(monkeypatch):
+    import keras
+    import numpy as np
+
+    rows = []
+    x = np.ones((32, 2), "float32")
+    y = np.ones((32, 1), "float32")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    original = keras.Model.fit
+    with telemetry.attached(lambda k, r: rows.append((k, r)), rank=1):
+        model.fit(x, y, epochs=2, batch_size=8, verbose=0)
+        n = len(rows)
+        model.fit(x, y, epochs=1, batch_size=8, verbose=0, kdist=False)  # per-call opt-out
+        optout = keras.callbacks.Callback()
+        optout.kdist_opt_out = True
+        model.fit(x, y, epochs=1, batch_size=8, verbose=0, callbacks=[optout])
+    assert keras.Model.fit is original
+    assert len(rows) == n and n > 0
+    epochs = [r for k, r in rows if k == "metric" and r["kind"] == "epoch"]
+    assert len(epochs) == 2 and all(r["rank"] == 1 for k, r in rows if k == "metric")
+    assert all(isinstance(r["loss"], float) for r in epochs)
+    assert any(k == "progress" and r["total_steps"] == 8 for k, r in rows)
