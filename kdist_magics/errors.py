@@ -30,3 +30,60 @@ class CellFailed(KDistError):
 
     def _render_traceback_(self):
         return []
+
+
+class RankFailed(CellFailed):
+    """The cell raised on one or more engine ranks.
+
+    ``failures`` maps rank -> the engine's error (ipyparallel ``RemoteError``, with
+    ``ename``, ``evalue`` and the engine-side traceback); ``original`` is the first
+    failing rank's. Rendered as that rank's own traceback under a line naming the
+    rank(s), once, however many ranks raised.
+    """
+
+    def __init__(self, failures: dict, stopped: list | None = None):
+        first = min(failures)
+        err = failures[first]
+        super().__init__(err)
+        self.failures = dict(failures)
+        self.stopped = list(stopped or [])
+        ranks = ", ".join(f"rank {r}" for r in sorted(failures))
+        name = getattr(err, "ename", type(err).__name__)
+        value = getattr(err, "evalue", str(err))
+        self.args = (f"{ranks}: {name}: {value}",)
+
+    def _render_traceback_(self):
+        first = min(self.failures)
+        err = self.failures[first]
+        head = f"\x1b[0;31m{self}\x1b[0m"
+        if self.stopped:
+            head += f" (stopped {', '.join(f'rank {r}' for r in self.stopped)})"
+        try:
+            lines = list(err.render_traceback())
+        except Exception:
+            lines = [f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}"]
+        return [head, f"--- traceback on rank {first} ---", *lines]
+
+
+class RankDied(KDistError):
+    """An engine process ended during the run (segfault, os._exit, OOM kill)."""
+
+    status = "failed"
+
+    def __init__(self, deaths: dict):
+        self.deaths = dict(deaths)  # rank -> "was killed by SIGKILL ..."
+        what = "; ".join(f"rank {r} {how}" for r, how in sorted(self.deaths.items()))
+        super().__init__(f"{what}. The run was stopped; engines restart with the next %%kdist cell.")
+
+
+class RunTimedOut(KDistError):
+    """The run exceeded --timeout."""
+
+    status = "timeout"
+
+    def __init__(self, seconds: float, busy: list):
+        self.seconds = seconds
+        self.busy = list(busy)
+        ranks = ", ".join(f"rank {r}" for r in self.busy) or "no rank"
+        super().__init__(f"the run exceeded --timeout {seconds:g} s; still busy: {ranks}. "
+                         f"They were stopped.")

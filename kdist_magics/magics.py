@@ -44,6 +44,8 @@ class KDist(Magics):
                            ).tag(config=True)
     threads_per_rank = Integer(None, allow_none=True,
                                help="intra-op threads per rank (None: cores / ranks)").tag(config=True)
+    stop_grace = Float(3.0, help="seconds ranks get to stop after an interrupt (SIGINT) before "
+                                 "they are killed and the engines restarted").tag(config=True)
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
@@ -90,6 +92,10 @@ class KDist(Magics):
         strategy = self.strategy_object(spec.strategy)
         record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec, reason=reason)
         self.last_record = record
+        if spec.dashboard:
+            from .dashboard import show
+
+            show(record)  # a live view of the record; finalises itself when the record ends
         return self.execute(strategy, cell, spec, record)
 
     def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord):

@@ -12,6 +12,9 @@ __all__ = ["RunContext", "Strategy", "create", "REGISTRY"]
 #: name -> "module:Class", relative to this package
 REGISTRY: dict[str, str] = {
     "default": ".default:DefaultStrategy",
+    "mirrored": ".mirrored:MirroredStrategy",
+    "tpu": ".tpu:TPUStrategy",
+    "horovod": ".horovod:HorovodStrategy",
 }
 
 

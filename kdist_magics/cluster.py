@@ -1,0 +1,279 @@
+"""ipyparallel engines as worker processes: start or attach, watch, signal, stop.
+
+Nothing here knows about Horovod or TensorFlow. An :class:`EngineCluster` is
+either *owned* (kdist started it: a local controller and N engines, every
+socket on loopback) or *attached* (``--cluster-id`` / ``--profile``: somebody
+else's cluster, which kdist connects to and never stops or kills).
+
+Engines are reported in engine-id order as :class:`EngineInfo` (engine id, pid,
+hostname). Death is detected by polling the engine processes (owned, or
+attached engines on this host) and by ipyparallel's own unregistration
+(engines elsewhere), so a dead engine is noticed within a poll interval rather
+than when a collective times out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from .errors import KDistError
+
+
+class ClusterError(KDistError):
+    """The engines could not be started, reached or restarted."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    engine_id: int
+    pid: int
+    hostname: str
+
+
+def _identify():  # runs on an engine
+    import os
+    import socket
+
+    return os.getpid(), socket.gethostname()
+
+
+def describe_exit(code: int | None) -> str:
+    """Human words for a process exit status (negative: killed by a signal)."""
+    if code is None:
+        return "exited (status unknown)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = {"SIGKILL": " (killed: out of memory, or kill -9)", "SIGSEGV": " (segmentation fault)",
+                "SIGABRT": " (aborted)"}.get(name, "")
+        return f"was killed by {name}{hint}"
+    return f"exited with status {code}"
+
+
+class EngineCluster:
+    """A set of ipyparallel engines used as ranks.
+
+    ``n``: engines to start (owned) or to wait for (attached).
+    ``cluster_id`` / ``profile``: attach instead of starting.
+    ``ip``: where an owned controller listens (loopback unless configured).
+    """
+
+    def __init__(self, n: int, cluster_id: str | None = None, profile: str | None = None,
+                 ip: str = "127.0.0.1", start_timeout: float = 120.0):
+        self.n = n
+        self.attached = cluster_id is not None or profile is not None
+        self.cluster_id = cluster_id
+        self.profile = profile
+        self.ip = ip
+        self.start_timeout = start_timeout
+        self.cluster = None  # ipyparallel.Cluster when owned
+        self.client = None
+        self.engines: list[EngineInfo] = []
+        self._pids_started: set[int] = set()
+        self.starts = 0
+
+    # -- lifecycle -----------------------------------------------------------
+    @property
+    def owned(self) -> bool:
+        return not self.attached
+
+    @property
+    def running(self) -> bool:
+        return self.client is not None
+
+    def start(self) -> "EngineCluster":
+        """Start (owned) or connect (attached) and learn every engine's pid and host."""
+        import ipyparallel as ipp
+
+        if self.running:
+            return self
+        try:
+            if self.owned:
+                self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
+                self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
+                                           log_level=40, shutdown_atexit=True)
+                self.cluster.start_cluster_sync()
+                self.client = self.cluster.connect_client_sync()
+            else:
+                kwargs: dict[str, Any] = {}
+                if self.cluster_id is not None:
+                    kwargs["cluster_id"] = self.cluster_id
+                if self.profile is not None:
+                    kwargs["profile"] = self.profile
+                self.client = ipp.Client(**kwargs)
+            self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
+        except Exception as exc:
+            where = ("the local cluster" if self.owned else
+                     f"cluster {self.cluster_id or ''!s} (profile {self.profile or 'default'})")
+            self.stop()
+            raise ClusterError(f"could not start {where} with {self.n} engines: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        self.starts += 1
+        self._identify()
+        return self
+
+    def _identify(self) -> None:
+        ids = sorted(self.client.ids)[: self.n]
+        if len(ids) < self.n:
+            raise ClusterError(f"{self.n} engines wanted, {len(ids)} registered")
+        found = self.client[ids].apply_sync(_identify)
+        self.engines = [EngineInfo(eid, pid, host) for eid, (pid, host) in zip(ids, found)]
+        if self.owned:
+            self._pids_started |= {e.pid for e in self.engines}
+            self._pids_started |= set(self._process_tree_pids())
+
+    def view(self, engine_ids: Iterable[int] | None = None):
+        ids = [e.engine_id for e in self.engines] if engine_ids is None else list(engine_ids)
+        return self.client[ids]
+
+    def stop(self) -> None:
+        """Disconnect; for an owned cluster stop controller and engines and reap every process."""
+        client, self.client = self.client, None
+        cluster, self.cluster = self.cluster, None
+        tree = self._process_tree_pids() if cluster is not None else []
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass
+        if cluster is not None:
+            try:
+                cluster.stop_cluster_sync()
+            except Exception:
+                pass
+            # nannies and helpers may outlive stop_cluster by ~30 s: end them, by pid
+            self._kill_pids(set(tree) | self._pids_started)
+        self._pids_started = set()
+        self.engines = []
+
+    def restart(self) -> "EngineCluster":
+        if not self.owned:
+            raise ClusterError("an attached cluster is not kdist's to restart; restart its engines "
+                               "(ipcluster) and run the cell again")
+        self.stop()
+        self.cluster_id = None
+        return self.start()
+
+    def _process_tree_pids(self) -> list[int]:
+        """Pids of every process this cluster started (controller, engines, nannies)."""
+        import psutil
+
+        roots = set()
+        if self.cluster is not None:
+            controller = getattr(self.cluster, "controller", None)
+            if controller is not None and getattr(controller, "pid", -1) > 0:
+                roots.add(controller.pid)
+            for engine_set in getattr(self.cluster, "engines", {}).values():
+                for launcher in getattr(engine_set, "launchers", {}).values():
+                    if getattr(launcher, "pid", -1) > 0:
+                        roots.add(launcher.pid)
+        roots |= {e.pid for e in self.engines} if self.owned else set()
+        pids = set(roots)
+        for pid in roots:
+            try:
+                pids |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+            except psutil.Error:
+                pass
+        return sorted(pids)
+
+    @staticmethod
+    def _kill_pids(pids: Iterable[int], grace: float = 3.0) -> None:
+        import psutil
+
+        procs = []
+        for pid in pids:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=grace)
+
+    # -- watching and signalling ---------------------------------------------
+    def _local(self, engine: EngineInfo) -> bool:
+        return self.owned or engine.hostname == socket.gethostname()
+
+    def exit_status(self, engine: EngineInfo) -> int | None:
+        """Exit status of a dead engine this kernel started, when known."""
+        if self.cluster is None:
+            return None
+        for engine_set in getattr(self.cluster, "engines", {}).values():
+            for launcher in getattr(engine_set, "launchers", {}).values():
+                if getattr(launcher, "pid", None) == engine.pid:
+                    deadline = time.monotonic() + 2.0
+                    while getattr(launcher, "stop_data", None) is None and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    data = getattr(launcher, "stop_data", None) or {}
+                    return data.get("exit_code")
+        return None
+
+    def dead(self) -> dict[int, str]:
+        """Engines that are gone: ``{engine_id: 'exited with status 3'}`` (empty when all live)."""
+        import psutil
+
+        out: dict[int, str] = {}
+        registered = set(self.client.ids) if self.client is not None else set()
+        for engine in self.engines:
+            gone = False
+            if self._local(engine):
+                try:
+                    proc = psutil.Process(engine.pid)
+                    gone = proc.status() == psutil.STATUS_ZOMBIE
+                except psutil.NoSuchProcess:
+                    gone = True
+            elif engine.engine_id not in registered:
+                gone = True
+            if gone:
+                out[engine.engine_id] = describe_exit(self.exit_status(engine))
+        return out
+
+    def signal(self, signum: int, engine_ids: Iterable[int] | None = None) -> None:
+        """Send ``signum`` to engines (by pid when local, else through ipyparallel)."""
+        wanted = set(e.engine_id for e in self.engines) if engine_ids is None else set(engine_ids)
+        remote = []
+        for engine in self.engines:
+            if engine.engine_id not in wanted:
+                continue
+            if self._local(engine):
+                try:
+                    os.kill(engine.pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            else:
+                remote.append(engine.engine_id)
+        if remote and self.client is not None:
+            try:
+                self.client.send_signal(signum, targets=remote, block=True)
+            except Exception:
+                pass
+
+    def kill(self, engine_ids: Iterable[int] | None = None) -> None:
+        """SIGKILL engines (owned clusters only: never kill somebody else's engines)."""
+        if not self.owned:
+            self.signal(signal.SIGINT, engine_ids)
+            return
+        self.signal(signal.SIGKILL, engine_ids)
+
+    def status(self) -> dict[str, Any]:
+        if not self.running:
+            return {"engines": "not started"}
+        return {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
+                "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}

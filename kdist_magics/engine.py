@@ -1,0 +1,323 @@
+"""Code that runs on the engines (one process per rank). Importable without TF.
+
+The kernel calls these functions through ipyparallel ``apply``; the cell itself
+runs as an ordinary ``execute`` so it behaves like a ``%%px`` cell (namespace
+kept, output and tracebacks rendered by the engine's IPython).
+
+Telemetry transport: ``telemetry.attached/sampling`` call ``sink(kind, row)``
+on the engine (from the cell's thread or a sampler thread). Rows are buffered,
+numbered per rank (``seq``) and published every ``interval`` seconds as one
+``display_data`` message with MIME type :data:`FEED_MIME` on the engine's
+IOPub channel, parented to the running cell's request (captured by a
+``pre_run_cell`` hook). IOPub is ordered and every message is kept by the
+client, so no row is lost, and it needs no extra socket (works wherever the
+engines already reach the controller). The kernel routes these messages into
+the run's RunRecord and never displays them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+FEED_MIME = "application/vnd.kdist.feed+json"
+THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS")
+
+_run: dict[str, Any] = {}  # state of the run in progress on this engine
+
+
+def prepare(env: dict[str, str], threads: int | None = None) -> dict[str, Any]:
+    """Set environment variables before the cell (and before TF is first imported here).
+
+    ``threads``: intra-op threads for this rank; also inter-op threads (at most 2).
+    Returns what the kernel shows in the record: pid, host, whether TF was already loaded
+    (then thread settings no longer apply until the engines restart).
+    """
+    import socket
+    import sys
+
+    os.environ.update({k: str(v) for k, v in env.items()})
+    tf_loaded = "tensorflow" in sys.modules
+    if threads and not tf_loaded:
+        for var in THREAD_VARS:
+            os.environ[var] = str(threads)
+        os.environ["TF_NUM_INTEROP_THREADS"] = str(min(2, threads))
+    return {"pid": os.getpid(), "host": socket.gethostname(), "tf_loaded": tf_loaded,
+            "threads": os.environ.get("TF_NUM_INTRAOP_THREADS")}
+
+
+def cpu_count() -> int:
+    """CPUs this engine may use (its affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+class Feed:
+    """Buffered, sequence-numbered telemetry rows published over IOPub."""
+
+    def __init__(self, rank: int, interval: float = 0.25):
+        self.rank = rank
+        self.interval = interval
+        self.seq = 0
+        self.rows: list[list[Any]] = []
+        self.lock = threading.Lock()
+        self.parent: dict | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sink(self, kind: str, row: dict[str, Any]) -> None:
+        with self.lock:
+            self.rows.append([kind, row])
+
+    def flush(self, parent: dict | None = None) -> None:
+        from IPython import get_ipython
+
+        parent = parent if parent is not None else self.parent
+        shell = get_ipython()
+        with self.lock:
+            if not self.rows or parent is None or shell is None:
+                return
+            rows, self.rows = self.rows, []
+            self.seq += 1
+            payload = {"rank": self.rank, "seq": self.seq, "rows": rows}
+            try:
+                from ipykernel.jsonutil import json_clean
+            except ImportError:  # pragma: no cover
+                def json_clean(x):
+                    return x
+            pub = shell.display_pub
+            pub.session.send(pub.pub_socket, "display_data",
+                             json_clean({"data": {FEED_MIME: payload}, "metadata": {}, "transient": {}}),
+                             parent=parent, ident=getattr(pub, "topic", None))
+
+    def arm(self, *args) -> None:
+        """``pre_run_cell`` hook: rows published from now on belong to this cell's request."""
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        self.parent = dict(shell.display_pub.parent_header)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="kdist-feed", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.flush()
+            except Exception:  # never break training over telemetry
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+
+
+def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
+          checkpoint: str | None = None) -> dict[str, Any]:
+    """Before the cell: telemetry around ``fit``, a checkpoint callback on rank 0."""
+    from IPython import get_ipython
+
+    end(flush=False)  # a previous run that was interrupted before its end()
+    shell = get_ipython()
+    stack = contextlib.ExitStack()
+    feed = Feed(rank, interval)
+    _run.update(stack=stack, feed=feed, rank=rank)
+    if shell is not None:
+        shell.events.register("pre_run_cell", feed.arm)
+        stack.callback(shell.events.unregister, "pre_run_cell", feed.arm)
+    if telemetry:
+        from . import telemetry as tm
+
+        stack.enter_context(tm.attached(feed.sink, rank=rank))
+        stack.enter_context(tm.sampling(feed.sink, rank=rank))
+    if checkpoint and rank == 0:
+        stack.enter_context(_checkpointing(checkpoint))
+    return {"rank": rank, "pid": os.getpid()}
+
+
+def end(flush: bool = True) -> dict[str, Any]:
+    """After the cell: undo :func:`begin` and publish the remaining rows."""
+    from IPython import get_ipython
+
+    stack, feed = _run.pop("stack", None), _run.pop("feed", None)
+    _run.clear()
+    if stack is not None:
+        try:
+            stack.close()
+        except Exception:
+            pass
+    if feed is None:
+        return {"seq": 0}
+    feed.close()
+    if flush:
+        shell = get_ipython()
+        feed.flush(parent=dict(shell.display_pub.parent_header) if shell is not None else None)
+    return {"seq": feed.seq}
+
+
+@contextlib.contextmanager
+def _checkpointing(directory: str):
+    """Every ``fit`` inside saves the model to ``directory/last.keras`` after each epoch."""
+    import keras
+
+    os.makedirs(directory, exist_ok=True)
+    original = keras.Model.fit
+
+    def fit(model, *args, **kwargs):
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        callbacks.append(keras.callbacks.ModelCheckpoint(os.path.join(directory, "last.keras")))
+        return original(model, *args, callbacks=callbacks, **kwargs)
+
+    fit.__wrapped__ = original
+    keras.Model.fit = fit
+    try:
+        yield
+    finally:
+        keras.Model.fit = original
+
+
+# -- moving values --------------------------------------------------------------
+def bind(values: dict[str, Any]) -> None:
+    """Put ``values`` in this engine's user namespace (``--push``)."""
+    from IPython import get_ipython
+
+    get_ipython().user_ns.update(values)
+
+
+def fetch(names: list[str]) -> dict[str, Any]:
+    """``--pull``: the named values from the user namespace, ready to travel.
+
+    Keras models travel as ``.keras`` archives (architecture, weights, compile state)
+    and History objects as their ``history``/``params``/``epoch``; other values as
+    themselves (ipyparallel pickles them; an unpicklable one is reported by name).
+    Raises KeyError naming every missing name.
+    """
+    import pickle
+
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    missing = [n for n in names if n not in ns]
+    if missing:
+        raise KeyError(f"not defined on rank 0: {', '.join(missing)}")
+    out: dict[str, Any] = {}
+    for name in names:
+        value = ns[name]
+        packed = pack(value)
+        if packed is None:
+            try:
+                pickle.dumps(value)
+            except Exception as exc:
+                raise TypeError(f"{name} ({type(value).__name__}) cannot travel to the notebook: "
+                                f"{type(exc).__name__}: {exc}") from None
+            packed = ("value", value)
+        out[name] = packed
+    return out
+
+
+def last_value():
+    """The cell's last expression value (``_``) in a travelling form."""
+    from IPython import get_ipython
+
+    value = get_ipython().user_ns.get("_")
+    return pack(value) or ("value", value)
+
+
+def pack(value: Any):
+    """A travelling form for Keras models and History objects, else None."""
+    import sys
+
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return None
+    if isinstance(value, keras.Model):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="kdist-pull-") as tmp:
+            path = os.path.join(tmp, "model.keras")
+            value.save(path)
+            with open(path, "rb") as f:
+                return ("keras_model", f.read())
+    if isinstance(value, keras.callbacks.History):
+        model = getattr(value, "model", None)
+        return ("keras_history", {"history": dict(value.history), "params": dict(value.params or {}),
+                                  "epoch": list(getattr(value, "epoch", [])),
+                                  "model": pack(model) if model is not None else None})
+    return None
+
+
+def unpack(packed) -> Any:
+    """In the kernel: the value for a :func:`pack`/:func:`fetch` form."""
+    kind, data = packed
+    if kind == "value":
+        return data
+    import keras
+
+    if kind == "keras_model":
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="kdist-pull-") as tmp:
+            path = os.path.join(tmp, "model.keras")
+            with open(path, "wb") as f:
+                f.write(data)
+            return keras.saving.load_model(path)
+    if kind == "keras_history":
+        history = keras.callbacks.History()
+        history.history = data["history"]
+        history.params = data["params"]
+        history.epoch = data["epoch"]
+        if data.get("model") is not None:
+            history.set_model(unpack(data["model"]))
+        return history
+    raise ValueError(f"unknown packed kind {kind!r}")
+
+
+# -- Horovod ----------------------------------------------------------------------
+def hvd_init(env: dict[str, str]) -> dict[str, Any]:
+    """Set this rank's HOROVOD_*/Gloo variables, (re)initialise Horovod, bind ``hvd``.
+
+    ``hvd`` is kdist's Keras-3 Horovod binding when available (``keras_horovod``,
+    installed so ``import horovod.tensorflow.keras as hvd`` resolves to it), else
+    ``horovod.tensorflow``.
+    """
+    from IPython import get_ipython
+
+    os.environ.update(env)
+    import horovod.tensorflow as core
+
+    try:
+        if core.is_initialized():
+            core.shutdown()
+    except Exception:
+        pass
+    try:
+        from . import keras_horovod as hvd  # type: ignore[attr-defined]
+
+        hvd.install()
+    except ImportError:
+        hvd = core
+    hvd.init()
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns["hvd"] = hvd
+    return {"rank": core.rank(), "size": core.size(), "local_rank": core.local_rank(),
+            "binding": hvd.__name__}
+
+
+def hvd_shutdown() -> None:
+    import sys
+
+    core = sys.modules.get("horovod.tensorflow")
+    if core is not None:
+        try:
+            if core.is_initialized():
+                core.shutdown()
+        except Exception:
+            pass

@@ -1,0 +1,452 @@
+"""Running a cell on every ipyparallel engine, one engine per rank.
+
+:class:`EngineStrategy` does everything that does not depend on the
+distribution library: keeps a warm :class:`~kdist_magics.cluster.EngineCluster`
+(restarted when N changes or an engine died), checks the cell's syntax once in
+the kernel, sets thread variables, ``--push``, runs the cell with live output
+(rank 0's, every rank's prefixed ``[rank N]``, or none), moves telemetry rows
+into the RunRecord while the cell runs, supervises (a rank raising, a rank
+dying, ``--timeout``, the Stop button), ``--pull`` and the last expression's
+value from rank 0.
+
+Hooks for subclasses (Horovod here; MultiWorkerMirroredStrategy later, with
+``TF_CONFIG`` per engine):
+
+``ranks(cluster, ctx) -> list[int]``
+    rank of each engine, in ``cluster.engines`` order (default: engine order).
+``engine_env(cluster, ctx) -> list[dict]``
+    extra environment variables per engine, set with the thread variables
+    before the cell (and before TF is first imported on a fresh engine).
+``before_cell(cluster, ctx, ranks)``
+    set up the distribution library on the engines (rendezvous, init, binding
+    names such as ``hvd`` or ``strategy``); raise to abort the run.
+``after_cell(cluster, ctx, ok)``
+    undo ``before_cell`` (always called; ``ok`` False after a failure, when
+    some engines may be gone).
+``bound_names`` (class attribute)
+    names the strategy binds in the engine namespace (documentation/status).
+
+Every wait in the run polls the engines so a failure is noticed in well
+under a second; the kernel's main thread does all writing (stdout, record),
+so the dashboard's listeners run where widgets expect them.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import sys
+import time
+from functools import partial
+from typing import Any
+
+from ..cluster import EngineCluster
+from ..engine import FEED_MIME
+from ..errors import CellFailed, KDistError, RankDied, RankFailed, RunTimedOut
+from .base import RunContext, Strategy
+
+POLL = 0.05  # seconds between supervision checks
+
+
+def default_np() -> int:
+    """One rank per GPU when NVML sees GPUs, else 2."""
+    try:
+        import pynvml  # type: ignore
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+        if count:
+            return int(count)
+    except Exception:
+        pass
+    return 2
+
+
+class _Printer:
+    """Writes engine output in the kernel: rank 0 only, all ranks prefixed, or nothing."""
+
+    def __init__(self, mode: str, rank_zero: int = 0):
+        self.mode = mode
+        self.at_start: dict[tuple[int, str], bool] = {}
+
+    def write(self, rank: int, name: str, text: str) -> None:
+        if self.mode == "none" or (self.mode == "rank0" and rank != 0):
+            return
+        stream = sys.stderr if name == "stderr" else sys.stdout
+        if self.mode == "all":
+            text = self._prefix(rank, name, text)
+        stream.write(text)
+        stream.flush()
+
+    def _prefix(self, rank: int, name: str, text: str) -> str:
+        tag = f"[rank {rank}] "
+        out = []
+        start = self.at_start.get((rank, name), True)
+        for ch in text:
+            if start and ch not in "\r\n":
+                out.append(tag)
+                start = False
+            out.append(ch)
+            if ch in "\r\n":
+                start = True
+        self.at_start[(rank, name)] = start
+        return "".join(out)
+
+
+class EngineStrategy(Strategy):
+    """Base class of strategies whose cell runs on ipyparallel engines (see module doc)."""
+
+    name = "engines"
+    in_kernel = False
+    bound_names: tuple[str, ...] = ()
+
+    def __init__(self):
+        self.cluster: EngineCluster | None = None
+        self.needs_restart: str | None = None  # why the next run must restart the engines
+        self.last_timing: dict[str, float] = {}
+        self._feed_seq: dict[int, int] = {}
+        self.lost_batches = 0
+
+    # -- hooks ---------------------------------------------------------------
+    def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
+        return list(range(len(cluster.engines)))
+
+    def engine_env(self, cluster: EngineCluster, ctx: RunContext) -> list[dict[str, str]]:
+        return [{} for _ in cluster.engines]
+
+    def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
+        pass
+
+    def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
+        pass
+
+    # -- Strategy API --------------------------------------------------------
+    def size(self, spec) -> int:
+        return spec.np or default_np()
+
+    def status(self) -> dict[str, Any]:
+        facts = self.cluster.status() if self.cluster is not None else {"engines": "not started"}
+        if self.needs_restart:
+            facts["restart"] = self.needs_restart
+        return facts
+
+    def teardown(self) -> None:
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            cluster.stop()
+
+    # -- the run ---------------------------------------------------------------
+    def run(self, cell: str, ctx: RunContext) -> Any:
+        spec, record = ctx.spec, ctx.record
+        self._check_syntax(cell, ctx)
+        t0 = time.monotonic()
+        cluster = self._cluster(ctx)
+        t_cluster = time.monotonic()
+        ranks = self.ranks(cluster, ctx)
+        by_rank = dict(zip(ranks, cluster.engines))
+        for rank, eng in by_rank.items():
+            record.set_rank(rank, state="starting", host=eng.hostname, pid=eng.pid)
+        self._prepare(cluster, ctx)
+        if spec.push:
+            self._push(cluster, ctx)
+        ok = False
+        try:
+            self.before_cell(cluster, ctx, ranks)
+            t_ready = time.monotonic()
+            self.last_timing = {"cluster_s": t_cluster - t0, "setup_s": t_ready - t_cluster}
+            value_ar = self._execute(cell, cluster, ctx, ranks)
+            ok = True
+        finally:
+            self._finish_engines(cluster, ctx, ranks, ok)
+        value = self._pull(cluster, ctx, by_rank, value_ar)
+        return value
+
+    # -- steps -----------------------------------------------------------------
+    def _check_syntax(self, cell: str, ctx: RunContext) -> None:
+        """Compile once in the kernel: a syntax error is shown once and no engine runs."""
+        shell = ctx.shell
+        try:
+            source = shell.transform_cell(cell) if shell is not None else cell
+            compile(source, "<kdist cell>", "exec")
+        except (SyntaxError, ValueError) as exc:
+            if shell is not None:
+                shell.showsyntaxerror()
+            raise CellFailed(exc) from exc
+
+    def _cluster(self, ctx: RunContext) -> EngineCluster:
+        spec, config = ctx.spec, ctx.config
+        n = self.size(spec)
+        key = (n, spec.cluster_id, spec.profile)
+        cluster = self.cluster
+        if cluster is not None and cluster.running:
+            current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile)
+            if current != key:
+                print(f"kdist: {n} ranks requested; restarting the engines "
+                      f"(had {cluster.n})", file=sys.stderr)
+                self.teardown()
+                cluster = None
+            elif self.needs_restart or cluster.dead():
+                why = self.needs_restart or "an engine died"
+                print(f"kdist: restarting the engines ({why})", file=sys.stderr)
+                if cluster.owned:
+                    cluster.restart()
+                else:
+                    cluster.stop()
+                    cluster.start()
+        if cluster is None or not cluster.running:
+            address = getattr(config, "bind_address", "127.0.0.1") if spec.attach else "127.0.0.1"
+            cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address)
+            if not spec.attach:
+                print(f"kdist: starting {n} engines on this machine (loopback only)...", file=sys.stderr)
+            self.cluster = cluster
+            cluster.start()
+        self.needs_restart = None
+        return cluster
+
+    def _prepare(self, cluster: EngineCluster, ctx: RunContext) -> None:
+        from .. import engine
+
+        threads = getattr(ctx.config, "threads_per_rank", None)
+        extra = self.engine_env(cluster, ctx)
+        hosts = [e.hostname for e in cluster.engines]
+        ars = []
+        for eng, env in zip(cluster.engines, extra):
+            local_size = hosts.count(eng.hostname)
+            ars.append(cluster.client[eng.engine_id].apply_async(
+                _prepare_remote, dict(env), threads, local_size))
+        for ar in ars:
+            ar.get(timeout=60)
+
+    def _push(self, cluster: EngineCluster, ctx: RunContext) -> None:
+        ns = ctx.shell.user_ns
+        missing = [n for n in ctx.spec.push if n not in ns]
+        if missing:
+            raise KDistError(f"--push: {', '.join(missing)} not defined in the notebook")
+        import pickle
+
+        values = {}
+        for name in ctx.spec.push:
+            try:
+                pickle.dumps(ns[name])
+            except Exception as exc:
+                raise KDistError(f"--push: {name} ({type(ns[name]).__name__}) cannot travel to the "
+                                 f"engines: {type(exc).__name__}: {exc}") from None
+            values[name] = ns[name]
+        cluster.view().push(values, block=True)
+
+    def _finish_engines(self, cluster, ctx, ranks, ok) -> None:
+        """Undo per-run engine state; after a failure, only on engines that still answer."""
+        from .. import engine
+
+        if self.needs_restart is None and cluster.running:
+            try:
+                ar = cluster.view().apply_async(engine.end, True)
+                ar.wait(timeout=10)
+                if ar.ready():
+                    self._drain_outputs(ar, ctx, ranks)
+            except Exception:
+                pass
+        try:
+            self.after_cell(cluster, ctx, ok and self.needs_restart is None)
+        except Exception:
+            if ok:
+                raise
+
+    # -- execute and supervise -------------------------------------------------
+    def _execute(self, cell: str, cluster: EngineCluster, ctx: RunContext, ranks: list[int]):
+        from .. import engine
+
+        spec, record = ctx.spec, ctx.record
+        view = cluster.view()
+        begun = [cluster.client[e.engine_id].apply_async(engine.begin, rank, spec.telemetry, 0.25,
+                                                         spec.checkpoint)
+                 for e, rank in zip(cluster.engines, ranks)]
+        for b in begun:
+            b.get(timeout=60)
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        printer = _Printer(spec.out)
+        self._feed_seq: dict[int, int] = {}
+        self.lost_batches = 0
+        ar = view.execute(cell, silent=False, block=False)
+        children = list(ar._children)
+        for rank, fut in zip(ranks, children):
+            self._listen(fut, rank, inbox)
+        for rank in ranks:
+            record.set_rank(rank, state="running")
+        timeout = spec.timeout if spec.timeout is not None else getattr(ctx.config, "timeout", None)
+        grace = float(getattr(ctx.config, "stop_grace", 3.0) or 3.0)
+        started = time.monotonic()
+        failures: dict[int, Any] = {}
+        first_failure = None
+        result_content = None
+        try:
+            while True:
+                result_content = self._drain(inbox, printer, record) or result_content
+                done = True
+                for rank, fut in zip(ranks, children):
+                    if not fut.done():
+                        done = False
+                        continue
+                    if rank in failures or record.ranks[rank].state in ("done", "failed"):
+                        continue
+                    exc = fut.exception()
+                    if exc is None:  # ipyparallel resolves a failed request with its error
+                        reply = fut.result()
+                        exc = reply if isinstance(reply, BaseException) else None
+                    if exc is None:
+                        record.set_rank(rank, state="done")
+                    else:
+                        failures[rank] = exc
+                        record.set_rank(rank, state="failed",
+                                        error=f"{getattr(exc, 'ename', type(exc).__name__)}: "
+                                              f"{getattr(exc, 'evalue', exc)}")
+                        first_failure = first_failure or time.monotonic()
+                if done:
+                    break
+                deaths = cluster.dead()
+                if deaths:
+                    by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
+                    deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items()}
+                    for rank, how in deaths_by_rank.items():
+                        record.set_rank(rank, state="failed", error=f"process {how}")
+                    self._drain(inbox, printer, record)
+                    self._stop(cluster, ranks, children, record, grace, hard=True)
+                    raise RankDied(deaths_by_rank)
+                if first_failure and time.monotonic() - first_failure > min(1.0, grace):
+                    stopped = self._stop(cluster, ranks, children, record, grace)
+                    self._drain(inbox, printer, record)
+                    raise RankFailed(failures, stopped)
+                if timeout and time.monotonic() - started > timeout:
+                    busy = [r for r, f in zip(ranks, children) if not f.done()]
+                    self._stop(cluster, ranks, children, record, grace)
+                    self._drain(inbox, printer, record)
+                    raise RunTimedOut(timeout, busy)
+                time.sleep(POLL)
+        except KeyboardInterrupt:
+            print("\nkdist: interrupted; stopping every rank...", file=sys.stderr)
+            self._stop(cluster, ranks, children, record, grace)
+            self._drain(inbox, printer, record)
+            raise
+        # every rank is done: wait for the trailing output (IOPub idle) and drain it
+        try:
+            ar.wait_for_output(timeout=10)
+        except Exception:
+            pass
+        result_content = self._drain(inbox, printer, record) or result_content
+        if failures:
+            raise RankFailed(failures, [])
+        return result_content
+
+    def _listen(self, fut, rank: int, inbox: queue.SimpleQueue) -> None:
+        """Forward the engine's IOPub messages for ``fut`` to ``inbox`` (from the client's IO thread)."""
+        def callback(msg):
+            inbox.put((rank, msg["header"]["msg_type"], msg["content"]))
+
+        fut.iopub_callbacks.append(callback)
+        md = fut.output.metadata
+        for name in ("stdout", "stderr"):  # anything that arrived before we listened
+            if md.get(name):
+                inbox.put((rank, "stream", {"name": name, "text": md[name]}))
+
+    def _drain_outputs(self, ar, ctx: RunContext, ranks: list[int]) -> None:
+        """Feed rows published during an apply (``engine.end``'s final flush) into the record."""
+        for rank, fut in zip(ranks, ar._children):
+            for content in fut.output.metadata.get("outputs", []):
+                self._feed(rank, content, ctx.record)
+
+    def _drain(self, inbox: queue.SimpleQueue, printer: _Printer, record) -> dict | None:
+        result = None
+        while True:
+            try:
+                rank, kind, content = inbox.get_nowait()
+            except queue.Empty:
+                return result
+            if kind == "stream":
+                printer.write(rank, content.get("name", "stdout"), content.get("text", ""))
+            elif kind == "display_data":
+                if FEED_MIME in content.get("data", {}):
+                    self._feed(rank, content, record)
+                elif printer.mode == "all" or (printer.mode == "rank0" and rank == 0):
+                    from IPython.display import publish_display_data
+
+                    publish_display_data(content.get("data", {}), content.get("metadata") or {})
+            elif kind == "execute_result" and rank == 0:
+                result = content
+
+    def _feed(self, rank: int, content: dict, record) -> None:
+        payload = content.get("data", {}).get(FEED_MIME)
+        if not payload:
+            return
+        seq = payload.get("seq", 0)
+        last = self._feed_seq.get(rank, 0)
+        if seq <= last:
+            return  # already delivered (seen live and again in the final drain)
+        if seq != last + 1:
+            self.lost_batches += seq - last - 1
+        self._feed_seq[rank] = seq
+        for kind, row in payload.get("rows", []):
+            try:
+                record.add(kind, row)
+            except ValueError:
+                pass
+
+    def _stop(self, cluster: EngineCluster, ranks, children, record, grace: float,
+              hard: bool = False) -> list[int]:
+        """Stop ranks still running: SIGINT, then (after ``grace`` s) SIGKILL and mark for restart.
+
+        Returns the ranks that had to be stopped. With ``hard`` (a rank died, so the
+        survivors' collectives can never complete), kill at once.
+        """
+        busy = [(r, e, f) for r, e, f in zip(ranks, cluster.engines, children) if not f.done()]
+        if not busy:
+            return []
+        if not hard:
+            cluster.signal(signal.SIGINT, [e.engine_id for _, e, _ in busy])
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(not f.done() for _, _, f in busy):
+                time.sleep(POLL)
+        stuck = [(r, e) for r, e, f in busy if not f.done()]
+        if stuck or hard:
+            if cluster.owned:
+                cluster.kill([e.engine_id for _, e in stuck])
+            self.needs_restart = ("stopped ranks did not answer" if not hard else
+                                  "a rank died in the previous run")
+        for r, _, _ in busy:
+            if record.ranks[r].state not in ("failed",):
+                record.set_rank(r, state="stopped")
+        return [r for r, _, _ in busy]
+
+    # -- results back ------------------------------------------------------------
+    def _pull(self, cluster: EngineCluster, ctx: RunContext, by_rank, result_content) -> Any:
+        from .. import engine
+        from ipyparallel.error import RemoteError
+
+        zero = cluster.client[by_rank[0].engine_id]
+        if ctx.spec.pull:
+            try:
+                packed = zero.apply_sync(engine.fetch, list(ctx.spec.pull))
+            except RemoteError as exc:
+                raise KDistError(f"--pull: {exc.evalue.strip(chr(34)).strip(chr(39))}") from None
+            for name, item in packed.items():
+                ctx.shell.user_ns[name] = engine.unpack(item)
+        if result_content is None:
+            return None
+        try:
+            return engine.unpack(zero.apply_sync(engine.last_value))
+        except Exception:
+            # not picklable: show rank 0's rendering of it instead
+            from IPython.display import publish_display_data
+
+            publish_display_data(result_content.get("data", {}), result_content.get("metadata") or {})
+            return None
+
+
+def _prepare_remote(env, threads, local_size):  # runs on an engine
+    from kdist_magics import engine
+
+    if not threads:
+        threads = max(1, engine.cpu_count() // max(1, local_size))
+    return engine.prepare(env, threads)
