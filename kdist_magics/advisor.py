@@ -1,16 +1,463 @@
-"""Choosing a strategy (``--strategy auto``, ``%kdist advise``).
+"""Choosing a strategy: ``--strategy auto`` and ``%kdist advise``.
 
-Interim rule until the advisor lands: run in the kernel with TF's default strategy.
+The seed article's five criteria -- hardware, model size, data size, training
+time, set-up cost -- plus what the user wrote on the line, as a table of
+:class:`Rule` rows (:data:`RULES`). Each rule looks at plain *facts* (a dict
+built from a :class:`~kdist_magics.hardware.Hardware` description, the
+largest Keras model in the namespace and the arrays there), and may rule
+strategies out or pick one. The first picking rule whose strategy survives
+decides; every rule that applied is a row of the advice table.
+
+Nothing here imports TensorFlow, Keras or JAX: models and data are inspected
+only through modules the notebook has already imported (``sys.modules``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import html
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .errors import StrategyUnavailable
+from .hardware import GiB, Hardware, TPU_PLACES, gib
+
+#: every strategy, in the order auto prefers them when nothing else decides
+CANDIDATES = ("default", "mirrored", "tpu", "horovod", "multiworker")
+ENGINE = ("horovod", "multiworker")
+
+#: optimizer-state multiplier: weights + gradients + two Adam moments
+TRAIN_STATE_FACTOR = 4
+#: rough sustained training throughput of one device, FLOP/s (a dense Keras model
+#: reaches a fraction of peak); only used to tell "seconds" from "hours"
+DEVICE_FLOPS = {"cpu_core": 2e10, "gpu": 1e13, "tpu_core": 2e13}
+#: what starting engines costs (ipyparallel engines + TF import + rendezvous), seconds
+ENGINE_SETUP_S = 10.0
+#: below this estimated time per epoch on one device, distributing is not worth it
+SMALL_EPOCH_S = 10.0
 
 
-def choose(user_ns: dict[str, Any], spec) -> tuple[str, str]:
-    return "default", "the advisor is not built yet, so auto runs the cell with the default strategy"
+# -- observations -------------------------------------------------------------
+
+def human(n: float) -> str:
+    """12345 -> '12k', 3.2e9 -> '3.2B'."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            v = n / size
+            return f"{v:.1f}{unit}" if v < 10 and v != int(v) else f"{v:.0f}{unit}"
+    return f"{n:.0f}"
 
 
-def advise(user_ns: dict[str, Any], spec):
-    print("kdist advise: the advisor is not built yet; --strategy auto uses 'default' meanwhile")
+def human_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def human_seconds(s: float) -> str:
+    if s < 1:
+        return "under a second"
+    if s < 120:
+        return f"~{s:.0f} s"
+    if s < 7200:
+        return f"~{s / 60:.0f} min"
+    return f"~{s / 3600:.0f} h"
+
+
+def keras_backend(env: Mapping[str, str] | None = None) -> str:
+    """The Keras backend in use (from ``keras`` if imported, else ``KERAS_BACKEND``)."""
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        try:
+            return keras.backend.backend()
+        except Exception:
+            pass
+    env = os.environ if env is None else env
+    return env.get("KERAS_BACKEND", "tensorflow")
+
+
+def inspect_model(user_ns: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The largest built Keras model in the namespace: name, parameters, bytes."""
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return None
+    try:
+        model_cls = keras.Model
+    except AttributeError:
+        return None
+    best = None
+    for name, value in list(user_ns.items()):
+        if name.startswith("_") or not isinstance(value, model_cls):
+            continue
+        try:
+            params, nbytes = 0, 0
+            for w in value.weights:
+                count = 1
+                for d in w.shape:
+                    count *= int(d)
+                params += count
+                dtype = str(getattr(w, "dtype", "float32"))
+                nbytes += count * _itemsize(dtype)
+        except Exception:  # unbuilt model: nothing to count yet
+            continue
+        if best is None or params > best["params"]:
+            best = {"name": name, "params": params, "bytes": nbytes}
+    return best
+
+
+def _itemsize(dtype: str) -> int:
+    for key, size in (("64", 8), ("32", 4), ("16", 2), ("8", 1)):
+        if key in dtype:
+            return size
+    return 4
+
+
+def inspect_data(user_ns: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Arrays/DataFrames/datasets in the namespace: total bytes and the most samples."""
+    np = sys.modules.get("numpy")
+    pd = sys.modules.get("pandas")
+    tf = sys.modules.get("tensorflow")
+    total, samples, names = 0, 0, []
+    for name, value in list(user_ns.items()):
+        if name.startswith("_"):
+            continue
+        n_bytes = n_rows = None
+        if np is not None and isinstance(value, np.ndarray) and value.ndim >= 1:
+            n_bytes, n_rows = value.nbytes, value.shape[0]
+        elif pd is not None and isinstance(value, (pd.DataFrame, pd.Series)):
+            try:
+                n_bytes, n_rows = int(value.memory_usage(deep=False).sum()), len(value)
+            except Exception:
+                continue
+        elif tf is not None and _is_dataset(tf, value):
+            try:
+                card = int(value.cardinality())
+            except Exception:
+                card = -1
+            names.append(name)
+            if card > 0:
+                samples = max(samples, card)
+            continue
+        if n_bytes is None or n_bytes < 1024:  # skip scalars and small constants
+            continue
+        total += n_bytes
+        samples = max(samples, n_rows)
+        names.append(name)
+    if not names:
+        return None
+    return {"names": names, "bytes": total, "samples": samples}
+
+
+def _is_dataset(tf, value) -> bool:
+    try:
+        return isinstance(value, tf.data.Dataset)
+    except Exception:
+        return False
+
+
+def facts_for(hw: Hardware, spec=None, user_ns: Mapping[str, Any] | None = None,
+              model: dict | None = None, data: dict | None = None,
+              available: tuple[str, ...] | None = None, backend: str | None = None) -> dict[str, Any]:
+    """Everything the rules look at, as a flat dict of plain values."""
+    if model is None and user_ns is not None:
+        model = inspect_model(user_ns)
+    if data is None and user_ns is not None:
+        data = inspect_data(user_ns)
+    if available is None:
+        from .strategies import REGISTRY
+
+        available = tuple(REGISTRY)
+    given = frozenset(getattr(spec, "given", ()) or ())
+    engine_opts = [f"--{o.replace('_', '-')}" for o in ("np", "push", "pull", "cluster_id", "profile")
+                   if o in given]
+    f: dict[str, Any] = {
+        "hw": hw, "hardware": hw.describe(), "cores": hw.cpu_cores, "gpus": len(hw.gpus),
+        "hosts": hw.hosts, "engines": hw.engines, "tpu": hw.tpu is not None,
+        "tpu_kind": hw.tpu.kind if hw.tpu else None, "horovod": hw.horovod,
+        "backend": backend or keras_backend(), "available": tuple(available),
+        "devices_given": "devices" in given, "devices": getattr(spec, "devices", None),
+        "engine_opts": " ".join(engine_opts),
+        "device_memory": hw.device_memory_bytes,
+        "device_word": "TPU core" if hw.tpu else ("GPU" if hw.gpus else "host"),
+    }
+    f["model"] = model
+    f["params"] = model["params"] if model else None
+    f["model_bytes"] = model["bytes"] if model else None
+    f["train_bytes"] = model["bytes"] * TRAIN_STATE_FACTOR if model else None
+    f["fits"] = (f["train_bytes"] <= hw.device_memory_bytes) if model and hw.device_memory_bytes else None
+    f["data"] = data
+    f["data_bytes"] = data["bytes"] if data else None
+    f["samples"] = data["samples"] if data and data["samples"] else None
+    if f["params"] is not None and f["samples"]:
+        flops = 6.0 * f["params"] * f["samples"]  # forward + backward per epoch
+        if hw.tpu:
+            rate = DEVICE_FLOPS["tpu_core"]
+        elif hw.gpus:
+            rate = DEVICE_FLOPS["gpu"]
+        else:
+            rate = DEVICE_FLOPS["cpu_core"] * hw.cpu_cores
+        f["epoch_s"] = flops / rate
+    else:
+        f["epoch_s"] = None
+    # the job is "big" when the model or the data is, or one epoch takes long
+    f["big_job"] = bool(
+        (f["params"] is not None and f["params"] >= 50e6)
+        or (f["data_bytes"] is not None and f["data_bytes"] >= 1e9)
+        or (f["epoch_s"] is not None and f["epoch_s"] >= 60)
+    )
+    f["small_job"] = f["epoch_s"] is not None and f["epoch_s"] < SMALL_EPOCH_S and not f["big_job"]
+    return f
+
+
+def _model_words(f) -> str:
+    if f["model"] is None:
+        return "no built Keras model in the namespace yet"
+    return (f"model '{f['model']['name']}' of {human(f['params'])} parameters "
+            f"(~{human_bytes(f['train_bytes'])} to train)")
+
+
+def _data_words(f) -> str:
+    if f["data"] is None:
+        return "no arrays or datasets in the namespace yet"
+    size = human_bytes(f["data_bytes"]) if f["data_bytes"] else "size unknown"
+    samples = f"{human(f['samples'])} samples, " if f["samples"] else ""
+    return f"{samples}{size} ({', '.join(f['data']['names'][:3])})"
+
+
+# -- the rules ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the decision table.
+
+    ``when(facts)`` says whether the rule applies; ``observation`` and
+    ``consequence`` are format strings (or callables) over the facts;
+    ``rule_out`` removes strategies from the candidates; ``pick`` lists the
+    strategies this rule would choose, best first; ``warn`` rules lead the
+    one-line reason.
+    """
+
+    criterion: str
+    when: Callable[[dict], bool]
+    observation: str | Callable[[dict], str]
+    consequence: str | Callable[[dict], str]
+    pick: tuple[str, ...] = ()
+    rule_out: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = ()
+    warn: bool = False
+
+    def text(self, which: str, f: dict) -> str:
+        value = getattr(self, which)
+        return value(f) if callable(value) else value.format(**f)
+
+    def removed(self, f: dict) -> tuple[str, ...]:
+        return self.rule_out(f) if callable(self.rule_out) else self.rule_out
+
+
+RULES: tuple[Rule, ...] = (
+    # what the user wrote decides first
+    Rule("your options", lambda f: f["devices_given"],
+         "--devices {devices} given",
+         "an in-kernel strategy with {devices} replicas: mirrored",
+         pick=("mirrored",)),
+    Rule("your options", lambda f: bool(f["engine_opts"]),
+         "{engine_opts} given",
+         "an engine strategy: horovod if importable, else multiworker",
+         pick=ENGINE, rule_out=("default", "mirrored", "tpu")),
+    # hardware
+    Rule("hardware", lambda f: f["tpu"],
+         lambda f: f"{f['hardware']}, found by {f['hw'].tpu.found_by or 'description'}",
+         "TPUStrategy replicates the model on every core; the fastest path for large models and data",
+         pick=("tpu",)),
+    Rule("hardware", lambda f: not f["tpu"],
+         f"no TPU (looked for {TPU_PLACES})",
+         "tpu is ruled out", rule_out=("tpu",)),
+    Rule("hardware", lambda f: f["gpus"] == 0 and not f["tpu"] and not f["devices_given"],
+         "{hardware}",
+         "one compute device (TF already uses every core); mirrored on logical CPU devices "
+         "demonstrates data parallelism but does not speed training up",
+         rule_out=("mirrored",)),
+    Rule("hardware", lambda f: f["gpus"] == 1 and not f["tpu"] and not f["devices_given"],
+         "{hardware}",
+         "one device: mirrored would have a single replica and add nothing",
+         rule_out=("mirrored",)),
+    Rule("hardware", lambda f: f["hosts"] == 1 and not f["engine_opts"],
+         lambda f: "one host" + (f", {f['engines']} engines" if f["engines"] else ", no cluster attached"),
+         "engine strategies (horovod, multiworker) are for several hosts here; "
+         "one host's devices are used in the kernel",
+         rule_out=ENGINE),
+    Rule("hardware", lambda f: not f["horovod"],
+         "Horovod is not importable in this kernel",
+         "horovod is ruled out (multiworker is the engine strategy then)",
+         rule_out=("horovod",)),
+    Rule("hardware", lambda f: f["backend"] != "tensorflow",
+         "Keras backend is {backend}",
+         "horovod and multiworker drive TensorFlow; mirrored and tpu use keras.distribution.DataParallel",
+         rule_out=ENGINE),
+    # model size
+    Rule("model size", lambda f: f["fits"] is False,
+         lambda f: f"{_model_words(f)}, more than one {f['device_word']}'s {gib(f['device_memory'])}",
+         "every strategy here keeps a full copy of the model per device, so expect out-of-memory: "
+         "shrink the model, use mixed precision, or shard it (keras.distribution.ModelParallel with JAX)",
+         warn=True),
+    Rule("model size", lambda f: f["fits"] is True,
+         lambda f: f"{_model_words(f)}",
+         lambda f: f"fits one {f['device_word']} ({gib(f['device_memory'])}), so data parallelism applies"),
+    Rule("model size", lambda f: f["fits"] is None,
+         _model_words,
+         lambda f: ("judged on hardware alone; build the model first for a sharper choice"
+                    if f["model"] is None else "one device's memory is unknown, so fit is not judged")),
+    # data size
+    Rule("data size", lambda f: f["data"] is not None,
+         _data_words,
+         lambda f: ("large data: more devices shorten each epoch" if f["big_job"]
+                    else "small data: one device gets through it quickly")),
+    # training time
+    Rule("training time", lambda f: f["small_job"],
+         lambda f: f"one epoch {human_seconds(f['epoch_s'])} on one device (rough estimate)",
+         f"too short to repay the set-up: horovod's ~{ENGINE_SETUP_S:.0f} s engine set-up and "
+         "per-step all-reduce are not worth it for a small job",
+         pick=("default",)),
+    Rule("training time", lambda f: f["epoch_s"] is not None and not f["small_job"],
+         lambda f: f"one epoch {human_seconds(f['epoch_s'])} on one device (rough estimate)",
+         "long enough that more devices pay off"),
+    Rule("hardware", lambda f: f["hosts"] > 1,
+         lambda f: f"{f['hardware']}, {f['engines'] or 'no'} engines attached",
+         "mirrored stops at one box; horovod's ring-allreduce spans the hosts",
+         pick=ENGINE),
+    Rule("hardware", lambda f: f["gpus"] > 1,
+         "{gpus} GPUs on this host",
+         "mirrored replicates the model on each GPU and splits every batch, with no engine set-up",
+         pick=("mirrored",)),
+    # set-up cost
+    Rule("set-up cost", lambda f: True,
+         "in-kernel default: no set-up; engines: ~10 s to start; TPU: connect once per kernel",
+         "default runs the cell as it is, in the notebook",
+         pick=("default",)),
+)
+
+
+# -- the decision -------------------------------------------------------------
+
+@dataclass
+class Row:
+    criterion: str
+    observation: str
+    consequence: str
+    role: str = ""  # "decides", "warning", "" (noted)
+
+
+@dataclass
+class Advice:
+    """The whole reasoning: a table of rows, the choice and its one-line reason."""
+
+    strategy: str
+    reason: str
+    rows: list[Row] = field(default_factory=list)
+    hardware: Hardware | None = None
+    fallback: str | None = None
+
+    def __repr__(self) -> str:
+        head = ("criterion", "observation", "consequence")
+        body = [(r.criterion + (" *" if r.role == "decides" else " !" if r.role == "warning" else ""),
+                 r.observation, r.consequence) for r in self.rows]
+        widths = [min(max(len(row[i]) for row in [head, *body]), cap) for i, cap in enumerate((16, 60, 200))]
+
+        def line(cells):
+            return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+        out = [f"kdist advise: {self.strategy} -- {self.reason}", "", line(head),
+               line(["-" * w for w in widths])]
+        out += [line(row) for row in body]
+        out += ["", "* decides   ! warning"]
+        return "\n".join(out)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        rows = "".join(
+            f"<tr style='{'font-weight:bold' if r.role == 'decides' else 'color:#b00' if r.role == 'warning' else ''}'>"
+            f"<td>{esc(r.criterion)}</td><td>{esc(r.observation)}</td><td>{esc(r.consequence)}</td></tr>"
+            for r in self.rows)
+        return (f"<div class='kdist-advice'><p><b>kdist advise: {esc(self.strategy)}</b> &mdash; "
+                f"{esc(self.reason)}</p><table><thead><tr><th>criterion</th><th>observation</th>"
+                f"<th>consequence</th></tr></thead><tbody>{rows}</tbody></table></div>")
+
+
+def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
+    """Apply ``rules`` to facts ``f``."""
+    applied = [r for r in rules if r.when(f)]
+    out: set[str] = set()
+    for r in applied:
+        out.update(r.removed(f))
+    missing = [s for s in CANDIDATES if s not in f["available"]]
+    rows = [Row(r.criterion, r.text("observation", f), r.text("consequence", f),
+                "warning" if r.warn else "") for r in applied]
+    chosen = deciding = None
+    skipped: list[str] = []
+    for r, row in zip(applied, rows):
+        if not r.pick:
+            continue
+        alive = [s for s in r.pick if s not in out]
+        usable = [s for s in alive if s not in missing]
+        if usable:
+            chosen, deciding = usable[0], (r, row)
+            break
+        if alive:  # the rule would choose a strategy this build does not have yet
+            skipped.append(alive[0])
+            if r.criterion == "your options" and bool(f["engine_opts"]):
+                raise StrategyUnavailable(
+                    f"{f['engine_opts']} asks for engine ranks, but no engine strategy is available "
+                    f"in this version of kdist_magics (built: {', '.join(sorted(f['available']))})")
+        elif r.criterion == "your options" and f["engine_opts"]:
+            raise StrategyUnavailable(
+                f"{f['engine_opts']} asks for engine ranks, but "
+                + ("Keras runs on " + f["backend"] + " and the engine strategies need TensorFlow"
+                   if f["backend"] != "tensorflow" else "Horovod is not importable and multiworker is not built"))
+    if chosen is None:  # pragma: no cover - the set-up cost rule always picks default
+        chosen, deciding = "default", (None, None)
+    rule, row = deciding
+    row.role = "decides"
+    fallback = None
+    if skipped:
+        fallback = f"{skipped[0]} is not available in this version, so {chosen} instead"
+        rows.append(Row("availability", f"{skipped[0]} is not built yet "
+                        f"(built: {', '.join(sorted(f['available']))})", f"fell back to {chosen}", "decides"))
+    parts = [f["hardware"]]
+    if f["fits"] is False:
+        parts.insert(0, f"warning: model of {human(f['params'])} parameters needs ~{human_bytes(f['train_bytes'])} "
+                        f"to train, more than one {f['device_word']}'s {gib(f['device_memory'])}, and every "
+                        f"strategy copies it to each device: expect out-of-memory (see %kdist advise)")
+    elif f["model"] is not None:
+        parts.append(f"model of {human(f['params'])} parameters" + (" fits one device" if f["fits"] else ""))
+    if rule is not None and rule.criterion in ("your options", "training time"):
+        parts.append(row.observation)
+    parts.append(row.consequence)
+    if fallback:
+        parts.append(fallback)
+    return Advice(strategy=chosen, reason="; ".join(_dedupe(parts)), rows=rows, hardware=f["hw"],
+                  fallback=fallback)
+
+
+def _dedupe(parts):
+    seen, out = set(), []
+    for p in parts:
+        if p and p not in seen:
+            seen.add(p)
+            out.append(p)
+    return out
+
+
+def advise(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None, **facts) -> Advice:
+    """The full reasoning for ``user_ns`` on ``hardware`` (detected when not given)."""
+    from .hardware import detect
+
+    hw = hardware if hardware is not None else detect()
+    return decide(facts_for(hw, spec, user_ns, **facts))
+
+
+def choose(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None,
+           **facts) -> tuple[str, str]:
+    """``(strategy_name, one_line_reason)`` for ``--strategy auto``."""
+    advice = advise(user_ns, spec, hardware, **facts)
+    return advice.strategy, advice.reason

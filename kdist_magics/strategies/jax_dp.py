@@ -1,0 +1,281 @@
+"""Keras 3 on JAX: ``keras.distribution.DataParallel`` behind ``--strategy mirrored|tpu``.
+
+Used when ``keras.backend.backend() == "jax"``. The flags are the same: mirrored
+takes all GPUs (or ``--devices N`` of them); without GPUs the host CPU is split
+into N devices (``jax_num_cpu_devices``, default 2) when JAX's backend has not
+started yet -- like TensorFlow, JAX fixes its devices at start-up, so a kernel
+that already started with fewer devices gets a restart hint and the cell does
+not run. ``tpu`` takes every TPU core from ``jax.devices("tpu")``.
+
+``strategy`` is bound to a small :class:`DataParallelStrategy` with the
+tf.distribute-like surface notebooks use (``num_replicas_in_sync``,
+``scope()``) and the Keras ``distribution`` itself.
+
+Batches must split evenly over the devices, or XLA fails with an
+``IndivisibleError`` deep in ``fit``. For in-memory arrays kdist handles it for
+the user while the cell runs (:func:`divisible_batches`):
+
+* ``fit``/``evaluate``: a ``batch_size`` (default 32) that is not a multiple of
+  the device count is rounded down to one (at least one sample per device), and
+  when the number of samples is not a multiple of the device count the last
+  ``N mod devices`` samples are left out (fewer than one per device); each
+  adjustment is printed once as a ``kdist:`` line. ``validation_split`` is done
+  by kdist (same split as Keras) so both parts are adjusted.
+* ``predict``: the input is padded by repeating its last row and the padding
+  is cut from the output, so every sample gets its prediction.
+
+Datasets and generators are the user's to batch: ``drop_remainder=True`` with a
+batch size that is a multiple of ``strategy.num_replicas_in_sync``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import os
+from typing import Any, Callable
+
+from ..errors import StrategyUnavailable
+from .base import RunContext
+from .kernel import run_cell_here
+from .mirrored import CPU_DEFAULT_DEVICES, DevicesFixed
+
+
+class DataParallelStrategy:
+    """What ``strategy`` is bound to on the JAX backend."""
+
+    def __init__(self, distribution, devices):
+        self.distribution = distribution
+        self.devices = list(devices)
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return len(self.devices)
+
+    def scope(self):
+        return self.distribution.scope()
+
+    def __repr__(self) -> str:
+        kinds = sorted({d.platform for d in self.devices})
+        return f"<DataParallelStrategy {len(self.devices)} {'/'.join(kinds)} devices (keras.distribution.DataParallel)>"
+
+
+# -- batches that split evenly -------------------------------------------------
+
+def _rows(x) -> int | None:
+    if isinstance(x, dict):
+        x = next(iter(x.values()), None)
+    elif isinstance(x, (list, tuple)):
+        x = x[0] if x else None
+        return _rows(x)
+    shape = getattr(x, "shape", None)
+    if shape is None or not len(shape) or not hasattr(x, "__getitem__"):
+        return None
+    return int(shape[0])
+
+
+def _map(fn, x):
+    if x is None:
+        return None
+    if isinstance(x, dict):
+        return {k: _map(fn, v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(fn, v) for v in x)
+    return fn(x)
+
+
+def _arrays(*parts) -> bool:
+    """True when every part given is an in-memory array (or a structure of them)."""
+    def ok(x):
+        if x is None:
+            return True
+        if isinstance(x, dict):
+            return all(ok(v) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return all(ok(v) for v in x)
+        return _rows(x) is not None
+
+    return parts[0] is not None and all(ok(p) for p in parts)
+
+
+def _pad(x, to: int):
+    import numpy as np
+
+    def pad(a):
+        a = np.asarray(a)
+        extra = to - a.shape[0]
+        return np.concatenate([a, np.repeat(a[-1:], extra, axis=0)]) if extra > 0 else a
+
+    return _map(pad, x)
+
+
+@contextlib.contextmanager
+def divisible_batches(n: int, say: Callable[[str], None] = print):
+    """While open, ``keras.Model.fit/evaluate/predict`` keep every batch divisible by ``n``."""
+    import keras
+
+    names = ("fit", "evaluate", "predict")
+    originals = {name: getattr(keras.Model, name) for name in names}
+    said: set[str] = set()
+
+    def once(message: str):
+        if message not in said:
+            said.add(message)
+            say(message)
+
+    def batch(b: int | None, what: str = "batch_size") -> int:
+        b = 32 if b is None else int(b)
+        if b % n == 0:
+            return b
+        fixed = max(n, b // n * n)
+        once(f"kdist: {what} {b} does not split over {n} devices; using {fixed} ({fixed // n} per device)")
+        return fixed
+
+    def trim(parts: dict[str, Any], what: str) -> dict[str, Any]:
+        rows = _rows(parts["x"])
+        keep = rows // n * n
+        if keep == rows:
+            return parts
+        if keep == 0:
+            raise StrategyUnavailable(f"kdist: {rows} {what} samples cannot be split over {n} devices; "
+                                      f"give at least {n}")
+        once(f"kdist: leaving out the last {rows - keep} of {rows} {what} samples so every batch "
+             f"splits evenly over {n} devices")
+        return {k: _map(lambda a: a[:keep], v) for k, v in parts.items()}
+
+    def wrap(name: str):
+        original = originals[name]
+        signature = inspect.signature(original)
+
+        def method(model, *args, **kwargs):
+            try:
+                bound = signature.bind(model, *args, **kwargs)
+            except TypeError:
+                return original(model, *args, **kwargs)
+            a = bound.arguments
+            x, y, sw = a.get("x"), a.get("y"), a.get("sample_weight")
+            if not _arrays(x, y, sw) or a.get("steps") or a.get("steps_per_epoch"):
+                return original(*bound.args, **bound.kwargs)
+            if name == "predict":
+                rows = _rows(x)
+                b = batch(a.get("batch_size"))
+                padded = math.ceil(rows / n) * n
+                a["batch_size"] = b
+                if padded != rows:
+                    a["x"] = _pad(x, padded)
+                out = original(*bound.args, **bound.kwargs)
+                return _map(lambda o: o[:rows], out) if padded != rows else out
+            a["batch_size"] = batch(a.get("batch_size"))
+            if name == "fit":
+                split = float(a.get("validation_split") or 0.0)
+                if split and a.get("validation_data") is None:
+                    rows = _rows(x)
+                    at = int(math.floor(rows * (1.0 - split)))
+                    def tail(p):
+                        return _map(lambda v: v[at:], p)
+
+                    def head(p):
+                        return _map(lambda v: v[:at], p)
+
+                    a["validation_data"] = (tail(x), tail(y)) + ((tail(sw),) if sw is not None else ())
+                    x, y, sw = head(x), head(y), head(sw)
+                    a["validation_split"] = 0.0
+                parts = trim({"x": x, "y": y, "sample_weight": sw}, "training")
+                a.update({k: v for k, v in parts.items() if k in a or v is not None})
+                val = a.get("validation_data")
+                if isinstance(val, tuple) and _arrays(*val):
+                    keys = ("x", "y", "sample_weight")[:len(val)]
+                    fixed = trim(dict(zip(keys, val)), "validation")
+                    a["validation_data"] = tuple(fixed[k] for k in keys)
+                    if a.get("validation_batch_size") is not None:
+                        a["validation_batch_size"] = batch(a["validation_batch_size"], "validation_batch_size")
+            else:  # evaluate
+                parts = trim({"x": x, "y": y, "sample_weight": sw}, "evaluation")
+                a.update({k: v for k, v in parts.items() if k in a or v is not None})
+            return original(*bound.args, **bound.kwargs)
+
+        method.__wrapped__ = original
+        method.__doc__ = original.__doc__
+        return method
+
+    for name in names:
+        setattr(keras.Model, name, wrap(name))
+    try:
+        yield
+    finally:
+        for name in names:
+            setattr(keras.Model, name, originals[name])
+
+
+# -- the strategy ----------------------------------------------------------------
+
+def _gpus_by_nvml() -> int:
+    from ..hardware import detect_gpus
+
+    return len(detect_gpus())
+
+
+def plan_devices(wanted: int | None, platform: str | None):
+    """The JAX devices to use (configuring host devices while JAX has not started)."""
+    import jax
+
+    if platform == "tpu":
+        try:
+            devices = jax.devices("tpu")
+        except RuntimeError:
+            from .tpu import no_tpu
+
+            raise no_tpu("jax.devices('tpu')") from None
+        return devices[:wanted] if wanted else devices
+    if not _gpus_by_nvml() and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        try:  # only possible before JAX's backend starts
+            jax.config.update("jax_num_cpu_devices", wanted or CPU_DEFAULT_DEVICES)
+        except Exception:
+            pass
+    devices = jax.devices()
+    if wanted and wanted > len(devices):
+        kind = devices[0].platform.upper()
+        hint = (f" Restart the kernel and run this %%kdist cell before any other JAX code "
+                f"(or start it with XLA_FLAGS=--xla_force_host_platform_device_count={wanted})."
+                if kind == "CPU" else "")
+        raise DevicesFixed(f"--devices {wanted}: JAX in this kernel has {len(devices)} {kind} "
+                           f"device{'s' if len(devices) != 1 else ''}, fixed when it started.{hint} "
+                           "The cell did not run.")
+    return devices[:wanted] if wanted else devices
+
+
+class JaxDataParallel:
+    """The in-kernel JAX path shared by mirrored and tpu."""
+
+    def __init__(self, platform: str | None = None):
+        self.platform = platform
+        self._strategies: dict[tuple, DataParallelStrategy] = {}
+        self.current: DataParallelStrategy | None = None
+
+    def run(self, cell: str, ctx: RunContext) -> Any:
+        import keras
+
+        devices = plan_devices(ctx.spec.devices, self.platform)
+        key = tuple(d.id for d in devices)
+        strategy = self._strategies.get(key)
+        if strategy is None:
+            strategy = DataParallelStrategy(keras.distribution.DataParallel(devices=devices), devices)
+            self._strategies[key] = strategy
+        self.current = strategy
+        n = len(devices)
+        for rank, device in enumerate(devices):
+            ctx.record.set_rank(rank, state="running", device=str(device))
+        scope = contextlib.ExitStack()
+        scope.enter_context(strategy.scope())
+        if n > 1:
+            scope.enter_context(divisible_batches(n))
+        value = run_cell_here(cell, ctx, scope=scope, bind={"strategy": strategy})
+        for rank in range(n):
+            ctx.record.set_rank(rank, state="done")
+        return value
+
+    def status(self) -> dict[str, Any]:
+        if self.current is None:
+            return {}
+        return {"backend": "jax", "replicas": self.current.num_replicas_in_sync}
