@@ -1,0 +1,341 @@
+"""The live dashboard: an anywidget view of a :class:`~kdist_magics.record.RunRecord`.
+
+:class:`Dashboard` subscribes to the record. Listeners run on whatever thread
+adds a row (Keras' training thread, an engine transport thread, the sampler),
+so :meth:`Dashboard._on_change` only updates small in-memory series and marks
+the view dirty; a daemon thread (:meth:`Dashboard._loop`) pushes at most one
+state update every ``interval`` seconds (default 0.5 s) to the front end. Comm
+messages can be sent from a background thread in ipykernel 6/7, so the view
+updates while an in-kernel cell keeps the kernel's main thread busy.
+
+The widget (:class:`DashboardWidget`) is an ``anywidget.AnyWidget`` whose
+front end is one small static ES module and a CSS file shipped in
+``kdist_magics/static`` (plain SVG, no CDN, no labextension build), so it runs
+wherever anywidget runs: JupyterLab 4, Notebook 7, VS Code, Colab.
+
+The display also carries a ``text/html`` summary with inline SVG loss curves,
+refreshed when the run ends (same display id), so a saved notebook shows the
+result on GitHub/nbviewer where no widget state exists.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+from .record import RunRecord
+
+STATIC = Path(__file__).parent / "static"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+#: row fields that are not curves
+NOT_CURVES = frozenset({"rank", "epoch", "step", "batch", "time", "kind", "steps_per_s",
+                        "samples_per_s", "size", "num_steps"})
+#: at most this many distinct step-level series (loss first)
+MAX_SERIES = 8
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+
+
+class DashboardWidget(anywidget.AnyWidget):
+    """Front end: ``static/dashboard.js`` renders ``state`` and ``curves``."""
+
+    _esm = STATIC / "dashboard.js"
+    _css = STATIC / "dashboard.css"
+    #: run status, progress and one entry per rank
+    state = traitlets.Dict().tag(sync=True)
+    #: {"series": {name: {rank: [[step, value], ...]}}, "names": [...]}
+    curves = traitlets.Dict().tag(sync=True)
+
+
+def _round(v: float | None) -> float | None:
+    if v is None or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(f"{v:.5g}")
+
+
+def _thin(points: list, limit: int) -> list:
+    """At most ``limit`` points, evenly strided, always keeping the last."""
+    n = len(points)
+    if n <= limit:
+        return list(points)
+    stride = math.ceil(n / limit)
+    out = points[::stride]
+    if out[-1] is not points[-1]:
+        out = out[:limit - 1] + [points[-1]]
+    return out
+
+
+class Dashboard:
+    """A live view of ``record``; ``display()`` shows it, the record's end finalises it.
+
+    ``interval``: seconds between front-end updates (None: no thread; call
+    :meth:`flush` yourself, as tests do). ``max_points``: points per curve and
+    rank sent to the front end.
+    """
+
+    def __init__(self, record: RunRecord, interval: float | None = 0.5, max_points: int = 200,
+                 clock=time.time):
+        self.record = record
+        self.interval = interval
+        self.max_points = max_points
+        self.clock = clock
+        self.widget = DashboardWidget()
+        self.series: dict[str, dict[int, list]] = {}
+        self.latest_sample: dict[int, dict[str, Any]] = {}
+        self.latest_step: dict[int, dict[str, Any]] = {}
+        self.sends = 0  # front-end updates sent (coalesced)
+        self.handle = None
+        self._lock = threading.Lock()
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._finished = False
+        self._thread: threading.Thread | None = None
+        with record._lock:
+            for row in list(record.metrics):
+                self._add_metric(row)
+            for row in list(record.samples):
+                self.latest_sample[int(row.get("rank", 0) or 0)] = row
+        record.subscribe(self._on_change)
+        self._dirty.set()
+        self.flush()
+        if interval is not None and record.status == "running":
+            self._thread = threading.Thread(target=self._loop, name="kdist-dashboard", daemon=True)
+            self._thread.start()
+
+    # -- feeding (any thread; cheap) -------------------------------------------
+    def _add_metric(self, row: dict[str, Any]) -> None:
+        rank = int(row.get("rank", 0) or 0)
+        x = row.get("step")
+        if not isinstance(x, (int, float)):
+            return
+        kind = row.get("kind", "step")
+        with self._lock:
+            if kind == "step":
+                self.latest_step[rank] = row
+            for key, value in row.items():
+                if key in NOT_CURVES or not isinstance(value, (int, float)):
+                    continue
+                if kind == "epoch" and not key.startswith("val_"):
+                    continue  # step rows already draw the training curves
+                series = self.series.get(key)
+                if series is None:
+                    if len(self.series) >= MAX_SERIES:
+                        continue
+                    series = self.series[key] = {}
+                pts = series.setdefault(rank, [])
+                pts.append((x, value))
+                if len(pts) > 8 * self.max_points:  # bound memory on very long runs
+                    last = pts[-1]
+                    pts[:] = pts[::2]
+                    if pts[-1] is not last:
+                        pts.append(last)
+
+    def _on_change(self, kind: str, payload: Any) -> None:
+        if kind == "metric":
+            self._add_metric(payload)
+        elif kind == "sample":
+            self.latest_sample[int(payload.get("rank", 0) or 0)] = payload
+        self._dirty.set()
+        if kind == "status":
+            self.finish()
+
+    # -- the view ----------------------------------------------------------------
+    def _sample_for(self, rank: int, device: str | None) -> tuple[dict[str, Any] | None, bool]:
+        """The latest sample for ``rank``; in-kernel replicas share rank 0's process."""
+        own = self.latest_sample.get(rank)
+        if own is not None:
+            return own, False
+        if self.record.strategy in ("default", "mirrored", "tpu") and 0 in self.latest_sample:
+            return self.latest_sample[0], True
+        return None, False
+
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(state, curves): what the front end draws, small and JSON-able."""
+        rec = self.record
+        now = self.clock()
+        ranks = []
+        with rec._lock:
+            rank_states = [(r, vars(s).copy()) for r, s in sorted(rec.ranks.items())]
+            progress = dict(rec.progress)
+        throughput = 0.0
+        have_throughput = False
+        for r, st in rank_states:
+            sample, shared = self._sample_for(r, st.get("device"))
+            step = self.latest_step.get(r, {})
+            entry = {"rank": r, "state": st.get("state"), "host": st.get("host"),
+                     "pid": st.get("pid"), "device": st.get("device"), "error": st.get("error"),
+                     "loss": _round(step.get("loss")), "step": step.get("step"),
+                     "epoch": step.get("epoch"), "shared": shared}
+            if sample:
+                gpus = list(sample.get("gpus") or [])
+                dev = str(st.get("device") or "")
+                if shared and gpus and dev.rsplit(":", 1)[-1].isdigit():
+                    idx = int(dev.rsplit(":", 1)[-1])
+                    gpus = [g for g in gpus if g.get("index") == idx] or gpus
+                entry.update({
+                    "host": entry["host"] or sample.get("host"),
+                    "pid": entry["pid"] or sample.get("pid"),
+                    "cpu_percent": _round(sample.get("cpu_percent")),
+                    "cpu_count": sample.get("cpu_count"),
+                    "rss_bytes": sample.get("rss_bytes"),
+                    "gpus": gpus, "tpus": sample.get("tpus") or [],
+                    "accelerator_note": sample.get("accelerator_note"),
+                })
+            sps = step.get("samples_per_s") or None
+            if isinstance(sps, (int, float)) and not shared:
+                throughput += sps
+                have_throughput = True
+            ranks.append(entry)
+        total = progress.get("total_steps")
+        done = progress.get("step")
+        fraction = eta = None
+        if isinstance(total, (int, float)) and total and isinstance(done, (int, float)):
+            fraction = min(1.0, done / total)
+            started = progress.get("fit_started")
+            t = progress.get("time")
+            if started and t and t > started and done:
+                rate = done / (t - started)
+                eta = max(0.0, (total - done) / rate - (now - t if rec.status == "running" else 0))
+        if rec.status == "done" and fraction is not None:
+            eta = 0.0
+        failed_ranks = [r for r in ranks if r["state"] == "failed"]
+        error = rec.error or next((r["error"] for r in failed_ranks if r["error"]), None)
+        state = {
+            "status": rec.status, "strategy": rec.strategy, "size": len(ranks),
+            "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
+            "elapsed": round(rec.duration, 1), "running": rec.status == "running",
+            "progress": {"fraction": _round(fraction), "step": done, "total_steps": total,
+                         "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
+                         "steps_per_epoch": progress.get("steps_per_epoch"),
+                         "eta_s": _round(eta),
+                         "samples_per_s": _round(throughput) if have_throughput else
+                         _round(progress.get("samples_per_s")),
+                         "steps_per_s": _round(progress.get("steps_per_s"))},
+            "ranks": ranks,
+        }
+        with self._lock:
+            names = sorted(self.series, key=lambda k: (k != "loss", k.startswith("val_"), k))
+            series = {name: {str(r): [[_round(x), _round(y)] for x, y in
+                                      _thin(pts, self.max_points)]
+                             for r, pts in sorted(self.series[name].items())}
+                      for name in names}
+        return state, {"names": names, "series": series}
+
+    def flush(self) -> bool:
+        """Send the current view if anything changed; True when something was sent."""
+        if not self._dirty.is_set():
+            return False
+        self._dirty.clear()
+        state, curves = self.snapshot()
+        with self.widget.hold_sync():
+            self.widget.curves = curves
+            self.widget.state = state
+        self.sends += 1
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.flush()
+            except Exception:
+                pass  # the view never breaks the run
+
+    # -- lifecycle -----------------------------------------------------------------
+    def bundle(self) -> dict[str, Any]:
+        return {
+            "text/plain": f"kdist dashboard: {self.record.summary()}",
+            "text/html": self.html(),
+            WIDGET_MIME: {"version_major": 2, "version_minor": 0,
+                          "model_id": self.widget.model_id},
+        }
+
+    def display(self):
+        """Show the dashboard in the cell's output (with a static HTML fallback)."""
+        from IPython.display import display
+
+        self.handle = display(self.bundle(), raw=True, display_id=True)
+        return self
+
+    def finish(self) -> None:
+        """Stop the update thread, send the final state, refresh the static fallback."""
+        if self._finished:
+            return
+        self._finished = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._dirty.set()
+        try:
+            self.flush()
+        except Exception:
+            pass
+        if self.handle is not None:
+            try:
+                self.handle.update(self.bundle(), raw=True)
+            except Exception:
+                pass
+
+    # -- static fallback -------------------------------------------------------------
+    def html(self) -> str:
+        """A self-contained HTML summary with an inline SVG of the loss curves."""
+        state, curves = self.snapshot()
+        esc = _html.escape
+        status = state["status"]
+        colour = {"done": "#2e7d32", "failed": "#c62828", "running": "#1565c0"}.get(status, "#ef6c00")
+        lines = [f'<div class="kdist-static" style="font-family:sans-serif;font-size:13px">',
+                 f'<b>kdist {esc(state["strategy"])}</b> &middot; '
+                 f'<span style="color:{colour};font-weight:bold">{esc(status)}</span> &middot; '
+                 f'{state["size"]} rank(s) &middot; {state["elapsed"]:.1f} s']
+        if state["error"]:
+            lines.append(f'<div style="color:#c62828">{esc(state["error"])}</div>')
+        name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
+        if name:
+            lines.append(svg_curves(curves["series"][name], title=name))
+        rows = "".join(
+            f"<tr><td>{r['rank']}</td><td>{esc(str(r['state']))}</td>"
+            f"<td>{esc(str(r.get('host') or ''))}</td><td>{r.get('pid') or ''}</td>"
+            f"<td>{'' if r.get('loss') is None else r['loss']}</td></tr>"
+            for r in state["ranks"])
+        lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
+                     f'<th>last loss</th></tr>{rows}</table></div>')
+        return "\n".join(lines)
+
+
+def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,
+               height: int = 160) -> str:
+    """Inline SVG: one polyline per rank."""
+    pts = [(x, y) for line in series.values() for x, y in line if x is not None and y is not None]
+    if not pts:
+        return ""
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+    pad = 30
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}">',
+             f'<text x="{pad}" y="12" font-size="11">{_html.escape(title)} per rank '
+             f'({y0:.4g} .. {y1:.4g})</text>',
+             f'<rect x="{pad}" y="16" width="{width - pad - 5}" height="{height - 36}" '
+             f'fill="none" stroke="#ccc"/>']
+    for i, (rank, line) in enumerate(sorted(series.items(), key=lambda kv: int(kv[0]))):
+        coords = " ".join(
+            f"{pad + (x - x0) / (x1 - x0) * (width - pad - 5):.1f},"
+            f"{16 + (1 - (y - y0) / (y1 - y0)) * (height - 36):.1f}"
+            for x, y in line if x is not None and y is not None)
+        parts.append(f'<polyline fill="none" stroke="{PALETTE[i % len(PALETTE)]}" '
+                     f'stroke-width="1.5" points="{coords}"><title>rank {rank}</title></polyline>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def show(record: RunRecord, **kwargs: Any) -> Dashboard:
+    """Create and display a dashboard for ``record`` (what ``%%kdist`` does)."""
+    return Dashboard(record, **kwargs).display()

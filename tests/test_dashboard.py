@@ -1,0 +1,282 @@
+"""The dashboard: a view of the RunRecord (fast tier), its wiring into %%kdist (kernel tier)
+and a 2-rank Horovod run filling metrics and samples for both ranks (engines tier)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+
+import kdist_magics
+from kdist_magics.dashboard import WIDGET_MIME, Dashboard, DashboardWidget, svg_curves
+from kdist_magics.record import RunRecord
+
+
+def feed(rec, rank, steps, t0=1000.0, total=None, loss0=1.0):
+    rec.add("progress", {"rank": rank, "epochs": 2, "steps_per_epoch": (total or steps) // 2,
+                         "total_steps": total or steps, "fit_started": t0, "step": 0, "time": t0})
+    for s in range(1, steps + 1):
+        rec.add("metric", {"rank": rank, "epoch": 0, "step": s, "time": t0 + s, "kind": "step",
+                           "loss": loss0 / s, "accuracy": s / steps, "lr": 0.01,
+                           "steps_per_s": 1.0, "samples_per_s": 32.0})
+        rec.add("progress", {"rank": rank, "step": s, "time": t0 + s, "fit_started": t0})
+
+
+def sample(rank, **extra):
+    row = {"rank": rank, "time": 1.0, "pid": 100 + rank, "host": "h", "cpu_percent": 50.0,
+           "cpu_count": 2, "rss_bytes": 2**20, "gpus": [], "accelerator": None,
+           "accelerator_note": "not available: NVML sees no GPU"}
+    row.update(extra)
+    return row
+
+
+def test_snapshot_has_ranks_curves_progress_and_eta():
+    rec = RunRecord("horovod", size=2)
+    rec.set_rank(0, state="running", host="h", pid=100)
+    rec.set_rank(1, state="running", host="h", pid=101)
+    dash = Dashboard(rec, interval=None, clock=lambda: 1010.0)
+    feed(rec, 0, 10, total=40)
+    feed(rec, 1, 10, total=40, loss0=2.0)
+    rec.add("sample", sample(0))
+    rec.add("sample", sample(1, gpus=[{"index": 1, "name": "G", "util_percent": 80.0,
+                                       "mem_used_bytes": 1, "mem_total_bytes": 4}]))
+    state, curves = dash.snapshot()
+    json.dumps(state), json.dumps(curves)
+    assert [r["rank"] for r in state["ranks"]] == [0, 1]
+    r0, r1 = state["ranks"]
+    assert r0["state"] == "running" and r0["cpu_percent"] == 50.0 and r0["rss_bytes"] == 2**20
+    assert r0["accelerator_note"].startswith("not available")
+    assert r1["gpus"][0]["util_percent"] == 80.0 and r1["loss"] == pytest.approx(0.2)
+    # curves: loss first, one line per rank, x = step
+    assert curves["names"][0] == "loss" and "accuracy" in curves["names"] and "lr" in curves["names"]
+    assert set(curves["series"]["loss"]) == {"0", "1"}
+    assert curves["series"]["loss"]["1"][-1] == [10, 0.2]
+    # progress: 10 of 40 steps after 10 s -> 30 s to go; throughput summed over ranks
+    p = state["progress"]
+    assert p["fraction"] == 0.25 and p["total_steps"] == 40 and p["eta_s"] == pytest.approx(30.0)
+    assert p["samples_per_s"] == 64.0
+    assert state["status"] == "running" and state["error"] is None
+
+
+def test_updates_are_coalesced_into_few_sends():
+    rec = RunRecord("default")
+    dash = Dashboard(rec, interval=None)
+    sent = []
+    dash.widget.observe(lambda change: sent.append(change["name"]), names=["state"])
+    assert dash.flush() is False  # nothing new since the first state
+    feed(rec, 0, 500)
+    assert dash.flush() is True and dash.flush() is False
+    assert len(sent) == 1  # 1000+ record events, one front-end update
+    assert len(dash.widget.curves["series"]["loss"]["0"]) <= dash.max_points
+
+
+def test_long_curves_are_downsampled_keeping_the_last_point():
+    rec = RunRecord("default")
+    dash = Dashboard(rec, interval=None, max_points=50)
+    feed(rec, 0, 5000)
+    _, curves = dash.snapshot()
+    line = curves["series"]["loss"]["0"]
+    assert len(line) <= 50 and line[-1][0] == 5000 and line[0][0] == 1
+    assert len(dash.series["loss"][0]) <= 8 * 50 + 1  # memory stays bounded too
+
+
+def test_background_thread_pushes_while_the_caller_is_busy():
+    rec = RunRecord("default")
+    dash = Dashboard(rec, interval=0.05)
+    seen = threading.Event()
+    threads = set()
+
+    def on_state(change):
+        if change["new"].get("progress", {}).get("step"):
+            threads.add(threading.current_thread().name)
+            seen.set()
+
+    dash.widget.observe(on_state, names=["state"])
+    feed(rec, 0, 5)  # no flush() call from this thread
+    assert seen.wait(30)
+    assert "kdist-dashboard" in threads
+    rec.finish("done")
+    assert dash._thread is not None and not dash._thread.is_alive()
+    assert dash.widget.state["status"] == "done" and dash.widget.state["running"] is False
+
+
+@pytest.mark.parametrize("status", ["failed", "interrupted", "timeout"])
+def test_failed_and_stopped_states_carry_the_error_line(status):
+    rec = RunRecord("horovod", size=2)
+    dash = Dashboard(rec, interval=None)
+    rec.set_rank(0, state="running")
+    if status == "failed":
+        rec.set_rank(1, state="failed", error="Traceback ...\nValueError: bad batch")
+        rec.finish("failed", "rank 1 failed:\nValueError: bad batch")
+    else:
+        rec.finish(status, f"{status} after 3 s")
+    state = dash.widget.state  # finish() flushed the final state
+    assert state["status"] == status and not state["running"]
+    if status == "failed":
+        assert state["error"] == "ValueError: bad batch"
+        assert [r["state"] for r in state["ranks"]] == ["stopped", "failed"]
+        assert state["ranks"][1]["error"].endswith("ValueError: bad batch")
+    else:
+        assert state["error"] == f"{status} after 3 s"
+    assert status in dash.html()
+
+
+def test_in_kernel_replicas_share_the_process_sample():
+    rec = RunRecord("mirrored", size=2)
+    rec.set_rank(0, state="running", device="GPU:0")
+    rec.set_rank(1, state="running", device="GPU:1")
+    dash = Dashboard(rec, interval=None)
+    gpus = [{"index": i, "util_percent": 10.0 * (i + 1), "mem_used_bytes": 1,
+             "mem_total_bytes": 2} for i in range(2)]
+    rec.add("sample", sample(0, gpus=gpus, accelerator="gpu"))
+    state, _ = dash.snapshot()
+    r0, r1 = state["ranks"]
+    assert r0["shared"] is False and r1["shared"] is True
+    assert [g["index"] for g in r1["gpus"]] == [1]  # each replica shows its own GPU
+    assert r1["pid"] == 100
+
+
+def test_display_bundle_has_widget_and_static_fallback(monkeypatch):
+    displayed = []
+    import IPython.display
+
+    class Handle:
+        def update(self, obj, raw=False):
+            displayed.append(("update", obj))
+
+    def fake_display(obj, raw=False, display_id=None):
+        displayed.append(("display", obj))
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    rec = RunRecord("default")
+    dash = Dashboard(rec, interval=None).display()
+    feed(rec, 0, 20)
+    rec.finish("done")
+    (first_kind, first), (last_kind, last) = displayed[0], displayed[-1]
+    assert first_kind == "display" and last_kind == "update"
+    assert first[WIDGET_MIME]["model_id"] == dash.widget.model_id
+    assert "waiting" not in last["text/html"] and "done" in last["text/html"]
+    polyline = re.search(r'<polyline[^>]*points="([^"]+)"', last["text/html"])
+    assert polyline and len(polyline.group(1).split()) == 20  # the static picture of the loss
+    assert "done" in last["text/plain"]
+
+
+def test_static_svg_one_line_per_rank():
+    svg = svg_curves({"0": [[1, 1.0], [2, 0.5]], "1": [[1, 2.0], [2, 1.0]]})
+    assert svg.count("<polyline") == 2 and svg.startswith("<svg")
+    assert svg_curves({}) == ""
+
+
+def test_widget_ships_its_static_front_end():
+    from kdist_magics.dashboard import STATIC
+
+    js = (STATIC / "dashboard.js").read_text()
+    assert "export default" in js and "http" not in js.replace("http://www.w3.org/2000/svg", "")
+    assert (STATIC / "dashboard.css").read_text().strip()
+    assert DashboardWidget._esm and DashboardWidget._css
+
+
+# -- wiring into %%kdist (kernel tier) ------------------------------------------------------
+
+TRAIN = """
+import numpy as np, keras
+x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+model.fit(x, y, epochs=2, batch_size=16, verbose=0)
+"""
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_kdist_cell_shows_dashboard_and_fills_metrics_and_samples(ip, monkeypatch):
+    shown = []
+    import kdist_magics.dashboard as dashmod
+
+    real_show = dashmod.show
+    monkeypatch.setattr(dashmod, "show", lambda record, **kw: shown.append(real_show(record, **kw)))
+    ip.run_cell_magic("kdist", "--strategy default", TRAIN)
+    rec = kdist_magics.last_run()
+    assert len(shown) == 1 and shown[0].record is rec
+    state = shown[0].widget.state
+    assert state["status"] == "done" and state["ranks"][0]["state"] == "done"
+    assert state["progress"]["fraction"] == 1.0 and state["progress"]["total_steps"] == 8
+    assert {"loss", "mae"} <= set(shown[0].widget.curves["names"])
+    # last_run(): metrics with lr/throughput, samples from the sampler, pandas tables
+    epochs = [m for m in rec.metrics if m["kind"] == "epoch"]
+    assert len(epochs) == 2 and all(m["lr"] == pytest.approx(0.05) for m in epochs)
+    assert len(rec.samples) >= 2 and all(s["rank"] == 0 and s["rss_bytes"] > 0 for s in rec.samples)
+    df = rec.to_pandas("samples")
+    assert {"rank", "time", "cpu_percent", "rss_bytes"} <= set(df.columns)
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_no_dashboard_and_no_telemetry(ip, monkeypatch):
+    import kdist_magics.dashboard as dashmod
+
+    shown = []
+    monkeypatch.setattr(dashmod, "show", lambda record, **kw: shown.append(record))
+    ip.run_cell_magic("kdist", "--strategy default --no-dashboard", TRAIN)
+    assert shown == [] and kdist_magics.last_run().metrics
+    ip.run_cell_magic("kdist", "--strategy default --no-telemetry", TRAIN)
+    rec = kdist_magics.last_run()
+    assert shown == [] and rec.metrics == [] and rec.samples == []
+
+
+# -- two Horovod ranks (engines tier) ----------------------------------------------------------
+
+def _strategy_ready(name: str) -> str | None:
+    from kdist_magics.strategies import REGISTRY
+
+    if name not in REGISTRY:
+        return f"--strategy {name} is not in strategies.REGISTRY yet"
+    try:
+        from kdist_magics.strategies import create
+
+        create(name)
+    except Exception as exc:  # module not there yet, or not built here
+        return f"--strategy {name} cannot be created here: {exc}"
+    return None
+
+
+HVD_TRAIN = """
+import numpy as np, keras
+x = np.random.default_rng(hvd.rank()).normal(size=(256, 4)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+import time
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.02)
+model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[Slow()])
+"""
+
+
+@pytest.mark.engines
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_rank_horovod_run_fills_metrics_and_samples_for_both_ranks(ip):
+    reason = _strategy_ready("horovod")
+    if reason:
+        pytest.skip(reason)
+    ip.run_cell_magic("kdist", "--strategy horovod --np 2 --no-dashboard", HVD_TRAIN)
+    rec = kdist_magics.last_run()
+    assert rec.status == "done"
+    assert {r: s.state for r, s in rec.ranks.items()} == {0: "done", 1: "done"}
+    assert all(s.pid and s.host for s in rec.ranks.values())
+    assert {m["rank"] for m in rec.metrics} == {0, 1}
+    for rank in (0, 1):
+        epochs = [m for m in rec.metrics if m["rank"] == rank and m["kind"] == "epoch"]
+        assert len(epochs) == 2 and isinstance(epochs[-1]["loss"], float)
+    assert {s["rank"] for s in rec.samples} == {0, 1}
+    assert all(s["rss_bytes"] > 0 for s in rec.samples)
+    pids = {s["rank"]: s["pid"] for s in rec.samples}
+    assert pids[0] != pids[1]  # one process per rank
