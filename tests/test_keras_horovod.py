@@ -1,0 +1,284 @@
+"""The Keras 3 Horovod binding (kdist_magics.keras_horovod).
+
+The horovod tests run N=2 real Horovod (Gloo) ranks as plain subprocesses against a
+loopback-only rendezvous in the test process; each rank writes its results to a temp
+folder and the assertions compare ranks here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, python_without
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+N = 2
+
+try:
+    import horovod  # noqa: F401  (the package only; horovod.tensorflow imports TF)
+    HAVE_HOROVOD = True
+except ImportError:
+    HAVE_HOROVOD = False
+
+needs_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="Horovod is not installed")
+
+
+def run_ranks(script: Path, args: list[str], outdir: Path, timeout: float = 150) -> None:
+    """Start N ranks of ``script`` under one rendezvous; fail with their output if any fails.
+    Every child is killed (by PID) whatever happens."""
+    from kdist_magics.rendezvous import Rendezvous
+
+    procs: list[subprocess.Popen] = []
+    logs = []
+    with Rendezvous(["localhost"] * N) as rdv:
+        try:
+            for i in range(N):
+                env = {**os.environ, **rdv.env(i), "TF_NUM_INTRAOP_THREADS": "1",
+                       "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                       "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1",
+                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+                env.pop("TF_USE_LEGACY_KERAS", None)
+                log = open(outdir / f"rank{i}.log", "w+")
+                logs.append(log)
+                procs.append(subprocess.Popen([sys.executable, str(script), *args, str(outdir)],
+                                              env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              cwd=str(outdir)))
+            failed = []
+            for i, p in enumerate(procs):
+                try:
+                    rc = p.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+                if rc != 0:
+                    failed.append((i, rc))
+                    break
+            if failed:
+                out = []
+                for i, log in enumerate(logs):
+                    log.flush()
+                    log.seek(0)
+                    out.append(f"--- rank {i} ---\n" + log.read()[-4000:])
+                pytest.fail(f"rank(s) failed: {failed}\n" + "\n".join(out))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(timeout=30)
+            for log in logs:
+                log.close()
+
+
+def load(outdir: Path, scenario: str):
+    ranks = []
+    for r in range(N):
+        arrays = dict(np.load(outdir / f"{scenario}-rank{r}.npz"))
+        info = json.loads((outdir / f"{scenario}-rank{r}.json").read_text())
+        ranks.append((arrays, info))
+    return ranks
+
+
+def keys(arrays, prefix):
+    return sorted((k for k in arrays if k.startswith(prefix) and k[len(prefix):].isdigit()),
+                  key=lambda k: int(k[len(prefix):]))
+
+
+def assert_same(ranks, prefix, **tol):
+    for k in keys(ranks[0][0], prefix):
+        for r in range(1, N):
+            np.testing.assert_allclose(ranks[r][0][k], ranks[0][0][k], err_msg=f"{k}, rank {r}",
+                                       **tol)
+
+
+def max_diff(ranks, prefix):
+    return max(float(np.max(np.abs(ranks[1][0][k] - ranks[0][0][k])))
+               for k in keys(ranks[0][0], prefix))
+
+
+# ---------------------------------------------------------------------------------------------
+# Two real ranks
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_fit_syncs_broadcasts_warms_up_and_averages_metrics(tmp_path):
+    run_ranks(WORKERS / "keras_hvd_worker.py", ["train"], tmp_path)
+    ranks = load(tmp_path, "train")
+    (a0, i0), (a1, i1) = ranks
+    assert i0["size"] == N and {i0["rank"], i1["rank"]} == {0, 1}
+
+    # The ranks trained on different data and started from different weights ...
+    assert not np.allclose(a0["x"], a1["x"])
+    assert max_diff(ranks, "init") > 1e-3
+    # ... the broadcast made rank 1 start from rank 0's weights before the first step ...
+    for k in keys(a0, "bcast"):
+        np.testing.assert_array_equal(a1[k], a0[k.replace("bcast", "init")])
+        np.testing.assert_array_equal(a0[k], a0[k.replace("bcast", "init")])
+    # ... and averaged gradients kept them identical to the end.
+    assert_same(ranks, "w", rtol=0, atol=1e-6)
+    assert max_diff(ranks, "init") > 1e-3  # (not trivially: they did not start equal)
+
+    # The optimizer is still an SGD (same class name), and counted every step.
+    assert i0["opt_class"] == "SGD" and i0["is_sgd"]
+    assert i0["iterations"] == i0["steps"] * i0["epochs"]
+
+    # Loss falls (averaged over ranks by MetricAverageCallback, so equal on both).
+    loss = i0["history"]["loss"]
+    assert loss[-1] < loss[0]
+
+    # MetricAverageCallback: logs hold the mean over ranks of each rank's own metric.
+    for epoch in range(i0["epochs"]):
+        for metric in ("loss", "mae"):
+            raw = [i0["raw_logs"][epoch][metric], i1["raw_logs"][epoch][metric]]
+            assert raw[0] != pytest.approx(raw[1])  # different data: different local values
+            for info in (i0, i1):
+                assert info["avg_logs"][epoch][metric] == pytest.approx(np.mean(raw), rel=1e-6)
+                assert info["history"][metric][epoch] == pytest.approx(np.mean(raw), rel=1e-6)
+
+    # LearningRateWarmupCallback: Horovod's formula, per batch, during warm-up; then the target.
+    steps, warmup, base, size = i0["steps"], i0["warmup"], i0["base_lr"], i0["size"]
+    expected = []
+    for epoch in range(i0["epochs"]):
+        for batch in range(steps):
+            if epoch < warmup:
+                e = epoch + batch / steps + 1.0 / steps
+                expected.append(base / size * (e * (size - 1) / warmup + 1))
+            else:
+                expected.append(expected[-1])
+    assert i0["lr_at_batch"] == pytest.approx(expected, rel=1e-5)
+    assert expected[0] == pytest.approx(base / size * (1 + (size - 1) / (warmup * steps)))
+    assert expected[-1] == pytest.approx(base)
+    assert i0["history"]["lr"][-1] == pytest.approx(base, rel=1e-5)
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_stock_horovod_keras_does_not_sync_under_keras3(tmp_path):
+    """Why the binding exists: Horovod's own module lets ranks drift apart silently."""
+    run_ranks(WORKERS / "keras_hvd_worker.py", ["stock"], tmp_path)
+    ranks = load(tmp_path, "stock")
+    assert ranks[0][1]["module"] == "horovod.tensorflow.keras"
+    assert max_diff(ranks, "init") == 0.0      # same start
+    assert all(info["loss"][-1] < info["loss"][0] for _, info in ranks)  # each rank trained
+    assert max_diff(ranks, "w") > 1e-3          # ... but not together
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_backward_passes_per_step_and_fp16_compression(tmp_path):
+    run_ranks(WORKERS / "keras_hvd_worker.py", ["aggregate"], tmp_path)
+    ranks = load(tmp_path, "aggregate")
+    (a0, i0), _ = ranks
+    lr, size = i0["lr"], i0["size"]
+
+    # Two backward passes, one update: w2 = w0 - lr * mean_over_ranks(g_batch0 + g_batch1) / 2
+    # (average_aggregated_gradients=True divides the local sum by backward_passes_per_step).
+    grads = keys(a0, "g")
+    for j, k in enumerate(keys(a0, "w0_")):
+        total = sum(a[grads[j]] for a, _ in ranks)
+        expected = a0[k] - lr * total / size / 2
+        for a, _ in ranks:
+            np.testing.assert_allclose(a[f"w2_{j}"], expected, rtol=1e-4, atol=1e-6)
+            # a third pass only accumulates: no update yet
+            np.testing.assert_array_equal(a[f"w3_{j}"], a[f"w2_{j}"])
+    assert i0["iterations_two"] == 2  # iterations count backward passes, as in Horovod
+
+    # fp16 compression with local aggregation: still in sync, and learning.
+    assert_same(ranks, "b_", rtol=0, atol=1e-6)
+    assert i0["iterations_b"] == 3 * 64 // 8
+    assert i0["loss_b"][-1] < i0["loss_b"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# install(): one process, no rendezvous
+INSTALL_CHECK = r"""
+import os, sys
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import kdist_magics.keras_horovod as kh
+""" + python_without("tensorflow", "keras", "horovod") + r"""
+order = sys.argv[1]
+if order == "parent-first":
+    import horovod.tensorflow
+    import horovod.tensorflow.keras as original   # Horovod's own, already imported
+    assert original.__name__ == "horovod.tensorflow.keras" and original is not kh
+assert kh.keras3_active()
+assert kh.install() is True and kh.install() is True and kh.is_installed()
+import horovod.tensorflow.keras as hvd
+assert hvd is kh, hvd
+from horovod.tensorflow.keras import callbacks
+import horovod.tensorflow.keras.callbacks as callbacks2
+from horovod.tensorflow import keras as hvd2
+import horovod.keras as hvd3
+assert callbacks is callbacks2 is kh.callbacks and hvd2 is kh and hvd3 is kh
+assert hvd.callbacks.BroadcastGlobalVariablesCallback.__module__ == "kdist_magics.keras_horovod.callbacks"
+hvd.init(); hvd.init()
+assert hvd.size() == 1 and hvd.rank() == 0 and hvd.local_rank() == 0
+import keras
+opt = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3), compression=hvd.Compression.fp16)
+assert isinstance(opt, keras.optimizers.Adam)
+kh.uninstall()
+assert not kh.is_installed()
+import horovod.tensorflow.keras as back
+assert back is not kh and back.__name__ == "horovod.tensorflow.keras", back
+assert "kdist_magics" not in back.DistributedOptimizer.__module__
+import horovod.tensorflow
+assert horovod.tensorflow.keras is back
+print("OK", order)
+"""
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("order", ["install-first", "parent-first"])
+def test_install_resolves_horovod_keras_imports_to_the_binding(order):
+    env = {**os.environ, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    for k in [k for k in env if k.startswith("HOROVOD_")] + ["TF_USE_LEGACY_KERAS"]:
+        env.pop(k, None)
+    out = subprocess.run([sys.executable, "-c", INSTALL_CHECK, order], capture_output=True,
+                         text=True, timeout=170, env=env, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert f"OK {order}" in out.stdout
+
+
+def test_install_does_nothing_when_keras2_is_active(monkeypatch):
+    import kdist_magics.keras_horovod as kh
+
+    sentinel = types.ModuleType("horovod.tensorflow.keras")
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow.keras", sentinel)
+    # tf_keras selected the documented way
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    assert not kh.keras3_active()
+    assert kh.install() is False and not kh.is_installed()
+    assert sys.modules["horovod.tensorflow.keras"] is sentinel
+    # an imported Keras 2
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS")
+    fake = types.ModuleType("keras")
+    fake.__version__ = "2.15.0"
+    monkeypatch.setitem(sys.modules, "keras", fake)
+    assert not kh.keras3_active()
+    assert kh.install() is False and not kh.is_installed()
+    assert sys.modules["horovod.tensorflow.keras"] is sentinel
+    kh.uninstall()  # harmless when not installed
+    assert sys.modules["horovod.tensorflow.keras"] is sentinel
+
+
+def test_importing_the_binding_loads_no_framework():
+    code = ("import kdist_magics.keras_horovod as hvd; "
+            "assert callable(hvd.DistributedOptimizer) and hvd.Compression.fp16; "
+            + python_without("tensorflow", "keras", "horovod"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr[-2000:]

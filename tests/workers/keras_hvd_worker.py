@@ -1,0 +1,168 @@
+"""One Horovod rank for tests/test_keras_horovod.py.
+
+Usage: python keras_hvd_worker.py SCENARIO OUTDIR
+The HOROVOD_* / Gloo variables come from kdist_magics.rendezvous.Rendezvous.env(i).
+Each rank writes OUTDIR/<scenario>-rank<R>.npz (arrays) and .json (scalars, lists);
+the test process compares the ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+
+def save(outdir, scenario, rank, arrays, info):
+    np.savez(os.path.join(outdir, f"{scenario}-rank{rank}.npz"), **arrays)
+    with open(os.path.join(outdir, f"{scenario}-rank{rank}.json"), "w") as f:
+        json.dump(info, f)
+
+
+def rank_data(rank, n=128, seed=0):
+    """A small regression problem; every rank gets different samples."""
+    rng = np.random.default_rng(1000 + rank)
+    x = rng.normal(size=(n, 8)).astype("float32")
+    w = np.random.default_rng(seed).normal(size=(8, 1)).astype("float32")
+    y = (x @ w + 0.1 * rng.normal(size=(n, 1))).astype("float32")
+    return x, y
+
+
+def build_model(keras, seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+def weights_dict(model, prefix="w"):
+    return {f"{prefix}{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+
+
+def scenario_train(outdir):
+    """The binding with fit(): different initial weights and data per rank,
+    BroadcastGlobalVariablesCallback + MetricAverageCallback + LearningRateWarmupCallback."""
+    import kdist_magics.keras_horovod as hvd
+    import keras
+
+    hvd.init()
+    hvd.init()  # a second init (kdist already initialised Horovod on an engine) is harmless
+    rank, size = hvd.rank(), hvd.size()
+    x, y = rank_data(rank)
+    model = build_model(keras, seed=rank)  # deliberately different per rank
+    initial = weights_dict(model, "init")
+    base_lr = 0.05
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(base_lr, momentum=0.5))
+    model.compile(optimizer=opt, loss="mse", metrics=["mae"])
+
+    record = {"lr_at_batch": [], "raw_logs": [], "avg_logs": []}
+    after_broadcast = {}
+
+    class Before(keras.callbacks.Callback):  # sees each rank's own metrics
+        def on_epoch_end(self, epoch, logs=None):
+            record["raw_logs"].append({k: float(v) for k, v in logs.items()})
+
+    class After(keras.callbacks.Callback):  # sees what later callbacks see
+        def on_train_batch_begin(self, batch, logs=None):
+            if not after_broadcast:
+                after_broadcast.update(weights_dict(self.model, "bcast"))
+            record["lr_at_batch"].append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+        def on_epoch_end(self, epoch, logs=None):
+            record["avg_logs"].append({k: float(v) for k, v in logs.items()})
+
+    steps, epochs, warmup = 4, 3, 2
+    callbacks = [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        Before(),
+        hvd.callbacks.MetricAverageCallback(),
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=base_lr, warmup_epochs=warmup),
+        After(),
+    ]
+    history = model.fit(x, y, batch_size=len(x) // steps, epochs=epochs, shuffle=False,
+                        callbacks=callbacks, verbose=0)
+    record.update(rank=rank, size=size, steps=steps, epochs=epochs, warmup=warmup,
+                  base_lr=base_lr, history={k: [float(v) for v in vs]
+                                            for k, vs in history.history.items()},
+                  iterations=int(np.asarray(opt.iterations)),
+                  opt_class=type(opt).__name__, is_sgd=isinstance(opt, keras.optimizers.SGD))
+    save(outdir, "train", rank, {**initial, **after_broadcast, **weights_dict(model),
+                                 "x": x}, record)
+
+
+def scenario_stock(outdir):
+    """Horovod's own horovod.tensorflow.keras.DistributedOptimizer under Keras 3:
+    same start, different data. Its ranks are expected to drift apart."""
+    import horovod.tensorflow.keras as stock
+    import keras
+
+    assert "kdist_magics" not in stock.__name__, stock.__name__
+    stock.init()
+    rank = stock.rank()
+    x, y = rank_data(rank)
+    model = build_model(keras, seed=0)  # identical start on every rank
+    initial = weights_dict(model, "init")
+    opt = stock.DistributedOptimizer(keras.optimizers.SGD(0.05))
+    model.compile(optimizer=opt, loss="mse")
+    history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    save(outdir, "stock", rank, {**initial, **weights_dict(model)},
+         {"rank": rank, "module": stock.__name__,
+          "loss": [float(v) for v in history.history["loss"]]})
+
+
+def scenario_aggregate(outdir):
+    """backward_passes_per_step=2: (a) the exact Horovod update, checked against each
+    rank's own gradients; (b) with fp16 compression and no averaging, ranks stay equal."""
+    import kdist_magics.keras_horovod as hvd
+    import keras
+    import tensorflow as tf
+
+    hvd.init()
+    rank = hvd.rank()
+    x, y = rank_data(rank, n=64)
+    model = build_model(keras, seed=0)
+    w0 = weights_dict(model, "w0_")
+    lr = 0.1
+    loss_fn = keras.losses.MeanSquaredError()
+
+    # Each rank's gradient on its two batches, at w0 (no update happens in between).
+    local = None
+    for b in range(2):
+        xb, yb = x[b * 32:(b + 1) * 32], y[b * 32:(b + 1) * 32]
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+        local = grads if local is None else [a + g for a, g in zip(local, grads)]
+
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), backward_passes_per_step=2,
+                                   average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    after_two = weights_dict(model, "w2_")
+    iterations_two = int(np.asarray(opt.iterations))
+    # One more backward pass: accumulated only, weights unchanged.
+    model.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
+    after_three = weights_dict(model, "w3_")
+
+    # (b) fp16 compression, no averaging of aggregated gradients, several syncs.
+    model_b = build_model(keras, seed=0)
+    opt_b = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2,
+                                     compression=hvd.Compression.fp16)
+    model_b.compile(optimizer=opt_b, loss="mse")
+    hist = model_b.fit(x, y, batch_size=8, epochs=3, shuffle=True, verbose=0)
+    save(outdir, "aggregate", rank,
+         {**w0, **after_two, **after_three, **weights_dict(model_b, "b_"),
+          **{f"g{i}": g for i, g in enumerate(local)}},
+         {"rank": rank, "size": hvd.size(), "lr": lr, "iterations_two": iterations_two,
+          "iterations_b": int(np.asarray(opt_b.iterations)),
+          "loss_b": [float(v) for v in hist.history["loss"]]})
+
+
+SCENARIOS = {"train": scenario_train, "stock": scenario_stock, "aggregate": scenario_aggregate}
+
+if __name__ == "__main__":
+    SCENARIOS[sys.argv[1]](sys.argv[2])
