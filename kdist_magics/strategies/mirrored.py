@@ -37,6 +37,12 @@ class DevicesFixed(StrategyUnavailable):
 
 
 def keras_backend() -> str:
+    """Keras's backend, without importing Keras when ``KERAS_BACKEND`` already says."""
+    import os
+    import sys
+
+    if "keras" not in sys.modules and os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]  # Keras gives the variable precedence too
     import keras
 
     return keras.backend.backend()
