@@ -1,0 +1,165 @@
+"""Fast tier: --strategy tpu without a TPU, and the connect-once path with a fake runtime.
+
+No TensorFlow is imported: without a TPU the run stops before TF, and the fake
+runtime stands in for TPUClusterResolver / initialize_tpu_system / TPUStrategy.
+"""
+
+import contextlib
+import subprocess
+import sys
+
+import pytest
+
+import kdist_magics
+from kdist_magics.errors import StrategyUnavailable
+from kdist_magics.hardware import TPU, tpu_from_kind
+from kdist_magics.strategies import tpu as tpumod
+from kdist_magics.strategies.tpu import TPUStrategy
+
+
+def test_no_tpu_fails_fast_and_clearly_in_a_fresh_kernel():
+    code = (
+        "import sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'kdist_magics')\n"
+        "ip.user_ns['marker'] = 'before'\n"
+        "try:\n"
+        "    ip.run_cell_magic('kdist', '--strategy tpu --no-dashboard', 'marker = \"ran\"')\n"
+        "except Exception as exc:\n"
+        "    print('RENDERED', repr(''.join(exc._render_traceback_())))\n"
+        "    print('TYPE', type(exc).__name__)\n"
+        "print('MARKER', ip.user_ns['marker'])\n"
+        "print('TF', 'tensorflow' in sys.modules)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("COLAB_TPU_ADDR", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "KDIST_HARDWARE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = dict(l.split(" ", 1) for l in out.stdout.splitlines() if " " in l)
+    assert lines["TYPE"] == "StrategyUnavailable"
+    rendered = eval(lines["RENDERED"])
+    assert len(rendered.splitlines()) <= 3
+    for words in ("no TPU found", "COLAB_TPU_ADDR", "TPU_NAME", "/dev/accel", "/dev/vfio",
+                  "Runtime > Change runtime type > TPU", "Kaggle", "Accelerator > TPU", "did not run"):
+        assert words in rendered, words
+    assert lines["MARKER"] == "before"  # the cell did not run
+    assert lines["TF"] == "False"  # failed before importing TensorFlow
+
+
+def test_no_tpu_in_this_shell(ip):
+    ip.user_ns["marker"] = "before"
+    ext = kdist_magics._extension
+    ext._strategies["tpu"] = TPUStrategy(find=lambda: None)
+    with pytest.raises(StrategyUnavailable) as info:
+        ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard", "marker = 'ran'")
+    assert len(str(info.value).splitlines()) == 3
+    assert ip.user_ns["marker"] == "before"
+    rec = kdist_magics.last_run()
+    assert rec.strategy == "tpu" and rec.status == "failed"
+    ext._strategies.pop("tpu")
+
+
+class FakeStrategy:
+    num_replicas_in_sync = 8
+
+    def __init__(self, resolver):
+        self.resolver = resolver
+        self.entered = 0
+
+    @contextlib.contextmanager
+    def scope(self):
+        self.entered += 1
+        yield self
+
+
+class FakeRuntime:
+    """Records what a real TPURuntime would do."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.calls = []
+        self.fail = fail
+
+    def resolver(self, target):
+        self.calls.append(("resolve", target))
+        if self.fail:
+            raise self.fail
+        return {"target": target}
+
+    def initialize(self, resolver, target):
+        self.calls.append(("initialize", target))
+
+    def strategy(self, resolver):
+        self.calls.append(("strategy", resolver["target"]))
+        return FakeStrategy(resolver)
+
+
+@pytest.fixture
+def fake_tpu(ip):
+    ext = kdist_magics._extension
+    runtime, cache = FakeRuntime(), {}
+    found = tpu_from_kind("v2-8", target="local", found_by="/dev/accel0")
+    ext._strategies["tpu"] = TPUStrategy(runtime=runtime, find=lambda: found, cache=cache)
+    yield ext, runtime, cache
+    ext._strategies.pop("tpu", None)
+
+
+def test_connects_once_and_reuses(ip, fake_tpu):
+    ext, runtime, cache = fake_tpu
+    ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard --no-telemetry",
+                      "first = strategy\nreplicas = strategy.num_replicas_in_sync")
+    ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard --no-telemetry", "second = strategy")
+    ns = ip.user_ns
+    assert ns["replicas"] == 8 and ns["first"] is ns["second"] is ns["strategy"]
+    assert ns["first"].entered == 2  # each cell ran inside the strategy's scope
+    assert runtime.calls == [("resolve", "local"), ("initialize", "local"), ("strategy", "local")]
+    rec = kdist_magics.last_run()
+    assert rec.strategy == "tpu" and rec.status == "done" and len(rec.ranks) == 8
+    assert {s.state for s in rec.ranks.values()} == {"done"}
+    assert ext._strategies["tpu"].status() == {"tpu": "v2-8", "target": "local", "replicas": 8}
+    # %kdist restart drops the strategy object; the kernel's TPU connection is kept
+    ip.run_line_magic("kdist", "restart")
+    ext._strategies["tpu"] = TPUStrategy(runtime=runtime, find=lambda: tpu_from_kind("v2-8"), cache=cache)
+    ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard --no-telemetry", "third = strategy")
+    assert ns["third"] is ns["first"] and len(runtime.calls) == 3
+
+
+def test_address_based_runtime_is_resolved_by_address(ip):
+    runtime = FakeRuntime()
+    node = TPU(kind="v2-8", cores=8, target="grpc://10.0.0.2:8470", found_by="COLAB_TPU_ADDR")
+    strategy = TPUStrategy(runtime=runtime, find=lambda: node, cache={})
+    kdist_magics._extension._strategies["tpu"] = strategy
+    try:
+        ip.run_cell_magic("kdist", "-s tpu --no-dashboard --no-telemetry", "pass")
+    finally:
+        kdist_magics._extension._strategies.pop("tpu")
+    assert runtime.calls[:2] == [("resolve", "grpc://10.0.0.2:8470"), ("initialize", "grpc://10.0.0.2:8470")]
+
+
+def test_a_failed_connection_is_short_and_runs_nothing(ip):
+    runtime = FakeRuntime(fail=ValueError("Please provide a TPU Name to connect to.\nmore internals"))
+    found = TPU(kind="tpu", target="my-tpu", found_by="TPU_NAME")
+    kdist_magics._extension._strategies["tpu"] = TPUStrategy(runtime=runtime, find=lambda: found, cache={})
+    ip.user_ns["marker"] = "before"
+    try:
+        with pytest.raises(StrategyUnavailable) as info:
+            ip.run_cell_magic("kdist", "-s tpu --no-dashboard", "marker = 'ran'")
+    finally:
+        kdist_magics._extension._strategies.pop("tpu")
+    message = str(info.value)
+    assert len(message.splitlines()) == 3
+    assert "TPU_NAME -> my-tpu" in message and "ValueError: Please provide a TPU Name" in message
+    assert "more internals" not in message and "Change runtime type" in message
+    assert ip.user_ns["marker"] == "before"
+
+
+def test_the_users_error_is_theirs(ip, fake_tpu, capsys):
+    from kdist_magics.errors import CellFailed
+
+    with pytest.raises(CellFailed) as info:
+        ip.run_cell_magic("kdist", "-s tpu --no-dashboard --no-telemetry", "raise KeyError('labels')")
+    assert isinstance(info.value.original, KeyError)
+    out = capsys.readouterr()
+    assert "labels" in out.out + out.err
+    assert kdist_magics.last_run().status == "failed"
+
