@@ -448,11 +448,24 @@ def _dedupe(parts):
     return out
 
 
-def advise(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None, **facts) -> Advice:
-    """The full reasoning for ``user_ns`` on ``hardware`` (detected when not given)."""
+def hardware_for(magics: Any = None) -> Hardware:
+    """This kernel's hardware, with the engines/hosts of a cluster a strategy already holds."""
+    from dataclasses import replace
+
     from .hardware import detect
 
-    hw = hardware if hardware is not None else detect()
+    hw = detect()
+    for strategy in list(getattr(magics, "_strategies", {}).values()):
+        engines = list(getattr(getattr(strategy, "cluster", None), "engines", None) or [])
+        hosts = {getattr(e, "hostname", None) for e in engines} - {None}
+        if engines and hw.source == "detected":
+            return replace(hw, engines=len(engines), hosts=max(hw.hosts, len(hosts)))
+    return hw
+
+
+def advise(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None, **facts) -> Advice:
+    """The full reasoning for ``user_ns`` on ``hardware`` (detected when not given)."""
+    hw = hardware if hardware is not None else hardware_for()
     return decide(facts_for(hw, spec, user_ns, **facts))
 
 

@@ -124,9 +124,9 @@ class KDist(Magics):
 
     def choose(self, spec: specmod.RunSpec) -> tuple[specmod.RunSpec, str]:
         """Resolve ``--strategy auto``."""
-        from .advisor import choose
+        from .advisor import choose, hardware_for
 
-        name, reason = choose(self.shell.user_ns, spec)
+        name, reason = choose(self.shell.user_ns, spec, hardware=hardware_for(self))
         return spec.with_strategy(name), reason
 
     # -- %kdist --------------------------------------------------------------
@@ -161,9 +161,9 @@ class KDist(Magics):
               "engines start again with the next cell")
 
     def _cmd_advise(self, rest: str):
-        from .advisor import advise
+        from .advisor import advise, hardware_for
 
-        return advise(self.shell.user_ns, self.parse(rest))
+        return advise(self.shell.user_ns, self.parse(rest), hardware=hardware_for(self))
 
     def close(self) -> None:
         """Tear down every strategy (engines, servers, connections)."""

@@ -297,3 +297,13 @@ def test_auto_prints_one_line_and_runs(ip, monkeypatch, capsys):
     assert ip.user_ns["ran_under_auto"] is True
     rec = kdist_magics.last_run()
     assert rec.strategy == "default" and rec.reason in line[0]
+
+
+def test_engines_of_a_cluster_a_strategy_holds_are_counted(monkeypatch):
+    monkeypatch.delenv("KDIST_HARDWARE", raising=False)
+    engines = [types.SimpleNamespace(engine_id=i, hostname=h) for i, h in enumerate("aabb")]
+    magics = types.SimpleNamespace(_strategies={
+        "default": object(), "horovod": types.SimpleNamespace(cluster=types.SimpleNamespace(engines=engines))})
+    hw = advisor.hardware_for(magics)
+    assert (hw.engines, hw.hosts) == (4, 2)
+    assert advisor.hardware_for(types.SimpleNamespace(_strategies={})).engines == 0
