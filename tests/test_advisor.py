@@ -307,3 +307,22 @@ def test_engines_of_a_cluster_a_strategy_holds_are_counted(monkeypatch):
     hw = advisor.hardware_for(magics)
     assert (hw.engines, hw.hosts) == (4, 2)
     assert advisor.hardware_for(types.SimpleNamespace(_strategies={})).engines == 0
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_advise_reads_a_real_keras_model_and_arrays(ip, monkeypatch):
+    from conftest import run_cell
+
+    monkeypatch.setenv("KDIST_HARDWARE", json.dumps({"cpu_cores": 2, "memory_bytes": 8 * GiB}))
+    run_cell(ip, "import numpy as np, keras\n"
+                 "x = np.zeros((500, 20), 'float32'); y = np.zeros((500, 1), 'float32')\n"
+                 "net = keras.Sequential([keras.Input((20,)), keras.layers.Dense(64), keras.layers.Dense(1)])")
+    advice = ip.run_line_magic("kdist", "advise")
+    params = ip.user_ns["net"].count_params()
+    assert params == 20 * 64 + 64 + 64 + 1
+    model_row = next(r for r in advice.rows if r.criterion == "model size")
+    assert f"model 'net' of {advisor.human(params)} parameters" in model_row.observation
+    data_row = next(r for r in advice.rows if r.criterion == "data size")
+    assert "500 samples" in data_row.observation and "42 kB" in data_row.observation
+    assert advice.strategy == "default"
