@@ -118,7 +118,43 @@ class EngineCluster:
                                f"{type(exc).__name__}: {exc}") from exc
         self.starts += 1
         self._identify()
+        self._deliver_exits()
         return self
+
+    def _deliver_exits(self) -> None:
+        """Make ipyparallel's launchers record engine exit codes as they happen.
+
+        A local launcher's watcher thread learns the exit code at once but hands it to
+        ``notify_stop`` through the IOLoop the cluster was started on, which in a
+        synchronous (notebook) session only turns during the next cluster call. kdist
+        points the launchers at a small IOLoop of its own, so ``stop_data`` (the exit
+        status) is there within milliseconds of an engine's death.
+        """
+        if self.cluster is None:
+            return
+        import asyncio
+        import queue as _queue
+        import threading
+
+        from tornado.ioloop import IOLoop
+
+        if getattr(self, "_loop", None) is None:
+            box: _queue.SimpleQueue = _queue.SimpleQueue()
+
+            def run():
+                asyncio.set_event_loop(asyncio.new_event_loop())
+                loop = IOLoop.current()
+                box.put(loop)
+                loop.start()
+
+            threading.Thread(target=run, name="kdist-engine-exits", daemon=True).start()
+            self._loop = box.get(timeout=10)
+        for engine_set in getattr(self.cluster, "engines", {}).values():
+            for launcher in getattr(engine_set, "launchers", {}).values():
+                try:
+                    launcher.loop = self._loop
+                except Exception:
+                    pass
 
     def _identify(self) -> None:
         ids = sorted(self.client.ids)[: self.n]
@@ -153,6 +189,9 @@ class EngineCluster:
             self._kill_pids(set(tree) | self._pids_started)
         self._pids_started = set()
         self.engines = []
+        loop, self._loop = getattr(self, "_loop", None), None
+        if loop is not None:
+            loop.add_callback(loop.stop)
 
     def restart(self) -> "EngineCluster":
         if not self.owned:

@@ -60,8 +60,9 @@ def cpu_count() -> int:
 class Feed:
     """Buffered, sequence-numbered telemetry rows published over IOPub."""
 
-    def __init__(self, rank: int, interval: float = 0.25):
+    def __init__(self, rank: int, interval: float = 0.25, publisher=None):
         self.rank = rank
+        self.publisher = publisher  # default: the engine shell's display publisher
         self.interval = interval
         self.seq = 0
         self.rows: list[list[Any]] = []
@@ -74,13 +75,19 @@ class Feed:
         with self.lock:
             self.rows.append([kind, row])
 
-    def flush(self, parent: dict | None = None) -> None:
+    def _pub(self):
+        if self.publisher is not None:
+            return self.publisher
         from IPython import get_ipython
 
-        parent = parent if parent is not None else self.parent
         shell = get_ipython()
+        return shell.display_pub if shell is not None else None
+
+    def flush(self, parent: dict | None = None) -> None:
+        parent = parent if parent is not None else self.parent
+        pub = self._pub()
         with self.lock:
-            if not self.rows or parent is None or shell is None:
+            if not self.rows or parent is None or pub is None:
                 return
             rows, self.rows = self.rows, []
             self.seq += 1
@@ -90,17 +97,13 @@ class Feed:
             except ImportError:  # pragma: no cover
                 def json_clean(x):
                     return x
-            pub = shell.display_pub
             pub.session.send(pub.pub_socket, "display_data",
                              json_clean({"data": {FEED_MIME: payload}, "metadata": {}, "transient": {}}),
                              parent=parent, ident=getattr(pub, "topic", None))
 
     def arm(self, *args) -> None:
         """``pre_run_cell`` hook: rows published from now on belong to this cell's request."""
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        self.parent = dict(shell.display_pub.parent_header)
+        self.parent = dict(self._pub().parent_header)
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="kdist-feed", daemon=True)
             self._thread.start()

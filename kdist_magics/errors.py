@@ -59,7 +59,9 @@ class RankFailed(CellFailed):
         if self.stopped:
             head += f" (stopped {', '.join(f'rank {r}' for r in self.stopped)})"
         try:
-            lines = list(err.render_traceback())
+            # drop ipyparallel's "[1:execute]" header: engine ids are not ranks
+            lines = [ln for ln in err.render_traceback() if not (ln.startswith("[") and
+                     ln.endswith("]") and ":" in ln and ln[1:ln.index(":")].isdigit())]
         except Exception:
             lines = [f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}"]
         return [head, f"--- traceback on rank {first} ---", *lines]

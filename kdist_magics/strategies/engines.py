@@ -34,6 +34,7 @@ so the dashboard's listeners run where widgets expect them.
 from __future__ import annotations
 
 import queue
+import re
 import signal
 import sys
 import time
@@ -66,34 +67,42 @@ def default_np() -> int:
 
 
 class _Printer:
-    """Writes engine output in the kernel: rank 0 only, all ranks prefixed, or nothing."""
+    """Writes engine output in the kernel: rank 0 only, all ranks prefixed, or nothing.
 
-    def __init__(self, mode: str, rank_zero: int = 0):
+    With ``all``, output is written a whole line at a time (a line ends at ``\n``
+    or at a progress bar's ``\r``), each prefixed ``[rank N]``, so ranks never
+    interleave inside a line; :meth:`flush` writes what is left at the end.
+    """
+
+    def __init__(self, mode: str):
         self.mode = mode
-        self.at_start: dict[tuple[int, str], bool] = {}
+        self.pending: dict[tuple[int, str], str] = {}
 
     def write(self, rank: int, name: str, text: str) -> None:
         if self.mode == "none" or (self.mode == "rank0" and rank != 0):
             return
-        stream = sys.stderr if name == "stderr" else sys.stdout
         if self.mode == "all":
-            text = self._prefix(rank, name, text)
-        stream.write(text)
-        stream.flush()
+            text = self._lines(rank, name, text)
+        if text:
+            stream = sys.stderr if name == "stderr" else sys.stdout
+            stream.write(text)
+            stream.flush()
 
-    def _prefix(self, rank: int, name: str, text: str) -> str:
+    def _lines(self, rank: int, name: str, text: str, final: bool = False) -> str:
+        buf = self.pending.pop((rank, name), "") + text
+        pieces = re.split(r"(?<=[\r\n])", buf)
+        rest = "" if final else pieces.pop()
+        if rest:
+            self.pending[(rank, name)] = rest
         tag = f"[rank {rank}] "
-        out = []
-        start = self.at_start.get((rank, name), True)
-        for ch in text:
-            if start and ch not in "\r\n":
-                out.append(tag)
-                start = False
-            out.append(ch)
-            if ch in "\r\n":
-                start = True
-        self.at_start[(rank, name)] = start
-        return "".join(out)
+        return "".join(p if p in ("\r", "\n") else tag + p for p in pieces if p)
+
+    def flush(self) -> None:
+        for rank, name in list(self.pending):
+            text = self._lines(rank, name, "", final=True)
+            stream = sys.stderr if name == "stderr" else sys.stdout
+            stream.write(text + ("" if text.endswith(("\n", "\r")) else "\n"))
+            stream.flush()
 
 
 class EngineStrategy(Strategy):
@@ -241,6 +250,9 @@ class EngineStrategy(Strategy):
         """Undo per-run engine state; after a failure, only on engines that still answer."""
         from .. import engine
 
+        printer, self._printer = getattr(self, "_printer", None), None
+        if printer is not None:
+            printer.flush()
         if self.needs_restart is None and cluster.running:
             try:
                 ar = cluster.view().apply_async(engine.end, True)
@@ -267,7 +279,7 @@ class EngineStrategy(Strategy):
         for b in begun:
             b.get(timeout=60)
         inbox: queue.SimpleQueue = queue.SimpleQueue()
-        printer = _Printer(spec.out)
+        printer = self._printer = _Printer(spec.out)
         self._feed_seq: dict[int, int] = {}
         self.lost_batches = 0
         ar = view.execute(cell, silent=False, block=False)

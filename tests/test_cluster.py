@@ -1,0 +1,245 @@
+"""Fast tier: engine lifecycle, supervision and transport pieces, with fakes (no engines, no TF)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kdist_magics import engine
+from kdist_magics.cluster import EngineCluster, EngineInfo, describe_exit
+from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
+from kdist_magics.record import RunRecord
+from kdist_magics.strategies.engines import EngineStrategy, _Printer
+
+from conftest import python_without
+
+
+def test_exit_status_words():
+    assert describe_exit(3) == "exited with status 3"
+    assert "SIGKILL" in describe_exit(-9) and "out of memory" in describe_exit(-9)
+    assert "segmentation fault" in describe_exit(-11)
+    assert describe_exit(None) == "exited (status unknown)"
+
+
+def test_engine_module_imports_without_tensorflow():
+    out = subprocess.run([sys.executable, "-c",
+                          "import kdist_magics.engine, kdist_magics.cluster, "
+                          "kdist_magics.strategies.engines; "
+                          + python_without("tensorflow", "keras", "horovod", "ipyparallel")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+# -- output ------------------------------------------------------------------------
+def test_rank0_mode_shows_rank_zero_only(capsys):
+    p = _Printer("rank0")
+    p.write(1, "stdout", "from one\n")
+    p.write(0, "stdout", "from zero\n")
+    p.write(0, "stderr", "warn\n")
+    out = capsys.readouterr()
+    assert out.out == "from zero\n" and out.err == "warn\n"
+
+
+def test_all_mode_prefixes_every_line_across_chunks_and_progress_bars(capsys):
+    p = _Printer("all")
+    p.write(0, "stdout", "a\nb")
+    p.write(1, "stdout", "x\n")
+    p.write(0, "stdout", "c\n\r1/2\r2/2")  # Keras-style progress bar: \r then the bar
+    p.write(1, "stdout", "half a line")
+    assert capsys.readouterr().out == "[rank 0] a\n[rank 1] x\n[rank 0] bc\n\r[rank 0] 1/2\r"
+    p.flush()
+    assert capsys.readouterr().out.splitlines() == ["[rank 0] 2/2", "[rank 1] half a line"]
+
+
+def test_none_mode_hides_everything(capsys):
+    p = _Printer("none")
+    p.write(0, "stdout", "hidden\n")
+    assert capsys.readouterr().out == ""
+
+
+# -- telemetry transport -------------------------------------------------------------
+def _batch(rank, seq, rows):
+    return {"data": {engine.FEED_MIME: {"rank": rank, "seq": seq, "rows": rows}}}
+
+
+def test_feed_rows_reach_the_record_once_in_order_and_gaps_are_counted():
+    strategy = EngineStrategy()
+    record = RunRecord("horovod", size=2)
+    strategy._feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1, "loss": 2.0}],
+                                    ["progress", {"epochs": 3}]]), record)
+    strategy._feed(1, _batch(1, 1, [["metric", {"rank": 1, "step": 1}]]), record)
+    strategy._feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1}]]), record)  # duplicate
+    strategy._feed(0, _batch(0, 2, [["sample", {"rank": 0, "cpu": 50.0}]]), record)
+    assert [(m["rank"], m["step"]) for m in record.metrics] == [(0, 1), (1, 1)]
+    assert record.samples == [{"rank": 0, "cpu": 50.0}] and record.progress == {"epochs": 3}
+    assert strategy.lost_batches == 0
+    strategy._feed(0, _batch(0, 5, []), record)
+    assert strategy.lost_batches == 2
+
+
+class _FakeDisplayPub:
+    def __init__(self):
+        self.sent = []
+        self.parent_header = {"msg_id": "exec-1"}
+        self.pub_socket = object()
+        self.topic = b"display_data"
+        self.session = self
+
+    def send(self, socket, msg_type, content, parent=None, ident=None):
+        self.sent.append((msg_type, content, parent))
+
+
+def test_engine_feed_numbers_batches_and_publishes_to_the_cell_request():
+    pub = _FakeDisplayPub()
+    feed = engine.Feed(rank=1, interval=0.05, publisher=pub)
+    feed.sink("metric", {"step": 1})
+    feed.flush()  # not armed yet: nothing goes out (no request to parent it to)
+    assert pub.sent == []
+    feed.arm()
+    try:
+        feed.sink("metric", {"step": 2})
+        deadline = time.monotonic() + 5
+        while not pub.sent and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        feed.close()
+    feed.sink("sample", {"cpu": 1.0})
+    feed.flush(parent={"msg_id": "end-1"})
+    payloads = [(c["data"][engine.FEED_MIME], parent["msg_id"]) for _, c, parent in pub.sent]
+    assert [p["seq"] for p, _ in payloads] == [1, 2]
+    assert payloads[0][0]["rows"] == [["metric", {"step": 1}], ["metric", {"step": 2}]]
+    assert payloads[0][1] == "exec-1" and payloads[1][1] == "end-1"
+    assert all(p["rank"] == 1 for p, _ in payloads)
+
+
+# -- values travelling ------------------------------------------------------------------
+def test_fetch_names_missing_values_and_untravellable_ones(shell):
+    shell.user_ns.update(kd_a=[1, 2], kd_lock=__import__("threading").Lock())
+    try:
+        assert engine.fetch(["kd_a"]) == {"kd_a": ("value", [1, 2])}
+        with pytest.raises(KeyError, match="kd_nope"):
+            engine.fetch(["kd_a", "kd_nope"])
+        with pytest.raises(TypeError, match="kd_lock"):
+            engine.fetch(["kd_lock"])
+        assert engine.unpack(("value", {"x": 1})) == {"x": 1}
+    finally:
+        shell.user_ns.pop("kd_a")
+        shell.user_ns.pop("kd_lock")
+
+
+def test_syntax_error_is_reported_before_any_engine(shell, capsys):
+    strategy = EngineStrategy()
+
+    class Ctx:
+        pass
+
+    ctx = Ctx()
+    ctx.shell = shell
+    with pytest.raises(CellFailed) as info:
+        strategy._check_syntax("x = (1,\nprint(x)", ctx)
+    assert isinstance(info.value.original, SyntaxError)
+    assert strategy.cluster is None  # nothing was started
+    out = capsys.readouterr()
+    assert "SyntaxError" in out.out + out.err
+    strategy._check_syntax("%time x = 1\n!echo ok", ctx)  # IPython syntax is fine
+
+
+# -- errors -----------------------------------------------------------------------------
+class _RemoteLike(Exception):
+    ename, evalue = "ValueError", "bad data"
+
+    def render_traceback(self):
+        return ["Traceback on the engine", "ValueError: bad data"]
+
+
+def test_rank_failure_names_the_rank_and_shows_its_traceback_once():
+    err = RankFailed({1: _RemoteLike()}, stopped=[0])
+    assert str(err) == "rank 1: ValueError: bad data"
+    lines = err._render_traceback_()
+    assert "rank 1" in lines[0] and "stopped rank 0" in lines[0]
+    assert lines[-1] == "ValueError: bad data" and lines.count("ValueError: bad data") == 1
+    assert isinstance(err, CellFailed) and isinstance(err.original, _RemoteLike)
+
+
+def test_death_and_timeout_messages():
+    died = RankDied({1: describe_exit(-9)})
+    assert "rank 1 was killed by SIGKILL" in str(died) and died.status == "failed"
+    late = RunTimedOut(5, [0, 1])
+    assert "rank 0, rank 1" in str(late) and late.status == "timeout"
+
+
+# -- watching processes -------------------------------------------------------------------
+class _Launcher:
+    def __init__(self, pid):
+        self.pid = pid
+        self.stop_data = None
+
+
+class _FakeIpp:
+    """Stands in for ipyparallel.Cluster: one engine set with local launchers."""
+
+    def __init__(self, pids):
+        self.engines = {"set": type("S", (), {"launchers": {i: _Launcher(p) for i, p in enumerate(pids)}})()}
+        self.controller = None
+
+
+class _FakeClient:
+    def __init__(self, ids):
+        self.ids = list(ids)
+        self.signals = []
+
+    def send_signal(self, sig, targets=None, block=None):
+        self.signals.append((sig, list(targets)))
+
+    def close(self):
+        pass
+
+
+def _sleeper():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+@pytest.mark.timeout(60)
+def test_dead_engine_is_detected_with_its_exit_status():
+    procs = [_sleeper(), _sleeper()]
+    try:
+        c = EngineCluster(2)
+        c.cluster = _FakeIpp([p.pid for p in procs])
+        c.client = _FakeClient([0, 1])
+        c.engines = [EngineInfo(i, p.pid, "here") for i, p in enumerate(procs)]
+        assert c.dead() == {}
+        procs[1].kill()
+        procs[1].wait()  # what the launcher's watcher does; it records the status:
+        c.cluster.engines["set"].launchers[1].stop_data = {"exit_code": -9}
+        assert c.dead() == {1: describe_exit(-9)}
+        c.signal(signal.SIGTERM, [0])
+        assert procs[0].wait(timeout=10) == -signal.SIGTERM
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.timeout(60)
+def test_attached_cluster_is_never_killed_and_remote_engines_are_signalled_through_ipyparallel():
+    proc = _sleeper()
+    try:
+        c = EngineCluster(2, cluster_id="theirs")
+        assert c.attached and not c.owned
+        c.client = _FakeClient([0, 1])
+        c.engines = [EngineInfo(0, proc.pid, __import__("socket").gethostname()),
+                     EngineInfo(1, 999999, "elsewhere")]
+        c.kill()  # interrupts, never SIGKILL, on somebody else's cluster
+        assert proc.wait(timeout=10) != -signal.SIGKILL
+        assert c.client.signals == [(signal.SIGINT, [1])]
+        c.client.ids = [0]  # engine 1 unregistered: that is how a remote death shows
+        assert 1 in c.dead()
+        with pytest.raises(Exception, match="not kdist's to restart"):
+            c.restart()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,398 @@
+"""Engines tier: ``%%kdist --strategy horovod --np 2`` on real ipyparallel engines.
+
+One warm 2-engine cluster serves the whole module (tests that must break the
+engines come last and leave them restarted); the module fixture stops it and
+checks that no process it started is left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make test`'s set-up")
+pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
+
+import kdist_magics  # noqa: E402
+from kdist_magics.errors import CellFailed, KDistError, RankDied, RankFailed, RunTimedOut  # noqa: E402
+
+pytestmark = [pytest.mark.engines, pytest.mark.horovod, pytest.mark.timeout(300)]
+
+
+def kdist(ip, line, cell):
+    return ip.run_cell_magic("kdist", f"--strategy horovod --np 2 --no-dashboard {line}", cell)
+
+
+def strategy():
+    return kdist_magics._extension._strategies["horovod"]
+
+
+def engine_values(name):
+    """``name`` from every engine's namespace, in rank order (read directly, not through kdist)."""
+    s = strategy()
+    ranks = s.ranks(s.cluster, None)
+    values = s.cluster.view().pull(name, block=True)
+    return [v for _, v in sorted(zip(ranks, values), key=lambda t: t[0])]
+
+
+def cluster_pids():
+    return {e.pid for e in strategy().cluster.engines}
+
+
+@pytest.fixture(scope="module")
+def hip(shell):
+    """The session shell, with the module's engines stopped (and checked gone) at the end."""
+    import psutil
+
+    yield shell
+    if "horovod" not in kdist_magics._extension._strategies:
+        return
+    cluster = strategy().cluster
+    pids = set(cluster._process_tree_pids()) if cluster is not None else set()
+    shell.run_line_magic("kdist", "stop")
+    left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left after %kdist stop: {left}"
+
+
+# -- ranks, namespaces, threads, sockets -------------------------------------------------
+def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip, capsys):
+    import psutil
+
+    kdist(hip, "", "import os\nkd_seen = (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())\n"
+                   "kd_threads = os.environ.get('TF_NUM_INTRAOP_THREADS')")
+    assert engine_values("kd_seen") == [(0, 2, 0, 2), (1, 2, 1, 2)]
+    cpus = len(os.sched_getaffinity(0))
+    assert engine_values("kd_threads") == [str(max(1, cpus // 2))] * 2
+    rec = kdist_magics.last_run()
+    assert rec.status == "done" and set(rec.ranks) == {0, 1}
+    assert all(r.state == "done" and r.pid in cluster_pids() and r.host for r in rec.ranks.values())
+    # namespaces persist between cells with the same N (like %%px); hvd is re-initialised
+    pids = cluster_pids()
+    kdist(hip, "", "kd_seen2 = (kd_seen[0], hvd.rank(), hvd.size())")
+    assert engine_values("kd_seen2") == [(0, 0, 2), (1, 1, 2)]
+    assert cluster_pids() == pids
+    # every socket a kdist-started cluster listens on is on loopback
+    listening = []
+    for pid in strategy().cluster._process_tree_pids():
+        try:
+            listening += [c.laddr.ip for c in psutil.Process(pid).net_connections("inet")
+                          if c.status == psutil.CONN_LISTEN]
+        except psutil.Error:
+            pass
+    assert listening and all(ip in ("127.0.0.1", "::1") for ip in listening), listening
+
+
+def test_output_rank0_by_default_all_prefixed_or_none(hip, capsys):
+    cell = "print(f'hello from {hvd.rank()}')"
+    kdist(hip, "", cell)
+    out = capsys.readouterr().out
+    assert "hello from 0" in out and "hello from 1" not in out and out.count("hello from 0") == 1
+    kdist(hip, "--out all", cell)
+    out = capsys.readouterr().out
+    assert "[rank 0] hello from 0" in out and "[rank 1] hello from 1" in out
+    kdist(hip, "--out none", cell)
+    assert "hello from" not in capsys.readouterr().out
+
+
+def test_last_expression_comes_back_as_a_value(hip):
+    value = kdist(hip, "", "{'rank': hvd.rank(), 'squares': [i * i for i in range(4)]}")
+    assert value == {"rank": 0, "squares": [0, 1, 4, 9]}
+
+
+def test_push_and_pull_plain_values_and_clear_errors(hip):
+    hip.user_ns["kd_data"] = np.arange(6.0)
+    kdist(hip, "--push kd_data --pull kd_total", "kd_total = float(kd_data.sum()) * (hvd.rank() + 1)")
+    assert hip.user_ns["kd_total"] == 15.0  # rank 0's value
+    with pytest.raises(KDistError, match="kd_missing"):
+        kdist(hip, "--pull kd_total,kd_missing", "kd_kept = 1")
+    # the engines kept their state
+    assert engine_values("kd_total") == [15.0, 30.0] and engine_values("kd_kept") == [1, 1]
+    with pytest.raises(KDistError, match="kd_gen.*cannot travel"):
+        kdist(hip, "--pull kd_gen", "kd_gen = (i for i in range(3))")
+    with pytest.raises(KDistError, match="--push"):
+        kdist(hip, "--push kd_not_in_notebook", "pass")
+
+
+def test_syntax_error_is_reported_once_and_no_engine_runs(hip, capsys):
+    kdist(hip, "", "kd_marker = 'before'")
+    with pytest.raises(CellFailed) as info:
+        kdist(hip, "", "kd_marker = 'after'\nif True print(1)")
+    assert isinstance(info.value.original, SyntaxError)
+    out = capsys.readouterr()
+    assert (out.out + out.err).count("SyntaxError") == 1
+    assert engine_values("kd_marker") == ["before", "before"]
+
+
+# -- correctness of training -------------------------------------------------------------
+CUSTOM_LOOP = """
+import numpy as np, tensorflow as tf
+import horovod.tensorflow as hcore
+rng = np.random.default_rng(hvd.rank())          # every rank sees different data
+x = rng.normal(size=(64, 4)).astype('float32')
+y = x @ np.array([[1.], [-2.], [0.5], [3.]], dtype='float32')
+w = tf.Variable(tf.random.normal((4, 1), seed=hvd.rank()))   # and starts from different weights
+w.assign(hcore.broadcast(w, root_rank=0))
+losses = []
+for step in range(30):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((x @ w - y) ** 2)
+    grad = hcore.allreduce(tape.gradient(loss, w), op=hcore.Average)
+    w.assign_sub(0.1 * grad)
+    losses.append(float(loss))
+kd_w = w.numpy()
+"""
+
+
+def test_custom_loop_on_core_collectives_keeps_ranks_identical(hip):
+    kdist(hip, "", CUSTOM_LOOP)
+    w0, w1 = engine_values("kd_w")
+    np.testing.assert_array_equal(w0, w1)
+    l0, l1 = engine_values("losses")
+    assert l0[-1] < l0[0] / 10 and l1[-1] < l1[0] / 10
+
+
+# Horovod's examples/tensorflow2/tensorflow2_keras_mnist.py training body as a notebook
+# cell. Edits: Keras 3 (keras.* for tf.keras.*, an Input layer, no
+# experimental_run_tf_function, .keras checkpoints in CKPT), data from a local .npz,
+# and fewer steps/epochs (EPOCHS, STEPS pushed) so it fits a 2-core test machine.
+MNIST_CELL = """
+import numpy as np
+import tensorflow as tf
+import keras
+import horovod.tensorflow.keras as hvd
+
+# Horovod: initialize Horovod.
+hvd.init()
+
+# Horovod: pin GPU to be used to process local rank (one GPU per process)
+gpus = tf.config.experimental.list_physical_devices('GPU')
+for gpu in gpus:
+    tf.config.experimental.set_memory_growth(gpu, True)
+if gpus:
+    tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], 'GPU')
+
+with np.load(DATA) as d:
+    mnist_images, mnist_labels = d['x_train'], d['y_train']
+
+dataset = tf.data.Dataset.from_tensor_slices(
+    (tf.cast(mnist_images[..., tf.newaxis] / 255.0, tf.float32),
+     tf.cast(mnist_labels, tf.int64))
+)
+dataset = dataset.repeat().shuffle(10000).batch(128)
+
+mnist_model = keras.Sequential([
+    keras.Input((28, 28, 1)),
+    keras.layers.Conv2D(32, [3, 3], activation='relu'),
+    keras.layers.Conv2D(64, [3, 3], activation='relu'),
+    keras.layers.MaxPooling2D(pool_size=(2, 2)),
+    keras.layers.Dropout(0.25),
+    keras.layers.Flatten(),
+    keras.layers.Dense(128, activation='relu'),
+    keras.layers.Dropout(0.5),
+    keras.layers.Dense(10, activation='softmax')
+])
+
+# Horovod: adjust learning rate based on number of GPUs.
+scaled_lr = 0.001 * hvd.size()
+opt = keras.optimizers.Adam(scaled_lr)
+
+# Horovod: add Horovod DistributedOptimizer.
+opt = hvd.DistributedOptimizer(
+    opt, backward_passes_per_step=1, average_aggregated_gradients=True)
+
+mnist_model.compile(loss=keras.losses.SparseCategoricalCrossentropy(),
+                    optimizer=opt,
+                    metrics=['accuracy'])
+
+callbacks = [
+    # Horovod: broadcast initial variable states from rank 0 to all other processes.
+    hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+    # Horovod: average metrics among workers at the end of every epoch.
+    hvd.callbacks.MetricAverageCallback(),
+    # Horovod: warm the learning rate up over the first epochs.
+    hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=3, verbose=1),
+]
+
+# Horovod: save checkpoints only on worker 0 to prevent other workers from corrupting them.
+if hvd.rank() == 0:
+    callbacks.append(keras.callbacks.ModelCheckpoint(CKPT + '/checkpoint-{epoch}.keras'))
+
+# Horovod: write logs on worker 0.
+verbose = 1 if hvd.rank() == 0 else 0
+
+# Train the model.
+# Horovod: adjust number of steps based on number of GPUs.
+history = mnist_model.fit(dataset, steps_per_epoch=STEPS // hvd.size(), callbacks=callbacks,
+                          epochs=EPOCHS, verbose=verbose)
+"""
+
+
+def mnist_like(path):
+    """scikit-learn's 8x8 digits upsampled to MNIST's 28x28 uint8, saved like keras' mnist.npz."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.kron(digits.images, np.ones((3, 3)))  # 24 x 24
+    images = np.pad(images, ((0, 0), (2, 2), (2, 2)))
+    images = (images * (255.0 / 16.0)).round().astype("uint8")
+    labels = digits.target.astype("uint8")
+    np.savez(path, x_train=images, y_train=labels, x_test=images[:100], y_test=labels[:100])
+    return images, labels
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_horovod_keras_mnist_example_cell(hip, tmp_path, capsys):
+    images, labels = mnist_like(tmp_path / "mnist.npz")
+    hip.user_ns.update(DATA=str(tmp_path / "mnist.npz"), CKPT=str(tmp_path / "ckpt"), EPOCHS=3, STEPS=16)
+    (tmp_path / "ckpt").mkdir()
+    live = []
+
+    def listener(kind, payload):
+        rec = kdist_magics.last_run()
+        # a row counts as live when it arrives while its rank is still running the cell
+        if kind == "metric" and rec is not None and rec.ranks[payload["rank"]].state == "running":
+            live.append(payload)
+
+    orig_record = kdist_magics.magics.RunRecord
+
+    class Watched(orig_record):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.subscribe(listener)
+
+    kdist_magics.magics.RunRecord = Watched
+    try:
+        kdist(hip, "--push DATA,CKPT,EPOCHS,STEPS --pull mnist_model,history", MNIST_CELL)
+    finally:
+        kdist_magics.magics.RunRecord = orig_record
+    out = capsys.readouterr().out
+    assert "Epoch 3/3" in out and out.count("Epoch 1/3") == 1  # rank 0's progress, once
+    rec = kdist_magics.last_run()
+    assert rec.status == "done"
+    # every rank ends with identical weights (a silently drifting binding fails here)
+    kdist(hip, "", "kd_weights = [v.numpy() for v in mnist_model.weights]")
+    w0, w1 = engine_values("kd_weights")
+    assert len(w0) == len(w1) > 0
+    for a, b in zip(w0, w1):
+        np.testing.assert_array_equal(a, b)
+    # the loss falls
+    history = hip.user_ns["history"]
+    assert len(history.history["loss"]) == 3 and history.history["loss"][-1] < history.history["loss"][0]
+    # telemetry rows from both ranks reached the record while the cell ran
+    assert {m["rank"] for m in live} == {0, 1}
+    assert {m["rank"] for m in rec.metrics if m.get("kind") == "epoch"} == {0, 1}
+    # rank 0 wrote its checkpoints
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[-1] == "checkpoint-3.keras"
+    # the pulled model is a working, compiled Keras model predicting what rank 0 predicts
+    import keras
+
+    model = hip.user_ns["mnist_model"]
+    assert isinstance(model, keras.Model) and model.optimizer is not None
+    probe = (images[:16, ..., None] / 255.0).astype("float32")
+    hip.user_ns["PROBE"] = probe
+    kdist(hip, "--push PROBE", "kd_pred = mnist_model.predict(PROBE, verbose=0)")
+    np.testing.assert_allclose(model.predict(probe, verbose=0), engine_values("kd_pred")[0],
+                               rtol=1e-5, atol=1e-6)
+    kernel = model.layers[0].get_weights()[0].copy()
+    model.fit(probe, labels[:16], epochs=2, verbose=0)  # it keeps training in the notebook
+    assert not np.array_equal(kernel, model.layers[0].get_weights()[0])
+    # a second cell on the same (warm) engines trains again
+    pids = cluster_pids()
+    hip.user_ns["EPOCHS"] = 1
+    kdist(hip, "--push EPOCHS --pull history", MNIST_CELL)
+    assert cluster_pids() == pids and len(hip.user_ns["history"].history["loss"]) == 1
+    print(f"second cell: engines ready for the cell in {sum(strategy().last_timing.values()):.2f} s",
+          file=__import__("sys").stderr)
+
+
+# -- failures -----------------------------------------------------------------------------
+def test_a_rank_raising_names_the_rank_and_stops_the_others(hip):
+    pids = cluster_pids()
+    with pytest.raises(RankFailed) as info:
+        kdist(hip, "", "import time\nkd_progress = 'started'\n"
+                       "if hvd.rank() == 1:\n    raise ValueError('bad data on one rank')\n"
+                       "time.sleep(120)")
+    err = info.value
+    assert set(err.failures) == {1} and err.stopped == [0]
+    assert "rank 1" in str(err) and "ValueError" in str(err) and "bad data on one rank" in str(err)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err._render_traceback_()))
+    assert "raise ValueError" in text and "[1:execute]" not in text  # rank 1's own traceback, with its source line
+    rec = kdist_magics.last_run()
+    assert rec.status == "failed" and rec.ranks[1].state == "failed" and rec.ranks[0].state == "stopped"
+    # the next cell works, on the same engines with their state
+    kdist(hip, "", "kd_after = kd_progress")
+    assert engine_values("kd_after") == ["started", "started"] and cluster_pids() == pids
+
+
+def test_a_rank_raising_while_the_other_waits_in_a_collective(hip):
+    with pytest.raises(RankFailed) as info:
+        kdist(hip, "", "import tensorflow as tf, horovod.tensorflow as hcore\n"
+                       "if hvd.rank() == 1:\n    raise RuntimeError('no data')\n"
+                       "hcore.allreduce(tf.ones(3))")
+    assert set(info.value.failures) == {1} and info.value.stopped == [0]
+    assert kdist(hip, "", "hvd.size()") == 2  # next cell works (engines restarted if they had to be)
+
+
+def test_timeout_reports_busy_ranks_and_leaves_engines_usable(hip):
+    pids = cluster_pids()
+    with pytest.raises(RunTimedOut) as info:
+        kdist(hip, "--timeout 3", "import time\nkd_t = 'in'\ntime.sleep(600 if hvd.rank() == 0 else 0)")
+    assert info.value.busy == [0]
+    rec = kdist_magics.last_run()
+    assert rec.status == "timeout" and rec.ranks[0].state == "stopped" and rec.ranks[1].state == "done"
+    assert kdist(hip, "", "kd_t") == "in" and cluster_pids() == pids
+
+
+def test_interrupt_stops_all_ranks_and_keeps_the_checkpoint(hip, tmp_path):
+    hip.user_ns["X"] = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    cell = ("import keras, numpy as np\n"
+            "model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])\n"
+            "model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss='mse')\n"
+            "model.fit(X, X.sum(1), batch_size=8, epochs=10000, verbose=0,\n"
+            "          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])\n")
+    stop = threading.Event()
+
+    def interrupt_after_two_epochs():
+        while not stop.is_set():
+            rec = kdist_magics.last_run()
+            if rec is not None and rec.status == "running" and \
+                    sum(1 for m in list(rec.metrics) if m.get("kind") == "epoch" and m["rank"] == 0) >= 2:
+                os.kill(os.getpid(), signal.SIGINT)  # what the notebook's Stop button does
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=interrupt_after_two_epochs, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            kdist(hip, f"--push X --checkpoint {tmp_path}", cell)
+    finally:
+        stop.set()
+        t.join()
+    rec = kdist_magics.last_run()
+    assert rec.status == "interrupted"
+    assert all(r.state == "stopped" for r in rec.ranks.values())
+    assert [m for m in rec.metrics if m.get("kind") == "epoch"]  # the history so far is kept
+    assert (tmp_path / "last.keras").exists()  # rank 0's last epoch checkpoint
+    import keras
+
+    assert keras.saving.load_model(tmp_path / "last.keras").count_params() == 9
+    assert kdist(hip, "", "hvd.size()") == 2  # the next cell works
+
+
+def test_a_dying_rank_is_reported_with_its_exit_status_and_engines_restart(hip):
+    old = cluster_pids()
+    with pytest.raises(RankDied) as info:
+        kdist(hip, "", "import os, time\nif hvd.rank() == 1:\n    os._exit(3)\ntime.sleep(120)")
+    assert info.value.deaths == {1: "exited with status 3"}
+    rec = kdist_magics.last_run()
+    assert rec.status == "failed" and rec.ranks[1].state == "failed" and "status 3" in rec.ranks[1].error
+    assert kdist(hip, "", "(hvd.rank(), hvd.size())") == (0, 2)  # restarted automatically
+    assert not cluster_pids() & old
