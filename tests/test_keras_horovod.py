@@ -200,6 +200,47 @@ def test_backward_passes_per_step_and_fp16_compression(tmp_path):
     assert i0["loss_b"][-1] < i0["loss_b"][0]
 
 
+def write_mnist_like(path: Path) -> None:
+    """scikit-learn's 8x8 digits upsampled to MNIST's 28x28 uint8 format (no network)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.kron(digits.images, np.ones((3, 3)))              # 24x24
+    images = np.pad(images, ((0, 0), (2, 2), (2, 2)))              # 28x28
+    images = np.round(images * (255.0 / 16.0)).astype(np.uint8)
+    labels = digits.target.astype(np.uint8)
+    np.savez(path, x_train=images, y_train=labels, x_test=images[:100], y_test=labels[:100])
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_horovods_keras_mnist_example_runs_with_only_keras3_edits(tmp_path):
+    pytest.importorskip("sklearn", reason="scikit-learn provides the MNIST-shaped digits")
+    write_mnist_like(tmp_path / "mnist.npz")
+    run_ranks(WORKERS / "hvd_keras_mnist_example.py", [], tmp_path, timeout=240)
+    ranks = load(tmp_path, "example")
+    (_, i0), (_, i1) = ranks
+    # `import horovod.tensorflow.keras as hvd` in the example got the binding
+    assert i0["hvd_module"] == "kdist_magics.keras_horovod"
+    assert i0["size"] == N
+    # Different shuffles and dropout masks per rank, yet identical weights at the end.
+    assert_same(ranks, "w", rtol=0, atol=1e-6)
+    assert i0["iterations"] == 2 * (8 // N)
+    # MetricAverageCallback: the logged loss and accuracy agree across ranks.
+    for metric in ("loss", "accuracy"):
+        assert i0["history"][metric] == pytest.approx(i1["history"][metric], rel=1e-6)
+    assert "lr" in i0["history"]
+    # Rank 0's `.keras` checkpoint reloads through hvd.load_model with a wrapped optimizer
+    # that kept its state.
+    assert (tmp_path / "checkpoint-2.keras").exists()
+    assert not (tmp_path / "checkpoint-3.keras").exists()
+    assert i0["restored_optimizer"] == "Adam" and i0["restored_is_distributed"]
+    assert i0["restored_iterations"] == i0["iterations"]
+    assert i0["restored_matches"]
+
+
 # ---------------------------------------------------------------------------------------------
 # install(): one process, no rendezvous
 INSTALL_CHECK = r"""

@@ -14,6 +14,10 @@ __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
 
 
+def _is_seed_state(v):
+    return getattr(v, "name", "").split("/")[-1].split(":")[0] == "seed_generator_state"
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcast the model's and the optimizer's variables from ``root_rank`` to every other
     rank, so all ranks start from the same state (random init or a checkpoint on one rank).
@@ -49,14 +53,22 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         opt = getattr(model, "optimizer", None)
         if opt is not None and not opt.built and model.trainable_variables:
             opt.build(model.trainable_variables)
-        model_vars = [v for v in model.variables if tf_variable(v).ref() not in self._local_vars]
+        # Random-seed states (Dropout's SeedGenerator) stay per rank, so ranks keep drawing
+        # different dropout masks as they did under Keras 2, which had no such variables.
+        model_vars = [v for v in model.variables
+                      if tf_variable(v).ref() not in self._local_vars
+                      and not _is_seed_state(v)]
         opt_vars = list(opt.variables) if opt is not None else []
         return model_vars, opt_vars
 
     def _broadcast(self):
-        model_vars, opt_vars = self._variables()
-        if not model_vars:
+        model = self.model
+        # An unbuilt model (e.g. a Sequential without an Input, fed a dataset) gets its
+        # weights in the first step; some layers (Dropout's seed state) already have
+        # variables. Wait for the weights, as Horovod does (after the first batch).
+        if not getattr(model, "built", True) or not model.trainable_variables:
             return False
+        model_vars, opt_vars = self._variables()
         with tf.device(self.device):
             for group in (model_vars, opt_vars):
                 if group:
