@@ -136,8 +136,30 @@ def test_devices_configured_before_jax_starts():
         assert err is None, repr(err)
         out["n"] = ip.user_ns["n"]
         out["replicas"] = ip.user_ns["replicas"]
+        # without --devices: every host device JAX has (at least the default 2)
+        value, err = attempt("-s mirrored --no-dashboard --no-telemetry", "again = strategy.num_replicas_in_sync")
+        assert err is None, repr(err)
+        out["again"] = ip.user_ns["again"]
     """)
-    assert r["n"] == 3 and r["replicas"] == 3
+    assert r["n"] == 3 and r["replicas"] == 3 and r["again"] == 3
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(400)
+def test_jax_started_with_one_device_runs_nothing():
+    r = run_script("""
+        import jax
+        jax.numpy.zeros(1)             # the notebook used JAX first: one CPU device, fixed
+        ip.user_ns["marker"] = "before"
+        value, err = attempt("-s mirrored --no-dashboard", "marker = 'ran'")   # default: 2 devices
+        out["error"] = [type(err).__name__, str(err)]
+        out["marker"] = ip.user_ns["marker"]
+        out["bound"] = "strategy" in ip.user_ns
+    """)
+    kind, message = r["error"]
+    assert kind == "DevicesFixed" and "JAX in this kernel has 1 CPU device," in message
+    assert "Restart the kernel" in message and "did not run" in message
+    assert r["marker"] == "before" and r["bound"] is False
 
 
 def test_divisible_batches_with_a_fake_model_class(monkeypatch):

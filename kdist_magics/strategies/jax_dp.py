@@ -234,12 +234,16 @@ def plan_devices(wanted: int | None, platform: str | None):
         except Exception:
             pass
     devices = jax.devices()
+    asked = f"--devices {wanted}"
+    if wanted is None and devices[0].platform == "cpu" and len(devices) < CPU_DEFAULT_DEVICES:
+        wanted = CPU_DEFAULT_DEVICES  # as without JAX: N logical CPU devices, default 2
+        asked = f"mirrored (default {wanted} CPU devices)"
     if wanted and wanted > len(devices):
         kind = devices[0].platform.upper()
         hint = (f" Restart the kernel and run this %%kdist cell before any other JAX code "
                 f"(or start it with XLA_FLAGS=--xla_force_host_platform_device_count={wanted})."
                 if kind == "CPU" else "")
-        raise DevicesFixed(f"--devices {wanted}: JAX in this kernel has {len(devices)} {kind} "
+        raise DevicesFixed(f"{asked}: JAX in this kernel has {len(devices)} {kind} "
                            f"device{'s' if len(devices) != 1 else ''}, fixed when it started.{hint} "
                            "The cell did not run.")
     return devices[:wanted] if wanted else devices

@@ -63,6 +63,7 @@ def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
                 f"visible to TensorFlow; give --devices {len(gpus)} or fewer. The cell did not run.")
         return [f"/gpu:{i}" for i in range(n)], "GPU"
     n = wanted or CPU_DEFAULT_DEVICES
+    asked = f"--devices {n}" if wanted else f"mirrored's default of {n} CPU devices"
     cpu = tf.config.list_physical_devices("CPU")[0]
     current = tf.config.get_logical_device_configuration(cpu)
     if current is None or len(current) < n:
@@ -75,7 +76,7 @@ def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
                 raise DevicesFixed(
                     f"TensorFlow in this kernel already started with {have} CPU device"
                     f"{'s' if have != 1 else ''}, and it fixes its devices at start-up, so "
-                    f"--devices {n} cannot take effect now. Restart the kernel and run this "
+                    f"{asked} cannot take effect now. Restart the kernel and run this "
                     f"%%kdist cell before any other TensorFlow code. The cell did not run.") from None
     return [f"/cpu:{i}" for i in range(n)], "logical CPU"
 
