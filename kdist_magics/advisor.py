@@ -215,7 +215,7 @@ def _model_words(f) -> str:
     if f["model"] is None:
         return "no built Keras model in the namespace yet"
     return (f"model '{f['model']['name']}' of {human(f['params'])} parameters "
-            f"(~{human_bytes(f['train_bytes'])} to train)")
+            f"(~{gib(f['train_bytes'])} to train)")
 
 
 def _data_words(f) -> str:
@@ -246,6 +246,8 @@ class Rule:
     pick: tuple[str, ...] = ()
     rule_out: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = ()
     warn: bool = False
+    #: words for the one-line reason when this rule decides (default: the consequence)
+    reason: str = ""
 
     def text(self, which: str, f: dict) -> str:
         value = getattr(self, which)
@@ -333,8 +335,8 @@ RULES: tuple[Rule, ...] = (
     # set-up cost
     Rule("set-up cost", lambda f: True,
          "in-kernel default: no set-up; engines: ~10 s to start; TPU: connect once per kernel",
-         "default runs the cell as it is, in the notebook",
-         pick=("default",)),
+         "when no rule above decides: default, the cell as it is in the notebook",
+         pick=("default",), reason="default runs the cell as it is, with no set-up"),
 )
 
 
@@ -359,17 +361,18 @@ class Advice:
     fallback: str | None = None
 
     def __repr__(self) -> str:
+        import textwrap
+
+        widths = (14, 46, 58)
         head = ("criterion", "observation", "consequence")
         body = [(r.criterion + (" *" if r.role == "decides" else " !" if r.role == "warning" else ""),
                  r.observation, r.consequence) for r in self.rows]
-        widths = [min(max(len(row[i]) for row in [head, *body]), cap) for i, cap in enumerate((16, 60, 200))]
-
-        def line(cells):
-            return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-
-        out = [f"kdist advise: {self.strategy} -- {self.reason}", "", line(head),
-               line(["-" * w for w in widths])]
-        out += [line(row) for row in body]
+        out = [f"kdist advise: {self.strategy} -- {self.reason}", ""]
+        for cells in [head, tuple("-" * w for w in widths), *body]:
+            wrapped = [textwrap.wrap(c, w) or [""] for c, w in zip(cells, widths)]
+            for i in range(max(len(w) for w in wrapped)):
+                out.append("  ".join((col[i] if i < len(col) else "").ljust(w)
+                                     for col, w in zip(wrapped, widths)).rstrip())
         out += ["", "* decides   ! warning"]
         return "\n".join(out)
 
@@ -425,14 +428,14 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
                         f"(built: {', '.join(sorted(f['available']))})", f"fell back to {chosen}", "decides"))
     parts = [f["hardware"]]
     if f["fits"] is False:
-        parts.insert(0, f"warning: model of {human(f['params'])} parameters needs ~{human_bytes(f['train_bytes'])} "
+        parts.insert(0, f"warning: model of {human(f['params'])} parameters needs ~{gib(f['train_bytes'])} "
                         f"to train, more than one {f['device_word']}'s {gib(f['device_memory'])}, and every "
                         f"strategy copies it to each device: expect out-of-memory (see %kdist advise)")
     elif f["model"] is not None:
         parts.append(f"model of {human(f['params'])} parameters" + (" fits one device" if f["fits"] else ""))
     if rule is not None and rule.criterion in ("your options", "training time"):
         parts.append(row.observation)
-    parts.append(row.consequence)
+    parts.append(rule.reason if rule is not None and rule.reason else row.consequence)
     if fallback:
         parts.append(fallback)
     return Advice(strategy=chosen, reason="; ".join(_dedupe(parts)), rows=rows, hardware=f["hw"],

@@ -43,7 +43,7 @@ CASES = {
     "tpu v2-8": (dict(cpu_cores=96, tpu="v2-8"), MID_MODEL, BIG_DATA, "tpu",
                  ["TPU v2-8 (8 cores, 8 GiB each)", "TPUStrategy"]),
     "model too big": (dict(cpu_cores=64, gpus=gpus(8), horovod=True), HUGE_MODEL, None, "mirrored",
-                      ["warning", "3B parameters", "48 GB", "16 GiB", "out-of-memory"]),
+                      ["warning", "3B parameters", "45 GiB", "16 GiB", "out-of-memory"]),
 }
 
 
