@@ -132,13 +132,7 @@ def inspect_data(user_ns: Mapping[str, Any]) -> dict[str, Any] | None:
             except Exception:
                 continue
         elif tf is not None and _is_dataset(tf, value):
-            try:
-                card = int(value.cardinality())
-            except Exception:
-                card = -1
-            names.append(name)
-            if card > 0:
-                samples = max(samples, card)
+            names.append(name)  # its size is unknown without iterating (cardinality counts batches)
             continue
         if n_bytes is None or n_bytes < 1024:  # skip scalars and small constants
             continue

@@ -209,10 +209,15 @@ def detect_tpu(env: Mapping[str, str] | None = None, root: str = "/") -> TPU | N
 
 
 def horovod_importable() -> bool:
+    """Horovod with its TensorFlow binding is installed (found without importing ``horovod``)."""
     try:
-        return importlib.util.find_spec("horovod.tensorflow") is not None
+        spec = importlib.util.find_spec("horovod")
     except (ImportError, ValueError):
         return False
+    if spec is None:
+        return False
+    return any(os.path.isdir(os.path.join(path, "tensorflow"))
+               for path in (spec.submodule_search_locations or ()))
 
 
 def engines_of(client: Any, timeout: float = 5.0) -> tuple[int, int]:

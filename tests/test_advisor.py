@@ -238,9 +238,21 @@ def test_kdist_hardware_env_simulates(monkeypatch):
 
 
 def test_detect_here_is_plain_and_cheap():
-    hw = detect(env={})
-    assert hw.cpu_cores >= 1 and hw.tpu is None and hw.source == "detected"
-    json.dumps(hw.to_dict())
+    code = (
+        "import sys, json\n"
+        "from kdist_magics.hardware import detect, horovod_importable\n"
+        "import importlib.util\n"
+        "hw = detect(env={})\n"
+        "assert hw.cpu_cores >= 1 and hw.tpu is None and hw.source == 'detected', hw\n"
+        "json.dumps(hw.to_dict())\n"
+        "assert hw.horovod == (importlib.util.find_spec('horovod') is not None)\n"
+        "heavy = [m for m in ('tensorflow', 'keras', 'jax', 'horovod') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "print('clean')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "clean" in out.stdout
 
 
 def test_no_nvml_means_no_gpus(monkeypatch):
