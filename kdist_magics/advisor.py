@@ -289,8 +289,10 @@ RULES: tuple[Rule, ...] = (
          rule_out=("horovod",)),
     Rule("hardware", lambda f: f["backend"] != "tensorflow",
          "Keras backend is {backend}",
-         "horovod and multiworker drive TensorFlow; mirrored and tpu use keras.distribution.DataParallel",
-         rule_out=ENGINE),
+         lambda f: ("horovod and multiworker drive TensorFlow; mirrored and tpu use "
+                    "keras.distribution.DataParallel" if f["backend"] == "jax" else
+                    "kdist's strategies drive TensorFlow or JAX: only default fits"),
+         rule_out=lambda f: ENGINE if f["backend"] == "jax" else ENGINE + ("mirrored", "tpu")),
     # model size
     Rule("model size", lambda f: f["fits"] is False,
          lambda f: f"{_model_words(f)}, more than one {f['device_word']}'s {gib(f['device_memory'])}",

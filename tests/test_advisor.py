@@ -338,3 +338,10 @@ def test_advise_reads_a_real_keras_model_and_arrays(ip, monkeypatch):
     data_row = next(r for r in advice.rows if r.criterion == "data size")
     assert "500 samples" in data_row.observation and "42 kB" in data_row.observation
     assert advice.strategy == "default"
+
+
+def test_torch_backend_keeps_to_default():
+    hw, model, data, *_ = CASES["8 gpus"]
+    advice = advice_for(hw, model, data, backend="torch")
+    assert advice.strategy == "default"
+    assert any("only default fits" in r.consequence for r in advice.rows)

@@ -163,3 +163,14 @@ def test_the_users_error_is_theirs(ip, fake_tpu, capsys):
     assert "labels" in out.out + out.err
     assert kdist_magics.last_run().status == "failed"
 
+
+
+def test_a_backend_kdist_cannot_drive_is_refused(ip, fake_tpu, monkeypatch):
+    ext, runtime, cache = fake_tpu
+    monkeypatch.setattr("kdist_magics.strategies.mirrored.keras_backend", lambda: "torch")
+    ip.user_ns["marker"] = "before"
+    for name in ("tpu", "mirrored"):
+        with pytest.raises(StrategyUnavailable) as info:
+            ip.run_cell_magic("kdist", f"-s {name} --no-dashboard", "marker = 'ran'")
+        assert "runs on torch" in str(info.value) and "did not run" in str(info.value)
+    assert ip.user_ns["marker"] == "before" and runtime.calls == []

@@ -48,6 +48,16 @@ def keras_backend() -> str:
     return keras.backend.backend()
 
 
+def check_backend(strategy: str) -> str:
+    """The Keras backend, or StrategyUnavailable when ``strategy`` cannot drive it."""
+    backend = keras_backend()
+    if backend not in ("tensorflow", "jax"):
+        raise StrategyUnavailable(
+            f"--strategy {strategy} drives Keras on tensorflow or jax; this kernel's Keras runs on "
+            f"{backend} (set KERAS_BACKEND before importing keras). The cell did not run.")
+    return backend
+
+
 def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
     """The device names for MirroredStrategy and a word for what they are.
 
@@ -98,6 +108,7 @@ class MirroredStrategy(Strategy):
         return len(detect_gpus()) or CPU_DEFAULT_DEVICES
 
     def run(self, cell: str, ctx: RunContext) -> Any:
+        check_backend("mirrored")
         if keras_backend() == "jax":
             if self._jax is None:
                 from .jax_dp import JaxDataParallel

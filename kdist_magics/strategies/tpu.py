@@ -106,9 +106,9 @@ class TPUStrategy(Strategy):
         tpu = self.find()
         if tpu is None:
             raise no_tpu()
-        from .mirrored import keras_backend
+        from .mirrored import check_backend
 
-        if keras_backend() == "jax":
+        if check_backend("tpu") == "jax":
             if self._jax is None:
                 from .jax_dp import JaxDataParallel
 
