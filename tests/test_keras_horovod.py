@@ -194,6 +194,29 @@ def test_backward_passes_per_step_and_fp16_compression(tmp_path):
             np.testing.assert_array_equal(a[f"w3_{j}"], a[f"w2_{j}"])
     assert i0["iterations_two"] == 2  # iterations count backward passes, as in Horovod
 
+    # One step from w0 with other options, recomputed from each rank's batch-0 gradient.
+    first = [[a[k] for k in keys(a, "first")] for a, _ in ranks]
+    n_vars = len(first[0])
+    for j in range(n_vars):
+        w0 = a0[f"w0_{j}"]
+        total = sum(f[j] for f in first)
+        expected = {
+            "sum": w0 - lr * total,                   # op=Sum, grouped by variable lists
+            "predivide": w0 - lr * total / size,      # Average; predivide cancels out
+        }
+        for name, want in expected.items():
+            for a, _ in ranks:
+                np.testing.assert_allclose(a[f"{name}{j}"], want, rtol=1e-4, atol=1e-6,
+                                           err_msg=f"{name}{j}")
+        for r, (a, _) in enumerate(ranks):
+            if j == n_vars - 1:  # registered local: own gradient / size, not allreduced
+                want = w0 - lr * first[r][j] / size
+            else:
+                want = w0 - lr * total / size
+            np.testing.assert_allclose(a[f"local{j}"], want, rtol=1e-4, atol=1e-6,
+                                       err_msg=f"local{j} rank {r}")
+    assert max_diff(ranks, "local") > 1e-6  # the local bias really differs between ranks
+
     # fp16 compression with local aggregation: still in sync, and learning.
     assert_same(ranks, "b_", rtol=0, atol=1e-6)
     assert i0["iterations_b"] == 3 * 64 // 8
@@ -292,6 +315,107 @@ def test_install_resolves_horovod_keras_imports_to_the_binding(order):
                          text=True, timeout=170, env=env, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr[-4000:]
     assert f"OK {order}" in out.stdout
+
+
+API_CHECK = r"""
+import os, sys, tempfile, warnings
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import numpy as np
+import kdist_magics.keras_horovod as hvd
+import keras
+
+def raises(exc, fn, *args, match="", **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except exc as err:
+        assert match in str(err), (match, str(err))
+        return
+    raise AssertionError(f"{fn.__name__} did not raise {exc.__name__}")
+
+hvd.init(); hvd.init()
+assert hvd.is_initialized() and hvd.size() == 1 and hvd.cross_size() == 1
+assert float(hvd.allreduce([1.0, 3.0])[1]) == 3.0
+assert float(hvd.broadcast(2.5, 0)) == 2.5 and hvd.allgather([[1, 2]]).shape == (1, 2)
+
+sgd = keras.optimizers.SGD(0.1)
+raises(ValueError, hvd.DistributedOptimizer, sgd, op=hvd.Adasum, match="Average and Sum")
+raises(ValueError, hvd.DistributedOptimizer, sgd, groups=-1, match="groups")
+raises(ValueError, hvd.DistributedOptimizer, sgd, backward_passes_per_step=0, match="> 0")
+raises(TypeError, hvd.DistributedOptimizer, object(), match="Keras 3 optimizer")
+wrapped = hvd.DistributedOptimizer(sgd, name="MySGD")
+assert isinstance(wrapped, keras.optimizers.SGD) and type(wrapped).__name__ == "SGD"
+assert wrapped.get_config() == sgd.get_config()
+raises(ValueError, hvd.DistributedOptimizer, wrapped, match="already")
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    hvd.DistributedOptimizer(sgd, num_groups=2)
+assert any(issubclass(x.category, DeprecationWarning) for x in w)
+raises(RuntimeError, hvd.broadcast_global_variables, 0, match="broadcast_variables")
+raises(ValueError, hvd.load_model, "x.keras", legacy_opts=True, match="legacy")
+raises(NotImplementedError, lambda: hvd.elastic.KerasState, match="elastic")
+
+# A 1-rank fit through every callback, eager (run_eagerly) with local aggregation.
+x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32"); y = x.sum(1, keepdims=True)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), backward_passes_per_step=2)
+model.compile(optimizer=opt, loss="mse", run_eagerly=True)
+cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=model.variables[-1]),
+       hvd.callbacks.MetricAverageCallback(),
+       hvd.callbacks.LearningRateScheduleCallback(0.05, multiplier=0.5, start_epoch=1)]
+hist = model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=cbs)
+assert int(np.asarray(opt.iterations)) == 12
+# Horovod: epoch 0 is before start_epoch (untouched), then 0.05 * 0.5 ** (epoch - 1)
+assert np.allclose(hist.history["lr"], [0.05, 0.05, 0.025]), hist.history["lr"]
+
+# Momentum correction: Keras 3 bakes `momentum` into the compiled step, so the binding scales
+# the momentum buffers by new_lr / old_lr instead (the same update for SGD with momentum).
+for correct in (True, False):
+    m3 = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    o3 = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    m3.compile(optimizer=o3, loss="mse")
+    o3.build(m3.trainable_variables)
+    for slot in o3.momentums:
+        slot.assign(np.ones(slot.shape, "float32"))
+    cb = hvd.callbacks.LearningRateScheduleCallback(0.1, multiplier=0.5, momentum_correction=correct)
+    cb.set_model(m3); cb.set_params({"steps": 4, "epochs": 2})
+    cb.on_train_begin(); cb.on_epoch_begin(1); cb.on_train_batch_begin(0)
+    assert abs(float(np.asarray(o3.learning_rate)) - 0.05) < 1e-7
+    want = 0.5 if correct else 1.0
+    assert all(np.allclose(np.asarray(s), want) for s in o3.momentums), (correct, o3.momentums)
+raises(ValueError, hvd.callbacks.BroadcastGlobalVariablesCallback, 0, local_variables=[1], match="variables")
+
+# An optimizer driven by a LearningRateSchedule cannot be warmed up: clear error
+sched = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+m2 = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+m2.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(sched)), loss="mse")
+raises(TypeError, m2.fit, x, y, verbose=0, epochs=1,
+       callbacks=[hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=1)], match="LearningRateSchedule")
+
+# .keras round trip: loads without Horovod too (same class name and config)
+path = os.path.join(tempfile.mkdtemp(), "m.keras")
+model.save(path)
+plain = keras.models.load_model(path)
+assert type(plain.optimizer) is keras.optimizers.SGD
+again = hvd.load_model(path, compression=hvd.Compression.fp16)
+assert isinstance(again.optimizer, keras.optimizers.SGD) and hasattr(again.optimizer, "register_local_var")
+assert again.optimizer._kdist_hvd.s.compression is hvd.Compression.fp16
+assert int(np.asarray(again.optimizer.iterations)) == 12
+print("API OK")
+"""
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.timeout(180)
+def test_api_surface_errors_callbacks_and_keras_files_on_one_rank():
+    env = {**os.environ, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    for k in [k for k in env if k.startswith("HOROVOD_")] + ["TF_USE_LEGACY_KERAS"]:
+        env.pop(k, None)
+    out = subprocess.run([sys.executable, "-c", API_CHECK], capture_output=True, text=True,
+                         timeout=170, env=env, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "API OK" in out.stdout
 
 
 def test_install_does_nothing_when_keras2_is_active(monkeypatch):

@@ -130,13 +130,38 @@ def scenario_aggregate(outdir):
     loss_fn = keras.losses.MeanSquaredError()
 
     # Each rank's gradient on its two batches, at w0 (no update happens in between).
-    local = None
+    per_batch = []
     for b in range(2):
         xb, yb = x[b * 32:(b + 1) * 32], y[b * 32:(b + 1) * 32]
         with tf.GradientTape() as tape:
             loss = loss_fn(yb, model(xb, training=True))
-        grads = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
-        local = grads if local is None else [a + g for a, g in zip(local, grads)]
+        per_batch.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+    local = [a + b for a, b in zip(*per_batch)]
+
+    # One step (batch 0) from w0 with other options; the test recomputes each update.
+    variants = {}
+    # op=Sum with explicit groups (list of lists of variables)
+    m = build_model(keras, seed=0)
+    tv = m.trainable_variables
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), op=hvd.Sum,
+                                   groups=[[tv[0], tv[2]], [tv[1]]])
+    m.compile(optimizer=opt, loss="mse")
+    m.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
+    variants["sum"] = m
+    # Average with gradient_predivide_factor and an integer number of groups
+    m = build_model(keras, seed=0)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), gradient_predivide_factor=2.0,
+                                   groups=2)
+    m.compile(optimizer=opt, loss="mse")
+    m.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
+    variants["predivide"] = m
+    # A worker-local variable (the last bias): not allreduced, scaled by 1/size
+    m = build_model(keras, seed=0)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr))
+    opt.register_local_var(m.trainable_variables[-1])
+    m.compile(optimizer=opt, loss="mse")
+    m.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
+    variants["local"] = m
 
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), backward_passes_per_step=2,
                                    average_aggregated_gradients=True)
@@ -156,7 +181,9 @@ def scenario_aggregate(outdir):
     hist = model_b.fit(x, y, batch_size=8, epochs=3, shuffle=True, verbose=0)
     save(outdir, "aggregate", rank,
          {**w0, **after_two, **after_three, **weights_dict(model_b, "b_"),
-          **{f"g{i}": g for i, g in enumerate(local)}},
+          **{f"g{i}": g for i, g in enumerate(local)},
+          **{f"first{i}": g for i, g in enumerate(per_batch[0])},
+          **{k: v for name, mv in variants.items() for k, v in weights_dict(mv, name).items()}},
          {"rank": rank, "size": hvd.size(), "lr": lr, "iterations_two": iterations_two,
           "iterations_b": int(np.asarray(opt_b.iterations)),
           "loss_b": [float(v) for v in hist.history["loss"]]})
