@@ -400,6 +400,18 @@ again = hvd.load_model(path, compression=hvd.Compression.fp16)
 assert isinstance(again.optimizer, keras.optimizers.SGD) and hasattr(again.optimizer, "register_local_var")
 assert again.optimizer._kdist_hvd.s.compression is hvd.Compression.fp16
 assert int(np.asarray(again.optimizer.iterations)) == 12
+# mixed_float16: the loss-scale check must see allreduced gradients, so the distributed
+# optimizer is the outer LossScaleOptimizer and compile() does not wrap it again.
+keras.config.set_dtype_policy("mixed_float16")
+try:
+    mp = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    mopt = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3))
+    assert isinstance(mopt, keras.optimizers.LossScaleOptimizer) and hasattr(mopt, "_kdist_hvd")
+    mp.compile(optimizer=mopt, loss="mse")
+    assert mp.optimizer is mopt
+    mp.fit(x, y, epochs=1, verbose=0)
+finally:
+    keras.config.set_dtype_policy("float32")
 print("API OK")
 """
 

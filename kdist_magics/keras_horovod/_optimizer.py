@@ -282,9 +282,16 @@ def create_distributed_optimizer(optimizer, name=None, **kwargs):
             f"{type(optimizer).__module__}.{type(optimizer).__name__}. tf.compat.v1 optimizers "
             "belong to horovod.tensorflow.DistributedOptimizer; tf_keras optimizers to "
             "Horovod's own horovod.tensorflow.keras (with TF_USE_LEGACY_KERAS=1).")
-    base_cls = type(optimizer)
-    if hasattr(base_cls, "_kdist_hvd_settings"):
+    if hasattr(type(optimizer), "_kdist_hvd_settings"):
         raise ValueError("this optimizer is already a DistributedOptimizer")
+    if (keras.config.dtype_policy().name == "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        # compile() would wrap us in a LossScaleOptimizer, which checks for inf/nan *before*
+        # our allreduce: one rank could skip the step (and the collective) while the other
+        # waits in it. Loss-scale first, allreduce outermost: every rank sees the same
+        # reduced gradients and takes the same branch.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    base_cls = type(optimizer)
     settings = _settings(name, base_cls, **kwargs)
     cls = _make_class(base_cls, settings)
     return cls.from_config(optimizer.get_config())
