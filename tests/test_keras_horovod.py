@@ -203,6 +203,8 @@ def test_backward_passes_per_step_and_fp16_compression(tmp_path):
         expected = {
             "sum": w0 - lr * total,                   # op=Sum, grouped by variable lists
             "predivide": w0 - lr * total / size,      # Average; predivide cancels out
+            "eager": w0 - lr * total / size,          # custom loop, eager apply_gradients
+            "tffunc": w0 - lr * total / size,         # custom loop inside a tf.function
         }
         for name, want in expected.items():
             for a, _ in ranks:

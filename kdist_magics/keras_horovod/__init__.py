@@ -298,7 +298,9 @@ def _keras_major() -> int:
     version = None
     mod = sys.modules.get("keras")
     if mod is not None:
-        version = getattr(mod, "__version__", None) or getattr(mod, "version", lambda: None)()
+        version = getattr(mod, "__version__", None)
+        if version is None and callable(getattr(mod, "version", None)):
+            version = mod.version()
     if version is None:
         try:
             from importlib.metadata import version as dist_version

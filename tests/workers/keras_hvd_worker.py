@@ -162,6 +162,19 @@ def scenario_aggregate(outdir):
     m.compile(optimizer=opt, loss="mse")
     m.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
     variants["local"] = m
+    # Custom training loops: apply_gradients eagerly, and inside a tf.function
+    for name, wrap in (("eager", lambda f: f), ("tffunc", tf.function)):
+        m = build_model(keras, seed=0)
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr))
+
+        def step(xb, yb, m=m, opt=opt):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, m(xb, training=True))
+            opt.apply_gradients(zip(tape.gradient(loss, m.trainable_variables),
+                                    m.trainable_variables))
+
+        wrap(step)(tf.constant(x[:32]), tf.constant(y[:32]))
+        variants[name] = m
 
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), backward_passes_per_step=2,
                                    average_aggregated_gradients=True)
