@@ -33,6 +33,21 @@ def _nb_id(path: Path) -> str:
     return path.stem
 
 
+def _runs() -> list:
+    """(notebook, env) pairs: each notebook once as it is, plus once per variant its
+    metadata lists (``{"kdist": {"variants": [{"KERAS_BACKEND": "jax"}]}}``)."""
+    import json
+
+    runs = []
+    for path in PAPERS:
+        runs.append(pytest.param(path, {}, id=path.stem))
+        meta = json.loads(path.read_text()).get("metadata", {})
+        for env in meta.get("kdist", {}).get("variants", []):
+            label = ",".join(f"{k}={v}" for k, v in env.items())
+            runs.append(pytest.param(path, dict(env), id=f"{path.stem}[{label}]"))
+    return runs
+
+
 # -- fast tier: notebooks are committed clean -----------------------------------
 
 def test_there_are_notebooks():
@@ -184,7 +199,7 @@ def test_readme_links_binder():
 
 # -- notebook tier: execute every notebook ---------------------------------------
 
-def _kernel_env(home: Path) -> dict[str, str]:
+def _kernel_env(home: Path, variant: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
                      ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
@@ -196,10 +211,12 @@ def _kernel_env(home: Path) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     # the kernel is the venv's python, also when the test runs from an activated shell
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update(variant)
     return env
 
 
-def _execute(path: Path, out_dir: Path) -> tuple[object, Exception | None]:
+def _execute(path: Path, out_dir: Path, variant: dict[str, str] | None = None,
+             ) -> tuple[object, Exception | None]:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -217,14 +234,19 @@ def _execute(path: Path, out_dir: Path) -> tuple[object, Exception | None]:
     # "python" with sys.executable, so the kernel is the venv's own Python
     error = None
     try:
-        client.execute(env=_kernel_env(home))
+        client.execute(env=_kernel_env(home, variant or {}))
     except (CellExecutionError, CellTimeoutError) as exc:
         error = exc
     finally:
         out_dir.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, out_dir / path.name)
+        nbformat.write(nb, out_dir / _out_name(path, variant))
         shutil.rmtree(home, ignore_errors=True)
     return nb, error
+
+
+def _out_name(path: Path, variant: dict[str, str] | None) -> str:
+    suffix = "".join(f"-{k}={v}" for k, v in (variant or {}).items())
+    return f"{path.stem}{suffix}.ipynb"
 
 
 def _failed_cell(nb) -> tuple[int, str]:
@@ -240,17 +262,17 @@ def _failed_cell(nb) -> tuple[int, str]:
 @pytest.mark.notebook
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("path", PAPERS, ids=_nb_id)
-def test_notebook_runs_top_to_bottom(path, test_output):
+@pytest.mark.parametrize(("path", "variant"), _runs())
+def test_notebook_runs_top_to_bottom(path, variant, test_output):
     out_dir = test_output / "notebooks"
-    nb, error = _execute(path, out_dir)
+    nb, error = _execute(path, out_dir, variant)
     if error is not None:
         index, source = _failed_cell(nb)
         message = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # no terminal colours
         if len(message) > 4000:
             message = message[:1500] + "\n...\n" + message[-2500:]
         pytest.fail(f"{path.name}: cell {index} failed\n--- cell source ---\n{source}\n"
-                    f"--- error ---\n{message}\n(executed copy: {out_dir / path.name})",
+                    f"--- error ---\n{message}\n(executed copy: {out_dir / _out_name(path, variant)})",
                     pytrace=False)
     ran = [c for c in nb.cells if c.cell_type == "code"]
     assert ran and all(c.execution_count is not None for c in ran), "some cells did not run"
