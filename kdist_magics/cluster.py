@@ -119,6 +119,14 @@ class EngineCluster:
         self.starts += 1
         self._identify()
         self._deliver_exits()
+        if self.owned and not getattr(self, "_atexit", False):
+            # kernel shutdown: stop what we started even if nobody called %kdist stop
+            import atexit
+            import weakref
+
+            ref = weakref.ref(self)
+            atexit.register(lambda: ref() is not None and ref().stop())
+            self._atexit = True
         return self
 
     def _deliver_exits(self) -> None:

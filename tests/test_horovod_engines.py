@@ -396,3 +396,34 @@ def test_a_dying_rank_is_reported_with_its_exit_status_and_engines_restart(hip):
     assert rec.status == "failed" and rec.ranks[1].state == "failed" and "status 3" in rec.ranks[1].error
     assert kdist(hip, "", "(hvd.rank(), hvd.size())") == (0, 2)  # restarted automatically
     assert not cluster_pids() & old
+
+
+KERNEL_EXITS = """
+import json, kdist_magics
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "kdist_magics")
+value = ip.run_cell_magic("kdist", "--strategy horovod --np 2 --no-dashboard", "hvd.size()")
+cluster = kdist_magics._extension._strategies["horovod"].cluster
+print(json.dumps({"value": value, "pids": cluster._process_tree_pids()}), flush=True)
+# the kernel ends here without %kdist stop
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_kernel_exit_leaves_no_engine_processes(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import psutil
+
+    out = subprocess.run([sys.executable, "-c", KERNEL_EXITS], capture_output=True, text=True,
+                         timeout=240, env={**os.environ, "IPYTHONDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    facts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert facts["value"] == 2 and len(facts["pids"]) >= 3  # controller, 2 engines (+ nannies)
+    left = [p for p in facts["pids"] if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"still running after the kernel exited: {left}"
