@@ -174,3 +174,60 @@ def test_a_backend_kdist_cannot_drive_is_refused(ip, fake_tpu, monkeypatch):
             ip.run_cell_magic("kdist", f"-s {name} --no-dashboard", "marker = 'ran'")
         assert "runs on torch" in str(info.value) and "did not run" in str(info.value)
     assert ip.user_ns["marker"] == "before" and runtime.calls == []
+
+
+def test_an_address_that_does_not_answer_fails_fast_without_tensorflow():
+    """The real runtime checks a grpc:// address before TF would wait on it."""
+    import socket
+
+    with socket.socket() as s:  # a loopback port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (
+        "import sys\n"
+        "from kdist_magics.hardware import TPU\n"
+        "from kdist_magics.strategies.tpu import TPURuntime, connect\n"
+        f"node = TPU(kind='v2-8', target='grpc://127.0.0.1:{port}', found_by='COLAB_TPU_ADDR')\n"
+        "try:\n"
+        "    connect(node, TPURuntime(), {})\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__); print(exc)\n"
+        "print('TF', 'tensorflow' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "StrategyUnavailable" and len(lines) == 5
+    assert f"COLAB_TPU_ADDR -> grpc://127.0.0.1:{port}" in lines[1] and "does not answer" in lines[1]
+    assert "Change runtime type" in lines[2] and lines[3] == "The cell did not run."
+    assert lines[4] == "TF False"
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_real_tensorflow_on_a_machine_without_tpu_fails_short():
+    """TPUClusterResolver('local') + initialize_tpu_system with real TF, where no TPU is."""
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "from kdist_magics.hardware import tpu_from_kind\n"
+        "from kdist_magics.strategies.tpu import TPUStrategy\n"
+        "import kdist_magics\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'kdist_magics')\n"
+        "fake_vm = tpu_from_kind('v2-8', target='local', found_by='/dev/accel0')\n"
+        "kdist_magics._extension._strategies['tpu'] = TPUStrategy(find=lambda: fake_vm, cache={})\n"
+        "ip.user_ns['marker'] = 'before'\n"
+        "try:\n"
+        "    ip.run_cell_magic('kdist', '-s tpu --no-dashboard', 'marker = \"ran\"')\n"
+        "except Exception as exc:\n"
+        "    print('RESULT', type(exc).__name__, len(str(exc).splitlines()), repr(str(exc)))\n"
+        "print('MARKER', ip.user_ns['marker'])\n"
+    )
+    env = dict(__import__("os").environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=280, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+    _, kind, n_lines, message = result.split(" ", 3)
+    assert kind == "StrategyUnavailable" and n_lines == "3"
+    assert "/dev/accel0 -> local" in message and "connecting failed" in message
+    assert "MARKER before" in out.stdout

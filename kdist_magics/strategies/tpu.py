@@ -43,6 +43,18 @@ def no_tpu(looked: str = TPU_PLACES, detail: str = "") -> StrategyUnavailable:
 class TPURuntime:
     """TensorFlow's side of a TPU connection (replaced by a fake in tests)."""
 
+    def check(self, target: str, timeout: float = 5.0) -> None:
+        """Fail fast when an address-based TPU does not answer (TF would wait a long time)."""
+        if not target.startswith("grpc://"):
+            return
+        import socket
+
+        host, _, port = target[len("grpc://"):].rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+        except (OSError, ValueError) as exc:
+            raise ConnectionError(f"{host}:{port} does not answer ({exc})") from None
+
     def resolver(self, target: str):
         import tensorflow as tf
 
@@ -71,6 +83,9 @@ def connect(tpu: TPU, runtime: TPURuntime, cache: dict | None = None):
     if tpu.target in cache:
         return cache[tpu.target][1]
     try:
+        check = getattr(runtime, "check", None)
+        if check is not None:
+            check(tpu.target)
         resolver = runtime.resolver(tpu.target)
         runtime.initialize(resolver, tpu.target)
         strategy = runtime.strategy(resolver)
