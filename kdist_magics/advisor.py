@@ -413,8 +413,8 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
                 f"{f['engine_opts']} asks for engine ranks, but "
                 + ("Keras runs on " + f["backend"] + " and the engine strategies need TensorFlow"
                    if f["backend"] != "tensorflow" else "Horovod is not importable and multiworker is not built"))
-    if chosen is None:  # pragma: no cover - the set-up cost rule always picks default
-        chosen, deciding = "default", (None, None)
+    if deciding is None:  # pragma: no cover - RULES end with a rule that always picks default
+        raise StrategyUnavailable("--strategy auto: no rule chose a strategy; give --strategy NAME")
     rule, row = deciding
     row.role = "decides"
     fallback = None
@@ -429,9 +429,9 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
                         f"strategy copies it to each device: expect out-of-memory (see %kdist advise)")
     elif f["model"] is not None:
         parts.append(f"model of {human(f['params'])} parameters" + (" fits one device" if f["fits"] else ""))
-    if rule is not None and rule.criterion in ("your options", "training time"):
+    if rule.criterion in ("your options", "training time"):
         parts.append(row.observation)
-    parts.append(rule.reason if rule is not None and rule.reason else row.consequence)
+    parts.append(rule.reason or row.consequence)
     if fallback:
         parts.append(fallback)
     return Advice(strategy=chosen, reason="; ".join(_dedupe(parts)), rows=rows, hardware=f["hw"],
