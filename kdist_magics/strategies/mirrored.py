@@ -141,5 +141,7 @@ class MirroredStrategy(Strategy):
         return facts
 
     def teardown(self) -> None:
-        # TF cannot release devices; forgetting the strategies lets a new cell make new ones
-        self._strategies.clear()
+        # Nothing to release: the devices belong to TF for the life of the process, and models
+        # in the namespace stay tied to their strategy. A new object after %kdist restart
+        # makes a new MirroredStrategy; the old one stays usable as the bound ``strategy``.
+        self._jax = None
