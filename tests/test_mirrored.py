@@ -88,6 +88,12 @@ def test_mirrored_two_logical_cpus_end_to_end():
         value, err = attempt("-s mirrored --devices 2 --no-dashboard", "same = strategy is first_seen\\n21 * 2")
         out["reused"] = ns["same"]
         out["value"] = value
+        # ... also after %kdist restart: the model built in the first cell keeps training
+        ip.run_line_magic("kdist", "restart")
+        value, err = attempt("-s mirrored --devices 2 --no-dashboard",
+                             "more = model.fit(x, y, batch_size=16, epochs=1, verbose=0)\\n"
+                             "same_after = strategy is first_seen")
+        out["after_restart"] = [repr(err), ns.get("same_after")]
 
         # the user's own error
         value, err = attempt("-s mirrored --devices 2 --no-dashboard", "raise ValueError('bad data')")
@@ -113,6 +119,7 @@ def test_mirrored_two_logical_cpus_end_to_end():
     # telemetry: 4 steps x 3 epochs (step rows are throttled; each epoch's last is always sent)
     assert {4, 8, 12} <= set(r["steps"]) and r["epochs"] == 3
     assert r["reused"] is True and r["value"] == 42
+    assert r["after_restart"] == ["None", True]
     assert r["user_error"] == ["CellFailed", "ValueError", []]
     assert "bad data" in r["_stdout"]  # the user's traceback, shown by the inner cell
     assert r["failed_ranks"] == ["failed", "failed"]

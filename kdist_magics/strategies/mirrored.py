@@ -91,12 +91,17 @@ def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
     return [f"/cpu:{i}" for i in range(n)], "logical CPU"
 
 
+#: this process's MirroredStrategy per device list; kept across %kdist restart because
+#: models built under one must keep training under the same one
+_MIRRORED: dict[tuple[str, ...], Any] = {}
+
+
 class MirroredStrategy(Strategy):
     name = "mirrored"
     in_kernel = True
 
     def __init__(self):
-        self._strategies: dict[tuple[str, ...], Any] = {}  # one per device set, reused across cells
+        self._strategies = _MIRRORED  # one per device set, reused across cells
         self._jax = None
         self.kind = None
 
@@ -142,6 +147,6 @@ class MirroredStrategy(Strategy):
 
     def teardown(self) -> None:
         # Nothing to release: the devices belong to TF for the life of the process, and models
-        # in the namespace stay tied to their strategy. A new object after %kdist restart
-        # makes a new MirroredStrategy; the old one stays usable as the bound ``strategy``.
+        # in the namespace stay tied to their strategy, which is why the MirroredStrategy
+        # objects live in the module (_MIRRORED) and outlive this object.
         self._jax = None
