@@ -91,7 +91,7 @@ def test_mirrored_two_logical_cpus_end_to_end():
         # ... also after %kdist restart: the model built in the first cell keeps training
         ip.run_line_magic("kdist", "restart")
         value, err = attempt("-s mirrored --devices 2 --no-dashboard",
-                             "more = model.fit(x, y, batch_size=16, epochs=1, verbose=0)\\n"
+                             "more = model.fit(x, y, batch_size=16, epochs=1, verbose=2)\\n"
                              "same_after = strategy is first_seen")
         out["after_restart"] = [repr(err), ns.get("same_after")]
 
@@ -120,6 +120,7 @@ def test_mirrored_two_logical_cpus_end_to_end():
     assert {4, 8, 12} <= set(r["steps"]) and r["epochs"] == 3
     assert r["reused"] is True and r["value"] == 42
     assert r["after_restart"] == ["None", True]
+    assert "4/4 - " in r["_stdout"]  # Keras's own per-epoch line, printed as in a plain cell
     assert r["user_error"] == ["CellFailed", "ValueError", []]
     assert "bad data" in r["_stdout"]  # the user's traceback, shown by the inner cell
     assert r["failed_ranks"] == ["failed", "failed"]
