@@ -42,6 +42,11 @@ class KDist(Magics):
                            help="address the rendezvous/TF_CONFIG ports listen on for a local "
                                 "cluster; attached clusters use an address every engine reaches"
                            ).tag(config=True)
+    worker_network = Unicode("",
+                             help="multiworker on an attached cluster: each engine's TF_CONFIG "
+                                  "address: '' (the one it reaches the controller with), an "
+                                  "interface name ('eth0'), a network ('10.0.0.0/16') or an "
+                                  "address to route towards").tag(config=True)
     threads_per_rank = Integer(None, allow_none=True,
                                help="intra-op threads per rank (None: cores / ranks)").tag(config=True)
     stop_grace = Float(3.0, help="seconds ranks get to stop after an interrupt (SIGINT) before "

@@ -15,6 +15,7 @@ REGISTRY: dict[str, str] = {
     "mirrored": ".mirrored:MirroredStrategy",
     "tpu": ".tpu:TPUStrategy",
     "horovod": ".horovod:HorovodStrategy",
+    "multiworker": ".multiworker:MultiWorkerStrategy",
 }
 
 

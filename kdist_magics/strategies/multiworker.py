@@ -1,0 +1,352 @@
+"""``--strategy multiworker``: the cell on N engines under MultiWorkerMirroredStrategy.
+
+TensorFlow's own multi-worker data parallelism, one engine per worker, no
+Horovod. Per run:
+
+1. **Plan** (:meth:`MultiWorkerStrategy._cluster`): every engine reports its
+   host, the address it should listen on, a free port there, and its
+   TensorFlow state. Ranks are grouped by hostname (engines sharing a host get
+   consecutive ranks, as under Horovod), and TF worker index = rank. A warm
+   cluster whose engines already hold kdist's strategy for exactly these
+   engines reuses it. An engine on which TensorFlow already started (any
+   eager op, or another ``TF_CONFIG``) cannot join a new cluster --
+   TensorFlow configures collectives once per process -- so an owned cluster
+   is restarted and kdist says why; an attached cluster is the user's to
+   restart, and kdist says so.
+2. **Environment** (:meth:`engine_env`): ``TF_CONFIG`` (and
+   ``KERAS_BACKEND=tensorflow``) set on each engine before TensorFlow
+   initialises there.
+3. **Before the cell** (:meth:`before_cell`, on every engine at once, since
+   the workers wait for each other): create (or reuse) the strategy, bind it as
+   ``strategy``, apply :mod:`kdist_magics.keras_mwms` (the Keras 3 fix for
+   keras-team/keras#20585) and enter ``strategy.scope()``.
+4. **After the cell** (:meth:`after_cell`): leave the scope, remove the fix.
+   ``strategy`` stays bound, like the rest of the namespace.
+
+Addresses: a cluster kdist starts uses loopback only. On an attached cluster
+(``--cluster-id``/``--profile``) each engine's ``TF_CONFIG`` address follows
+``%config KDist.worker_network``: ``''`` (default) the address the engine
+reaches the controller with; an interface name (``'eth0'``, ``'ib0'``); a
+network (``'10.0.0.0/16'``); or an address to route towards. Ports are
+chosen free by each engine on its own host.
+
+A run that stops mid-way (a rank stopped, interrupted or timed out) may leave
+the workers' collectives out of step, so an owned cluster restarts before the
+next run; a run whose ranks all finished, each done or raising (a typo, a bad
+shape), keeps the warm engines.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from ..cluster import EngineCluster
+from ..errors import KDistError
+from .base import RunContext
+from .engines import EngineStrategy
+
+SETUP_TIMEOUT = 120.0  # seconds for every worker to create the strategy (they wait for each other)
+
+
+class MultiWorkerStrategy(EngineStrategy):
+    name = "multiworker"
+    bound_names = ("strategy",)
+
+    def __init__(self):
+        super().__init__()
+        self._ranks: list[int] = []
+        self._configs: list[str] = []  # TF_CONFIG per engine, in cluster.engines order
+        self._made = False  # a strategy exists on the engines (their TF is committed to it)
+        self.addresses: list[str] = []
+        self._restart_reason = ""
+
+    # -- plan ------------------------------------------------------------------
+    def _cluster(self, ctx: RunContext) -> EngineCluster:
+        cluster = super()._cluster(ctx)
+        plan = self._plan(cluster, ctx)
+        if plan is None:  # TF already started on the engines: only a fresh process can join
+            why = self._restart_reason
+            if not cluster.owned:
+                raise KDistError(
+                    f"{why}. TensorFlow sets up multi-worker collectives once per process, so "
+                    f"these engines cannot join a new MultiWorkerMirroredStrategy: restart them "
+                    f"(e.g. ipcluster stop/start, or client.shutdown(restart=True)) and run the "
+                    f"cell again")
+            print(f"kdist: restarting the engines ({why}; MultiWorkerMirroredStrategy must be "
+                  f"created before TensorFlow starts in each process)", file=sys.stderr)
+            cluster.restart()
+            self._made = False
+            plan = self._plan(cluster, ctx)
+            if plan is None:  # pragma: no cover - a fresh engine that imports TF at start-up
+                raise KDistError(f"{self._restart_reason} even on freshly started engines")
+        self._ranks, self._configs = plan
+        return cluster
+
+    def _plan(self, cluster: EngineCluster, ctx: RunContext):
+        """(ranks, TF_CONFIG per engine) or None when the engines must restart first."""
+        mode = "loopback" if cluster.owned else (getattr(ctx.config, "worker_network", "") or "")
+        ars = [cluster.client[e.engine_id].apply_async(_probe, mode) for e in cluster.engines]
+        infos = [ar.get(timeout=60) for ar in ars]
+        hosts = [e.hostname for e in cluster.engines]
+        ranks = host_grouped_ranks(hosts)
+        current = [i.get("tf_config") for i in infos]
+        self._made = any(current)
+        if all(current) and len(set(_cluster_part(c) for c in current)) == 1:
+            spec = json.loads(current[0])["cluster"]["worker"]
+            if len(spec) == len(ranks) and all(json.loads(c)["task"]["index"] == r
+                                               for c, r in zip(current, ranks)):
+                self._made = True
+                self.addresses = [spec[r] for r in ranks]
+                return ranks, current
+        started = [r for r, i in zip(ranks, infos) if i["tf_started"] or i.get("tf_config")]
+        if started:
+            other = any(i.get("tf_config") for i in infos)
+            self._restart_reason = (
+                f"TensorFlow already started on rank {', '.join(map(str, sorted(started)))}"
+                + (" with another TF_CONFIG" if other else ""))
+            return None
+        loopback = [r for r, i in zip(ranks, infos) if i["address"].startswith("127.")]
+        if loopback and len(set(hosts)) > 1:
+            raise KDistError(
+                f"the engines run on {len(set(hosts))} hosts but rank "
+                f"{', '.join(map(str, loopback))} would listen on loopback for TF_CONFIG; set "
+                f"%config KDist.worker_network = '<interface, network or address every engine "
+                f"reaches>'")
+        bad = [f"rank {r}: {i['error']}" for r, i in zip(ranks, infos) if i.get("error")]
+        if bad:
+            raise KDistError("no TF_CONFIG address: " + "; ".join(bad))
+        workers = [""] * len(ranks)
+        for rank, info in zip(ranks, infos):
+            workers[rank] = _join(info["address"], info["port"])
+        configs = [json.dumps({"cluster": {"worker": workers},
+                               "task": {"type": "worker", "index": rank}}) for rank in ranks]
+        self.addresses = workers
+        return ranks, configs
+
+    # -- hooks -----------------------------------------------------------------
+    def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
+        return list(self._ranks) if self._ranks else host_grouped_ranks(
+            [e.hostname for e in cluster.engines])
+
+    def engine_env(self, cluster: EngineCluster, ctx: RunContext) -> list[dict[str, str]]:
+        return [{"TF_CONFIG": c, "KERAS_BACKEND": "tensorflow"} for c in self._configs]
+
+    def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
+        ars = [cluster.client[e.engine_id].apply_async(_setup, config)
+               for e, config in zip(cluster.engines, self._configs)]
+        for ar in ars:
+            ar.wait(timeout=SETUP_TIMEOUT)
+        failures = []
+        for ar, rank in zip(ars, ranks):
+            if not ar.ready():
+                self.needs_restart = "MultiWorkerMirroredStrategy did not start"
+                raise KDistError(
+                    f"MultiWorkerMirroredStrategy did not start on rank {rank} within "
+                    f"{SETUP_TIMEOUT:g} s: can every engine reach {', '.join(self.addresses)}?")
+            try:
+                info = ar.get()
+            except Exception as exc:
+                failures.append(f"rank {rank}: {getattr(exc, 'ename', type(exc).__name__)}: "
+                                f"{getattr(exc, 'evalue', exc)}")
+                continue
+            self._made = True
+            if info["task"] != rank or info["workers"] != len(ranks):  # pragma: no cover
+                raise KDistError(f"engine became worker {info['task']} of {info['workers']}, "
+                                 f"expected {rank} of {len(ranks)}")
+        if failures:
+            self.needs_restart = "MultiWorkerMirroredStrategy failed to start"
+            raise KDistError("creating MultiWorkerMirroredStrategy failed: " + "; ".join(failures))
+
+    def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
+        if not ok and self._made and self.needs_restart is None:
+            states = {r.state for r in ctx.record.ranks.values()}
+            if states - {"failed", "done"}:  # stopped mid-way: collectives may be out of step
+                self.needs_restart = "the previous run stopped mid-way"
+        if cluster.running and self.needs_restart is None:
+            try:
+                cluster.view().apply_async(_leave).wait(timeout=10)
+            except Exception:
+                pass
+
+    def teardown(self) -> None:
+        self._made = False
+        self._ranks, self._configs = [], []
+        super().teardown()
+
+    def status(self) -> dict[str, Any]:
+        facts = super().status()
+        if self.addresses and self.cluster is not None and self.cluster.running:
+            facts["workers"] = " ".join(self.addresses)
+        return facts
+
+
+# -- helpers (kernel side) -------------------------------------------------------------
+def host_grouped_ranks(hostnames: list[str]) -> list[int]:
+    """Rank of each engine: hosts in order of first appearance, engines in order within a host."""
+    order: dict[str, list[int]] = {}
+    for i, host in enumerate(hostnames):
+        order.setdefault(host, []).append(i)
+    ranks = [0] * len(hostnames)
+    rank = 0
+    for indices in order.values():
+        for i in indices:
+            ranks[i] = rank
+            rank += 1
+    return ranks
+
+
+def _join(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _cluster_part(tf_config: str) -> str:
+    return json.dumps(json.loads(tf_config)["cluster"], sort_keys=True)
+
+
+# -- engine side -----------------------------------------------------------------------
+_mw: dict[str, Any] = {}  # on an engine: the strategy, its TF_CONFIG, the entered scope
+
+
+def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
+    """Host, TF state, the address for TF_CONFIG (per ``mode``) and a free port there."""
+    import socket
+
+    out: dict[str, Any] = {"host": socket.gethostname(), "tf_config": _mw.get("tf_config"),
+                           "tf_started": _tf_started(), "address": "", "port": 0}
+    try:
+        address = engine_address(mode)
+        out["address"], out["port"] = address, free_port(address)
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _tf_started() -> bool:
+    """Whether TensorFlow's eager context exists here (then collectives can no longer be set up)."""
+    if "tensorflow" not in sys.modules:
+        return False
+    try:
+        from tensorflow.python.eager import context
+
+        return context.context()._context_handle is not None
+    except Exception:  # pragma: no cover - a TF without these internals
+        return True
+
+
+def engine_address(mode: str) -> str:
+    """This engine's address for TF_CONFIG.
+
+    ``loopback``: 127.0.0.1. ``''``: the local address of this engine's connection to
+    the controller. An interface name: its IPv4 (else IPv6) address. A network
+    (``10.0.0.0/16``): this host's address in it. Another address: the local address
+    used to route towards it.
+    """
+    import ipaddress
+    import socket
+
+    import psutil
+
+    if mode == "loopback":
+        return "127.0.0.1"
+    if not mode:
+        return _controller_side_address()
+    ifaces = psutil.net_if_addrs()
+    if mode in ifaces:
+        addrs = [a.address for a in ifaces[mode] if a.family in (socket.AF_INET, socket.AF_INET6)]
+        addrs.sort(key=lambda a: ":" in a)  # IPv4 first
+        if not addrs:
+            raise LookupError(f"interface {mode} has no IP address on {socket.gethostname()}")
+        return addrs[0].split("%")[0]
+    if "/" in mode:
+        net = ipaddress.ip_network(mode, strict=False)
+        for addrs in ifaces.values():
+            for a in addrs:
+                try:
+                    if ipaddress.ip_address(a.address.split("%")[0]) in net:
+                        return a.address.split("%")[0]
+                except ValueError:
+                    continue
+        raise LookupError(f"no address in {mode} on {socket.gethostname()}")
+    try:
+        target = ipaddress.ip_address(mode)
+    except ValueError:
+        raise LookupError(f"KDist.worker_network {mode!r} is not an interface of "
+                          f"{socket.gethostname()}, a network or an address") from None
+    family = socket.AF_INET6 if target.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((str(target), 9))  # UDP: picks the route, sends nothing
+        return s.getsockname()[0]
+
+
+def _controller_side_address() -> str:
+    """The local address of this engine's established TCP connections (to the controller)."""
+    import psutil
+
+    addrs = [c.laddr.ip for c in psutil.Process().net_connections("tcp")
+             if c.status == psutil.CONN_ESTABLISHED and c.raddr]
+    outside = [a for a in addrs if not a.startswith("127.") and a != "::1"]
+    return (outside or addrs or ["127.0.0.1"])[0]
+
+
+def free_port(address: str) -> int:
+    import socket
+
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
+    """Create (or reuse) the strategy for ``tf_config``, bind it, apply the Keras fix, enter its scope."""
+    import os
+
+    from IPython import get_ipython
+
+    _leave()  # a previous run interrupted before its end
+    strategy = _mw.get("strategy")
+    if strategy is None or _mw.get("tf_config") != tf_config:
+        if "keras" in sys.modules:
+            backend = sys.modules["keras"].backend.backend()
+            if backend != "tensorflow":
+                raise RuntimeError(f"Keras runs on {backend} on this engine; "
+                                   f"MultiWorkerMirroredStrategy needs the tensorflow backend")
+        os.environ["TF_CONFIG"] = tf_config
+        import logging
+
+        import tensorflow as tf
+
+        logger = logging.getLogger("tensorflow")
+        if logger.level == logging.NOTSET:  # MWMS logs every collective at INFO otherwise
+            logger.setLevel(logging.WARNING)
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        _mw.update(strategy=strategy, tf_config=tf_config)
+    from .. import keras_mwms
+
+    _mw["fix"] = keras_mwms.install()
+    scope = strategy.scope()
+    scope.__enter__()
+    _mw["scope"] = scope
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns["strategy"] = strategy
+    resolver = strategy.cluster_resolver
+    return {"task": resolver.task_id, "workers": len(resolver.cluster_spec().as_dict()["worker"]),
+            "replicas": strategy.num_replicas_in_sync, "fix": _mw["fix"]}
+
+
+def _leave() -> None:  # runs on an engine
+    """Leave the strategy's scope and remove the Keras fix (idempotent)."""
+    scope = _mw.pop("scope", None)
+    if scope is not None:
+        try:
+            scope.__exit__(None, None, None)
+        except Exception:
+            pass
+    if _mw.pop("fix", False):
+        from .. import keras_mwms
+
+        keras_mwms.uninstall()

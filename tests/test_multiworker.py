@@ -1,0 +1,343 @@
+"""``%%kdist --strategy multiworker``: MultiWorkerMirroredStrategy on ipyparallel engines.
+
+Fast tier: rank grouping by host and TF_CONFIG address selection (no engines).
+Engines tier: one warm 2-engine cluster for the module (tests that must break
+the engines come last), plus a cluster the test starts itself and kdist
+attaches to with ``--cluster-id`` and must not stop.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import kdist_magics
+from kdist_magics.errors import KDistError, RankFailed
+from kdist_magics.strategies import multiworker as mw
+
+TRAIN = """
+import os, numpy as np, keras
+from kdist_magics import keras_mwms
+kd_tf_config = os.environ["TF_CONFIG"]
+rng = np.random.default_rng(0)
+x = rng.normal(size=(128, 4)).astype("float32")
+y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
+keras.utils.set_random_seed(10 + strategy.cluster_resolver.task_id)   # different initial weights
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
+                          keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+kd_fix_during = keras_mwms.active()
+history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
+kd_weights = [w.tolist() for w in model.get_weights()]
+kd_loss = history.history["loss"]
+"""
+
+
+# -- fast tier ------------------------------------------------------------------------
+def test_ranks_group_engines_by_host_in_order_of_first_appearance():
+    assert mw.host_grouped_ranks(["a", "a"]) == [0, 1]
+    assert mw.host_grouped_ranks(["b", "a", "b", "a"]) == [0, 2, 1, 3]
+    assert mw.host_grouped_ranks(["h1", "h2", "h3"]) == [0, 1, 2]
+
+
+def test_worker_addresses_by_mode():
+    import psutil
+
+    assert mw.engine_address("loopback") == "127.0.0.1"
+    lo = next(n for n, addrs in psutil.net_if_addrs().items()
+              if any(a.address == "127.0.0.1" for a in addrs))
+    assert mw.engine_address(lo) == "127.0.0.1"  # an interface name
+    assert mw.engine_address("127.0.0.0/8") == "127.0.0.1"  # a network
+    assert mw.engine_address("127.0.0.1") == "127.0.0.1"  # an address to route towards
+    with pytest.raises(LookupError, match="not an interface"):
+        mw.engine_address("no-such-iface0")
+    import ipaddress
+
+    mine = [ipaddress.ip_address(a.address.split("%")[0]) for addrs in psutil.net_if_addrs().values()
+            for a in addrs if a.family.name in ("AF_INET", "AF_INET6")]
+    absent = next(n for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")  # TEST-NETs
+                  if not any(m in ipaddress.ip_network(n) for m in mine))
+    with pytest.raises(LookupError, match="no address in"):
+        mw.engine_address(absent)
+    port = mw.free_port("127.0.0.1")
+    assert 0 < port < 65536
+    assert mw._join("10.0.0.1", 5) == "10.0.0.1:5" and mw._join("fe80::1", 5) == "[fe80::1]:5"
+
+
+def test_multiworker_is_registered_and_imports_without_tensorflow():
+    from kdist_magics.strategies import REGISTRY
+
+    assert REGISTRY["multiworker"] == ".multiworker:MultiWorkerStrategy"
+    out = subprocess.run([sys.executable, "-c",
+                          "import sys, kdist_magics.strategies.multiworker, kdist_magics.keras_mwms\n"
+                          "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+# -- engines tier -----------------------------------------------------------------------
+def kdist(ip, line, cell):
+    return ip.run_cell_magic("kdist", f"--strategy multiworker --np 2 --no-dashboard {line}", cell)
+
+
+def strategy():
+    return kdist_magics._extension._strategies["multiworker"]
+
+
+def engine_values(name, s=None):
+    """``name`` from every engine's namespace, in rank order (read directly, not through kdist)."""
+    s = s or strategy()
+    values = s.cluster.view().pull(name, block=True)
+    return [v for _, v in sorted(zip(s.ranks(s.cluster, None), values), key=lambda t: t[0])]
+
+
+def pids(s=None):
+    return {e.pid for e in (s or strategy()).cluster.engines}
+
+
+@pytest.fixture(scope="module")
+def mip(shell):
+    """The session shell; the module's engines are stopped (and checked gone) at the end."""
+    import psutil
+
+    yield shell
+    if "multiworker" not in kdist_magics._extension._strategies:
+        return
+    cluster = strategy().cluster
+    started = set(cluster._process_tree_pids()) if cluster is not None else set()
+    shell.run_line_magic("kdist", "stop")
+    left = [p for p in started
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left after %kdist stop: {left}"
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fit_gives_identical_weights_on_both_workers_and_pulls_the_model(mip, capsys):
+    kdist(mip, "--pull model,history", TRAIN)
+    weights = engine_values("kd_weights")
+    for wa, wb in zip(*weights):  # seeded differently, trained as one model
+        np.testing.assert_array_equal(np.array(wa), np.array(wb))
+    loss0, loss1 = engine_values("kd_loss")
+    assert loss0 == loss1 and loss0[-1] < loss0[0] / 2, loss0
+    assert engine_values("kd_fix_during") == [True, True]
+    rec = kdist_magics.last_run()
+    assert rec.status == "done" and {r.state for r in rec.ranks.values()} == {"done"}
+    # --pull brought rank 0's model and history into the notebook
+    model, history = mip.user_ns["model"], mip.user_ns["history"]
+    for got, want in zip(model.get_weights(), weights[0]):
+        np.testing.assert_allclose(got, np.array(want))
+    assert history.history["loss"] == loss0
+    # TF_CONFIG: worker index = rank, loopback ports, one per engine
+    configs = [json.loads(c) for c in engine_values("kd_tf_config")]
+    workers = configs[0]["cluster"]["worker"]
+    assert len(set(workers)) == 2 and all(w.startswith("127.0.0.1:") for w in workers)
+    assert configs[1]["cluster"]["worker"] == workers
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": 0},
+                                            {"type": "worker", "index": 1}]
+    assert "restarting" not in capsys.readouterr().err
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_warm_engines_keep_the_strategy_bound_and_the_fix_only_inside_runs(mip):
+    before = pids()
+    kdist(mip, "", "import os, tensorflow as tf\n"
+                   "kd_seen = (strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync,\n"
+                   "           tf.distribute.get_strategy() is strategy, os.environ['TF_CONFIG'])")
+    seen = engine_values("kd_seen")
+    assert [s[:3] for s in seen] == [(0, 2, True), (1, 2, True)]
+    assert [json.loads(s[3])["task"]["index"] for s in seen] == [0, 1]
+    assert pids() == before  # same processes: the strategy was reused, not rebuilt
+    # outside a kdist run: no scope, Keras unpatched, `strategy` still bound
+    view = strategy().cluster.view()
+    view.execute("import tensorflow as tf\nfrom kdist_magics import keras_mwms\n"
+                 "kd_after = (keras_mwms.active(), tf.distribute.has_strategy(), "
+                 "type(strategy).__name__)", block=True)
+    assert engine_values("kd_after") == [(False, False, "CollectiveAllReduceStrategy")] * 2
+    value = kdist(mip, "", "strategy.cluster_resolver.task_id * 10 + 7")
+    assert value == 7  # the last expression's value, from rank 0
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_error_on_one_worker_is_reported_against_it_and_the_engines_stay_warm(mip):
+    before = pids()
+    with pytest.raises(RankFailed) as info:
+        kdist(mip, "", "if strategy.cluster_resolver.task_id == 1:\n"
+                       "    raise ValueError('bad shard on this worker')\nkd_ok = True")
+    err = info.value
+    assert set(err.failures) == {1} and "rank 1: ValueError: bad shard on this worker" in str(err)
+    rec = kdist_magics.last_run()
+    assert rec.ranks[1].state == "failed" and "bad shard" in rec.ranks[1].error
+    assert rec.ranks[0].state == "done"
+    # nothing was in flight, so the next run reuses the same engines and strategy
+    kdist(mip, "", TRAIN)
+    assert pids() == before
+    a, b = engine_values("kd_weights")
+    for wa, wb in zip(a, b):
+        np.testing.assert_array_equal(np.array(wa), np.array(wb))
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_worker_failing_mid_training_restarts_the_engines_before_the_next_run(mip, capsys):
+    mip.run_line_magic("config", "KDist.stop_grace = 2.0")
+    before = pids()
+    with pytest.raises(RankFailed) as info:
+        kdist(mip, "", TRAIN.replace("history = model.fit",
+                                     "if strategy.cluster_resolver.task_id == 1:\n"
+                                     "    raise RuntimeError('worker 1 gave up')\n"
+                                     "history = model.fit"))
+    assert set(info.value.failures) == {1} and info.value.stopped == [0]
+    assert kdist_magics.last_run().ranks[0].state == "stopped"  # it was waiting in a collective
+    assert strategy().status().get("restart")
+    capsys.readouterr()
+    kdist(mip, "", TRAIN)
+    assert "restarting the engines" in capsys.readouterr().err
+    assert not (pids() & before)
+    a, b = engine_values("kd_weights")
+    for wa, wb in zip(a, b):
+        np.testing.assert_array_equal(np.array(wa), np.array(wb))
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_engines_where_tensorflow_already_started_are_restarted_and_kdist_says_why(mip, capsys):
+    kdist(mip, "", "kd_x = 1")
+    view = strategy().cluster.view()
+    # an engine whose TensorFlow started outside kdist's strategy (simulated: forget it)
+    view.execute("from kdist_magics.strategies import multiworker as _m\n_m._mw.clear()\n"
+                 "import tensorflow as tf\n_ = tf.constant(1) + 1", block=True)
+    before = pids()
+    capsys.readouterr()
+    kdist(mip, "", "kd_task = strategy.cluster_resolver.task_id")
+    err = capsys.readouterr().err
+    assert "restarting the engines (TensorFlow already started on rank 0, 1" in err
+    assert not (pids() & before) and engine_values("kd_task") == [0, 1]
+
+
+# -- a cluster the user started -------------------------------------------------------------
+def stop_owned_engines_and_check(shell):
+    """``%kdist stop`` ends every process of the cluster kdist started for this module."""
+    import psutil
+
+    s = kdist_magics._extension._strategies.get("multiworker")
+    started = set(s.cluster._process_tree_pids()) if s and s.cluster and s.cluster.owned else set()
+    shell.run_line_magic("kdist", "stop")
+    left = [p for p in started
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left after %kdist stop: {left}"
+
+
+@pytest.fixture
+def user_cluster(tmp_path):
+    """``ipcluster start`` on loopback with a known cluster id; stopped by the test, by its pids."""
+    import ipyparallel as ipp
+    import psutil
+
+    cluster_id = f"kdist-user-{int(time.time())}"
+    cluster = ipp.Cluster(n=2, cluster_id=cluster_id, controller_ip="127.0.0.1", log_level=40,
+                          shutdown_atexit=False)
+    cluster.start_cluster_sync()
+    client = cluster.connect_client_sync()
+    client.wait_for_engines(2, timeout=120)
+    engine_pids = set(client[:].apply_sync(__import__("os").getpid))
+    client.close()
+    roots = {cluster.controller.pid} | {l.pid for es in cluster.engines.values()
+                                        for l in es.launchers.values()}
+    tree = set(roots)
+    for pid in roots:
+        try:
+            tree |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+    try:
+        yield cluster_id, engine_pids
+    finally:
+        try:
+            cluster.stop_cluster_sync()
+        except Exception:
+            pass
+        procs = []
+        for pid in tree:  # nannies may linger ~30 s after stop_cluster: end ours by pid
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for p in alive:
+            p.kill()
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_attach_to_a_user_started_cluster_by_id_and_never_stop_it(shell, user_cluster):
+    import ipyparallel as ipp
+    import psutil
+
+    stop_owned_engines_and_check(shell)
+    cluster_id, engine_pids = user_cluster
+    line = f"--strategy multiworker --np 2 --no-dashboard --cluster-id {cluster_id}"
+    try:
+        shell.run_cell_magic("kdist", line, TRAIN)
+        s = strategy()
+        assert s.cluster.attached and not s.cluster.owned
+        assert pids(s) == engine_pids  # the user's engines ran the cell
+        a, b = engine_values("kd_weights", s)
+        for wa, wb in zip(a, b):
+            np.testing.assert_array_equal(np.array(wa), np.array(wb))
+        # every engine is on this host and reaches the controller on loopback: TF_CONFIG too
+        assert all(w.startswith("127.0.0.1:") for w in s.addresses)
+    finally:
+        shell.run_line_magic("kdist", "stop")
+    assert all(psutil.pid_exists(p) for p in engine_pids), "kdist stopped engines it did not start"
+    client = ipp.Client(cluster_id=cluster_id)
+    try:
+        client.wait_for_engines(2, timeout=30)
+        # attach again: the engines kept their strategy and namespace
+        shell.run_cell_magic("kdist", line, "kd_again = (strategy.cluster_resolver.task_id, "
+                                            "len(kd_weights))")
+        assert engine_values("kd_again") == [(0, 4), (1, 4)]
+    finally:
+        client.close()
+        shell.run_line_magic("kdist", "stop")
+    assert all(psutil.pid_exists(p) for p in engine_pids)
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_attached_engines_with_tensorflow_started_are_the_users_to_restart(shell, user_cluster):
+    import ipyparallel as ipp
+
+    stop_owned_engines_and_check(shell)
+    cluster_id, engine_pids = user_cluster
+    client = ipp.Client(cluster_id=cluster_id)
+    try:
+        client.wait_for_engines(2, timeout=60)
+        client[:].execute("import tensorflow as tf\n_ = tf.constant(1) + 1", block=True)
+    finally:
+        client.close()
+    try:
+        with pytest.raises(KDistError, match="restart them"):
+            shell.run_cell_magic("kdist", f"--strategy multiworker --np 2 --no-dashboard "
+                                          f"--cluster-id {cluster_id}", "pass")
+    finally:
+        shell.run_line_magic("kdist", "stop")
