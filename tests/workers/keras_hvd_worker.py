@@ -186,6 +186,28 @@ def scenario_aggregate(outdir):
     model.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
     after_three = weights_dict(model, "w3_")
 
+    # Sparse gradients (an Embedding gives tf.IndexedSlices): allgathered by default;
+    # densified with sparse_as_dense (required with backward_passes_per_step > 1).
+    ids = np.random.default_rng(rank).integers(0, 20, size=(64, 4))
+    target = np.random.default_rng(50 + rank).normal(size=(64, 1)).astype("float32")
+
+    def embedding_model():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(20, 3),
+                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+
+    probe = embedding_model()
+    with tf.GradientTape() as tape:
+        loss = loss_fn(target[:8], probe(ids[:8]))
+    sparse_grad = isinstance(tape.gradient(loss, probe.trainable_variables)[0], tf.IndexedSlices)
+    for name, kwargs in (("sparse", {}),
+                         ("sparsedense", {"sparse_as_dense": True, "backward_passes_per_step": 2})):
+        m = embedding_model()
+        m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr), **kwargs),
+                  loss="mse")
+        m.fit(ids, target, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        variants[name] = m
+
     # (b) fp16 compression, no averaging of aggregated gradients, several syncs.
     model_b = build_model(keras, seed=0)
     opt_b = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2,
@@ -196,8 +218,10 @@ def scenario_aggregate(outdir):
          {**w0, **after_two, **after_three, **weights_dict(model_b, "b_"),
           **{f"g{i}": g for i, g in enumerate(local)},
           **{f"first{i}": g for i, g in enumerate(per_batch[0])},
+          **weights_dict(probe, "probe"),
           **{k: v for name, mv in variants.items() for k, v in weights_dict(mv, name).items()}},
          {"rank": rank, "size": hvd.size(), "lr": lr, "iterations_two": iterations_two,
+          "sparse_grad": sparse_grad,
           "iterations_b": int(np.asarray(opt_b.iterations)),
           "loss_b": [float(v) for v in hist.history["loss"]]})
 
