@@ -439,6 +439,24 @@ def test_api_surface_errors_callbacks_and_keras_files_on_one_rank():
     assert "API OK" in out.stdout
 
 
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.timeout(180)
+def test_other_keras_backends_get_a_clear_error():
+    pytest.importorskip("jax", reason="JAX is the other Keras backend installed here")
+    code = ("import keras, kdist_magics.keras_horovod as hvd\n"
+            "assert keras.backend.backend() == 'jax'\n"
+            "try:\n    hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))\n"
+            "except RuntimeError as err:\n    assert 'KERAS_BACKEND=tensorflow' in str(err), err\n"
+            "    print('refused')\n")
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=170, env=env, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused" in out.stdout
+
+
 def test_install_does_nothing_when_keras2_is_active(monkeypatch):
     import kdist_magics.keras_horovod as kh
 
