@@ -91,6 +91,29 @@ def test_notebook_stops_what_it_starts(path):
                            f"--devices cell; TF fixes its devices when it starts")
 
 
+def test_kdist_data_helpers(tmp_path, monkeypatch):
+    """The notebooks' offline data: a fixed digits split, and an MNIST-shaped file."""
+    import numpy as np
+
+    monkeypatch.syspath_prepend(str(NOTEBOOKS))
+    import kdist_data
+
+    (x_train, y_train), (x_test, y_test) = kdist_data.load_digits_split()
+    assert x_train.shape == (1438, 64) and x_test.shape == (359, 64)
+    assert x_train.dtype == np.float32 and 0 <= x_train.min() and x_train.max() <= 1
+    assert set(np.unique(y_train)) == set(range(10))
+    again = kdist_data.load_digits_split()
+    assert np.array_equal(again[0][0], x_train)  # the same split every time
+    (img, _), _ = kdist_data.load_digits_split(flat=False)
+    assert img.shape == (1438, 8, 8, 1)
+    path = kdist_data.mnist_like_file(tmp_path / "data")
+    with np.load(path) as f:
+        assert f["x_train"].shape == (1438, 28, 28) and f["x_train"].dtype == np.uint8
+        assert f["y_test"].shape == (359,) and f["x_test"].max() == 255
+    assert kdist_data.mnist_like_file(tmp_path / "data") == path  # written once, then reused
+    assert "1438 examples" in kdist_data.describe(x_train, y_train)
+
+
 # -- fast tier: binder follows repo2docker's rules -----------------------------------
 
 def _pyproject():
