@@ -91,6 +91,7 @@ class Dashboard:
         self.series: dict[str, dict[int, list]] = {}
         self.latest_sample: dict[int, dict[str, Any]] = {}
         self.latest_step: dict[int, dict[str, Any]] = {}
+        self.progress_by_rank: dict[int, dict[str, Any]] = {}
         self.sends = 0  # front-end updates sent (coalesced)
         self.handle = None
         self._lock = threading.Lock()
@@ -143,6 +144,9 @@ class Dashboard:
             self._add_metric(payload)
         elif kind == "sample":
             self.latest_sample[int(payload.get("rank", 0) or 0)] = payload
+        elif kind == "progress":
+            with self._lock:
+                self.progress_by_rank.setdefault(int(payload.get("rank", 0) or 0), {}).update(payload)
         self._dirty.set()
         if kind == "status":
             self.finish()
@@ -165,6 +169,16 @@ class Dashboard:
         with rec._lock:
             rank_states = [(r, vars(s).copy()) for r, s in sorted(rec.ranks.items())]
             progress = dict(rec.progress)
+        with self._lock:
+            per_rank = [dict(p) for p in self.progress_by_rank.values()]
+        if per_rank:  # ranks report their own progress: the slowest one bounds the run's
+            slowest = min(per_rank, key=lambda p: p.get("step") or 0)
+            progress.update({k: v for k, v in slowest.items() if v is not None})
+            for key in ("total_steps", "epochs", "steps_per_epoch"):
+                values = [p[key] for p in per_rank if p.get(key)]
+                progress[key] = max(values) if values else progress.get(key)
+            starts = [p["fit_started"] for p in per_rank if p.get("fit_started")]
+            progress["fit_started"] = min(starts) if starts else None
         throughput = 0.0
         have_throughput = False
         for r, st in rank_states:
@@ -173,7 +187,8 @@ class Dashboard:
             entry = {"rank": r, "state": st.get("state"), "host": st.get("host"),
                      "pid": st.get("pid"), "device": st.get("device"), "error": st.get("error"),
                      "loss": _round(step.get("loss")), "step": step.get("step"),
-                     "epoch": step.get("epoch"), "shared": shared}
+                     "epoch": step.get("epoch"), "shared": shared,
+                     "total_steps": self.progress_by_rank.get(r, {}).get("total_steps")}
             if sample:
                 gpus = list(sample.get("gpus") or [])
                 dev = str(st.get("device") or "")

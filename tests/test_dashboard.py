@@ -61,6 +61,17 @@ def test_snapshot_has_ranks_curves_progress_and_eta():
     assert state["status"] == "running" and state["error"] is None
 
 
+def test_progress_follows_the_slowest_rank():
+    rec = RunRecord("horovod", size=2)
+    dash = Dashboard(rec, interval=None, clock=lambda: 1010.0)
+    feed(rec, 0, 10, total=40)
+    feed(rec, 1, 6, total=40)
+    state, _ = dash.snapshot()
+    assert state["progress"]["step"] == 6 and state["progress"]["fraction"] == 0.15
+    assert [r["step"] for r in state["ranks"]] == [10, 6]
+    assert state["ranks"][0]["total_steps"] == 40
+
+
 def test_updates_are_coalesced_into_few_sends():
     rec = RunRecord("default")
     dash = Dashboard(rec, interval=None)
@@ -280,3 +291,29 @@ def test_two_rank_horovod_run_fills_metrics_and_samples_for_both_ranks(ip):
     assert all(s["rss_bytes"] > 0 for s in rec.samples)
     pids = {s["rank"]: s["pid"] for s in rec.samples}
     assert pids[0] != pids[1]  # one process per rank
+
+
+# -- a saved notebook keeps a static picture (notebook tier) ---------------------------------
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+def test_saved_notebook_shows_static_summary_without_widget_state(tmp_path, test_output):
+    nbformat = pytest.importorskip("nbformat", reason="nbformat is in the test extra")
+    nbclient = pytest.importorskip("nbclient", reason="nbclient is in the test extra")
+    nbconvert = pytest.importorskip("nbconvert", reason="nbconvert comes with jupyterlab")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext kdist_magics"),
+                nbformat.v4.new_code_cell("%%kdist --strategy default\n" + TRAIN)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    # store_widget_state=False: what GitHub/nbviewer get from a notebook saved without it
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", store_widget_state=False,
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbformat.write(nb, test_output / "dashboard-saved.ipynb")
+    outputs = [o for o in nb.cells[1].outputs if o.get("output_type") == "display_data"]
+    dash = [o for o in outputs if WIDGET_MIME in o["data"]]
+    assert len(dash) == 1  # one display, updated in place at the end of the run
+    html = dash[0]["data"]["text/html"]
+    assert "done" in html and "<svg" in html and "<polyline" in html
+    assert "widgets" not in nb.metadata or not nb.metadata["widgets"]
+    body, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
+    assert "kdist-static" in body and "<polyline" in body  # nbconvert falls back to the HTML

@@ -177,12 +177,15 @@ function render({ model, el }) {
     // legend
     const ranks = st.ranks || [];
     const legend = h("div", "kdist-legend");
-    ranks.forEach((r, i) => {
+    const curveRanks = Object.keys((cv.series || {}).loss || {}).sort((a, b) => +a - +b);
+    const shared = ranks.some(r => r.shared);  // in-kernel replicas: one process, one curve
+    curveRanks.forEach((r, i) => {
       const item = h("span", "kdist-legend-item");
       const sw = h("span", "kdist-swatch");
       sw.style.background = PALETTE[i % PALETTE.length];
       item.appendChild(sw);
-      item.appendChild(document.createTextNode(`rank ${r.rank}`));
+      item.appendChild(document.createTextNode(
+        shared && curveRanks.length === 1 ? `all ${ranks.length} replicas (one process)` : `rank ${r}`));
       legend.appendChild(item);
     });
     root.appendChild(legend);
@@ -201,7 +204,7 @@ function render({ model, el }) {
       const bars = h("div", "kdist-rank-bars");
       const ncpu = r.cpu_count || 1;
       bars.appendChild(bar("CPU", r.cpu_percent === undefined || r.cpu_percent === null ? null : r.cpu_percent / (100 * ncpu),
-        r.cpu_percent === undefined || r.cpu_percent === null ? "–" : `${Math.round(r.cpu_percent)}%`, "kdist-cpu"));
+        r.cpu_percent === undefined || r.cpu_percent === null ? "–" : `${Math.round(r.cpu_percent)}% of ${ncpu} core${ncpu === 1 ? "" : "s"}`, "kdist-cpu"));
       bars.appendChild(h("div", "kdist-rss", `RSS ${fmtBytes(r.rss_bytes)}`));
       for (const g of r.gpus || []) {
         bars.appendChild(bar(`GPU${g.index}`, g.util_percent === null ? null : g.util_percent / 100,
@@ -214,7 +217,9 @@ function render({ model, el }) {
         bars.appendChild(h("div", "kdist-note", `accelerator: ${r.accelerator_note}`));
       }
       row.appendChild(bars);
-      const right = h("div", "kdist-rank-loss", r.loss === null || r.loss === undefined ? "" : `loss ${fmtNum(r.loss)}`);
+      const right = h("div", "kdist-rank-loss");
+      if (r.loss !== null && r.loss !== undefined) right.appendChild(h("div", null, `loss ${fmtNum(r.loss)}`));
+      if (r.step) right.appendChild(h("div", "kdist-where", `step ${r.step}${r.total_steps ? "/" + r.total_steps : ""}`));
       row.appendChild(right);
       if (r.error) row.appendChild(h("div", "kdist-rank-error", r.error));
       table.appendChild(row);

@@ -1,0 +1,229 @@
+"""Browser tier: a real JupyterLab 4 in headless Chromium runs %%kdist training cells and the
+live dashboard appears, gains curve points while training runs, and ends "done".
+
+One JupyterLab server (loopback, random token, isolated Jupyter/IPython dirs, temp notebook
+dir) and one browser for the module; one notebook (and kernel) per strategy. Screenshots go
+to ``test-output/dashboard-<strategy>.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = os.environ.get("KDIST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+# A run long enough (~10-20 s on 2 shared cores) to watch the curves grow.
+TRAIN = """\
+import numpy as np, keras, time
+x = np.random.default_rng(0).normal(size=(1024, 8)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
+class Pace(keras.callbacks.Callback):  # keeps the run long enough to watch on any machine
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.04)
+history = model.fit(x, y, epochs=5, batch_size=32, verbose=0, callbacks=[Pace()])
+"""
+
+CELLS = {
+    "default": "%%kdist --strategy default\n" + TRAIN,
+    "mirrored": "%%kdist --strategy mirrored --devices 2\n" + TRAIN,
+    "horovod": "%%kdist --strategy horovod --np 2\n" + TRAIN,
+}
+RANKS = {"default": 1, "mirrored": 2, "horovod": 2}
+
+
+def _missing(name: str) -> str | None:
+    from kdist_magics.strategies import REGISTRY
+
+    if name not in REGISTRY:
+        return f"--strategy {name} is not in strategies.REGISTRY yet"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def _notebook(source: str) -> dict:
+    def cell(src):
+        return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                "source": src}
+
+    return {"cells": [cell("%load_ext kdist_magics"), cell(source), cell("%kdist stop")],
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                        "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.fixture(scope="module")
+def lab():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: run scripts/setup.sh --browser (make test does)")
+    pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    pytest.importorskip("jupyterlab", reason="jupyterlab is in the test extra")
+    home = Path(tempfile.mkdtemp(prefix="kdist-lab-"))
+    env = dict(os.environ)
+    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
+                     ("MPLCONFIGDIR", "mpl")):
+        (home / sub).mkdir()
+        env[var] = str(home / sub)
+    root = home / "notebooks"
+    root.mkdir()
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", PYTHONUNBUFFERED="1")
+    port, token = _free_port(), secrets.token_hex(16)
+    log = open(home / "lab.log", "wb")
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--port={port}", "--port-retries=0", f"--IdentityProvider.token={token}",
+           f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           "--LabApp.news_url=None", "--LabApp.extension_manager=readonly"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # containers and CI often run as root
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                _get(f"{base}/api/status?token={token}")
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    log.flush()
+                    raise RuntimeError("JupyterLab did not start:\n"
+                                       + (home / "lab.log").read_text(errors="replace")[-3000:])
+                time.sleep(0.5)
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                yield {"base": base, "token": token, "root": root, "browser": browser,
+                       "log": home / "lab.log"}
+            finally:
+                browser.close()
+    finally:
+        if proc.poll() is None:  # stop our server (and the kernels it started) by its PID
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        log.close()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _shutdown_kernels(lab) -> None:
+    req = urllib.request.Request(f"{lab['base']}/api/kernels?token={lab['token']}")
+    for k in json.loads(_get(req.full_url)):
+        urllib.request.urlopen(urllib.request.Request(
+            f"{lab['base']}/api/kernels/{k['id']}?token={lab['token']}", method="DELETE"), timeout=30)
+
+
+def _points(dash) -> int:
+    return int(dash.get_attribute("data-points") or 0)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("strategy", ["default", "mirrored", "horovod"])
+def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
+    missing = _missing(strategy)
+    if missing:
+        pytest.skip(missing)
+    name = f"dash-{strategy}.ipynb"
+    (lab["root"] / name).write_text(json.dumps(_notebook(CELLS[strategy])))
+    page = lab["browser"].new_page(viewport={"width": 1300, "height": 1100})
+    console = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    try:
+        # ?reset: a fresh workspace, so only this notebook is open
+        page.goto(f"{lab['base']}/lab/tree/{name}?reset&token={lab['token']}", timeout=120_000)
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        # wait until the kernel is idle, then run the three cells (Shift+Enter each)
+        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=180_000)
+        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell .jp-InputArea-editor").first.click()
+        page.keyboard.press("Escape")
+        for _ in range(3):
+            page.keyboard.press("Shift+Enter")
+            time.sleep(0.3)
+
+        dash = page.locator(".kdist-dashboard").first
+        dash.wait_for(timeout=int(os.environ.get("KDIST_BROWSER_WAIT_S", "300")) * 1000)  # the widget rendered in the cell's output
+        # while training runs, the curves gain points (the kernel's main thread is busy
+        # for in-kernel strategies: updates come from the dashboard's background thread)
+        deadline = time.time() + 400
+        first = None
+        while time.time() < deadline:
+            status = dash.get_attribute("data-status")
+            n = _points(dash)
+            if status != "running":
+                break
+            if n > 0 and first is None:
+                first = n
+                page.screenshot(path=str(test_output / f"dashboard-{strategy}-running.png"))
+            if first is not None and n > first:
+                break
+            time.sleep(0.3)
+        assert first is not None, (f"no curve points while running (status {status!r}); "
+                                   f"console: {console[-10:]}")
+        second = _points(dash)
+        assert second > first, f"curves did not grow while running: {first} -> {second}"
+        assert dash.get_attribute("data-status") == "running"
+        running_lines = dash.locator(".kdist-chart-loss polyline").count()
+
+        # ... and it ends in the done state
+        page.wait_for_selector(".kdist-dashboard[data-status='done']", timeout=400_000)
+        dash = page.locator(".kdist-dashboard").first
+        assert _points(dash) >= second
+        assert dash.locator(".kdist-status").inner_text().strip() == "done"
+        assert dash.locator(".kdist-banner").count() == 0
+        ranks = dash.locator(".kdist-rank")
+        assert ranks.count() == RANKS[strategy]
+        assert dash.locator(".kdist-rank .kdist-badge.kdist-done").count() == RANKS[strategy]
+        lines = dash.locator(".kdist-chart-loss polyline").count()
+        # one curve per rank (replicas of an in-kernel strategy report as one process)
+        expected_lines = RANKS[strategy] if strategy == "horovod" else 1
+        assert lines == expected_lines and running_lines >= 1
+        assert dash.locator(".kdist-progress .kdist-bar-text").inner_text().startswith("epoch 5/5")
+        assert dash.locator(".kdist-cpu").count() == RANKS[strategy]
+        dash.screenshot(path=str(test_output / f"dashboard-{strategy}.png"))
+        page.screenshot(path=str(test_output / f"dashboard-{strategy}-page.png"), full_page=True)
+        # the last cell (%kdist stop) ran: the kernel is free again
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-InputArea-prompt')]"
+            ".some(e => e.textContent.includes('[3]'))", timeout=120_000)
+    finally:
+        try:  # what the page looked like at the end, pass or fail
+            page.screenshot(path=str(test_output / f"dashboard-{strategy}-last.png"), full_page=True)
+        except Exception:
+            pass
+        page.close()
+        _shutdown_kernels(lab)
