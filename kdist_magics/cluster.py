@@ -191,8 +191,10 @@ class EngineCluster:
         if cluster is not None:
             try:
                 cluster.stop_cluster_sync()
-            except Exception:
-                pass
+            except Exception as exc:
+                import logging
+
+                logging.getLogger("kdist_magics").debug("stop_cluster: %r", exc)
             # nannies and helpers may outlive stop_cluster by ~30 s: end them, by pid
             self._kill_pids(set(tree) | self._pids_started)
         self._pids_started = set()

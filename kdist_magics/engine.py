@@ -307,6 +307,7 @@ def hvd_init(env: dict[str, str]) -> dict[str, Any]:
     except ImportError:
         hvd = core
     hvd.init()
+    _watch_abort(env)
     shell = get_ipython()
     if shell is not None:
         shell.user_ns["hvd"] = hvd
@@ -314,9 +315,59 @@ def hvd_init(env: dict[str, str]) -> dict[str, Any]:
             "binding": hvd.__name__}
 
 
-def hvd_shutdown() -> None:
+ABORT_SCOPE, ABORT_KEY = "kdist", "abort"
+
+
+def _watch_abort(env: dict[str, str]) -> None:
+    """Watch the run's rendezvous for the kernel's abort request; on it, shut Horovod down.
+
+    A rank blocked in a collective whose peer raised or was interrupted never returns
+    to Python, so neither an exception nor SIGINT reaches it. Horovod's shutdown is
+    coordinated by the background threads of all ranks (still alive), and ends every
+    pending collective with an error: the cell fails on this rank and the engine stays
+    warm. The kernel requests it by PUT ``/kdist/abort`` on the rendezvous server.
+    """
+    import urllib.error
+    import urllib.request
+
+    _stop_abort_watch()
+    url = (f"http://{env['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{env['HOROVOD_GLOO_RENDEZVOUS_PORT']}"
+           f"/{ABORT_SCOPE}/{ABORT_KEY}")
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(0.2):
+            try:
+                urllib.request.urlopen(url, timeout=2).read()
+            except urllib.error.HTTPError:
+                continue  # 404: no abort requested
+            except OSError:
+                continue  # server gone: the run is over
+            if not stop.is_set():
+                hvd_shutdown(_from_watch=True)
+            return
+
+    thread = threading.Thread(target=watch, name="kdist-abort-watch", daemon=True)
+    _run_hvd["abort"] = (stop, thread)
+    thread.start()
+
+
+def _stop_abort_watch() -> None:
+    stop, thread = _run_hvd.pop("abort", (None, None))
+    if stop is not None:
+        stop.set()
+        if thread is not threading.current_thread():
+            thread.join(timeout=2)
+
+
+_run_hvd: dict[str, Any] = {}
+
+
+def hvd_shutdown(_from_watch: bool = False) -> None:
     import sys
 
+    if not _from_watch:
+        _stop_abort_watch()
     core = sys.modules.get("horovod.tensorflow")
     if core is not None:
         try:

@@ -243,3 +243,66 @@ def test_attached_cluster_is_never_killed_and_remote_engines_are_signalled_throu
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- keeping engines warm -----------------------------------------------------------------
+class _FakeEngineCluster:
+    made: list = []
+
+    def __init__(self, n, cluster_id=None, profile=None, ip="127.0.0.1"):
+        self.n, self.cluster_id, self.profile, self.ip = n, cluster_id, profile, ip
+        self.attached = cluster_id is not None or profile is not None
+        self.owned = not self.attached
+        self.running = False
+        self.deaths: dict = {}
+        self.calls: list = []
+        _FakeEngineCluster.made.append(self)
+
+    def start(self):
+        self.running = True
+        self.calls.append("start")
+        return self
+
+    def stop(self):
+        self.running = False
+        self.calls.append("stop")
+
+    def restart(self):
+        self.calls.append("restart")
+        self.deaths = {}
+        return self
+
+    def dead(self):
+        return dict(self.deaths)
+
+
+def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch, capsys):
+    import kdist_magics.strategies.engines as engines_mod
+    from kdist_magics.spec import RunSpec
+
+    _FakeEngineCluster.made = []
+    monkeypatch.setattr(engines_mod, "EngineCluster", _FakeEngineCluster)
+    strategy = EngineStrategy()
+
+    class Ctx:
+        config = None
+
+    def ctx(**kw):
+        c = Ctx()
+        c.spec = RunSpec(strategy="horovod", **kw)
+        return c
+
+    first = strategy._cluster(ctx(np=2))
+    assert first.n == 2 and first.ip == "127.0.0.1" and first.owned and first.calls == ["start"]
+    assert strategy._cluster(ctx(np=2)) is first and first.calls == ["start"]  # warm
+    first.deaths = {1: "exited with status 3"}
+    assert strategy._cluster(ctx(np=2)) is first and first.calls == ["start", "restart"]
+    strategy.needs_restart = "stopped ranks did not answer"
+    strategy._cluster(ctx(np=2))
+    assert first.calls == ["start", "restart", "restart"] and strategy.needs_restart is None
+    second = strategy._cluster(ctx(np=3))  # a different N: a new cluster
+    assert second is not first and second.n == 3 and first.calls[-1] == "stop"
+    attached = strategy._cluster(ctx(np=3, cluster_id="theirs", given=frozenset({"cluster_id"})))
+    assert attached.attached and attached.cluster_id == "theirs" and second.calls[-1] == "stop"
+    err = capsys.readouterr().err
+    assert "restarting the engines (an engine died)" in err and "3 ranks requested" in err

@@ -23,6 +23,9 @@ Hooks for subclasses (Horovod here; MultiWorkerMirroredStrategy later, with
 ``after_cell(cluster, ctx, ok)``
     undo ``before_cell`` (always called; ``ok`` False after a failure, when
     some engines may be gone).
+``abort_collectives(cluster, ranks)``
+    when a run is being stopped (a rank raised, timeout, interrupt): make ranks
+    blocked inside collectives return, so they need not be killed.
 ``bound_names`` (class attribute)
     names the strategy binds in the engine namespace (documentation/status).
 
@@ -131,6 +134,14 @@ class EngineStrategy(Strategy):
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
         pass
+
+    def abort_collectives(self, cluster: EngineCluster, ranks: list[int]) -> None:
+        """Make ranks blocked in the library's collectives return (called when stopping a run).
+
+        Signals cannot reach a rank waiting inside a C++ collective; a library that can end
+        its collectives from outside (Horovod: a coordinated shutdown) does it here so the
+        engines stay warm. Default: nothing (stuck ranks are killed after ``stop_grace``).
+        """
 
     # -- Strategy API --------------------------------------------------------
     def size(self, spec) -> int:
@@ -416,6 +427,10 @@ class EngineStrategy(Strategy):
         if not busy:
             return []
         if not hard:
+            try:
+                self.abort_collectives(cluster, [r for r, _, _ in busy])
+            except Exception:
+                pass
             cluster.signal(signal.SIGINT, [e.engine_id for _, e, _ in busy])
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and any(not f.done() for _, _, f in busy):

@@ -79,6 +79,18 @@ class HorovodStrategy(EngineStrategy):
             if info["rank"] != rank:  # pragma: no cover - defensive
                 raise KDistError(f"engine became Horovod rank {info['rank']}, expected {rank}")
 
+    def abort_collectives(self, cluster: EngineCluster, ranks: list[int]) -> None:
+        """Ask every rank's abort watcher (see ``engine._watch_abort``) to shut Horovod down."""
+        import urllib.request
+
+        from ..engine import ABORT_KEY, ABORT_SCOPE
+
+        rdv = self.rendezvous
+        if rdv is None or rdv.port is None:
+            return
+        url = f"http://{rdv.address}:{rdv.port}/{ABORT_SCOPE}/{ABORT_KEY}"
+        urllib.request.urlopen(urllib.request.Request(url, data=b"1", method="PUT"), timeout=5).read()
+
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
         from .. import engine
 
