@@ -87,6 +87,14 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
         except psutil.Error:
             pass
     assert listening and all(ip in ("127.0.0.1", "::1") for ip in listening), listening
+    # and so does every socket of the ranks while Horovod (Gloo) is initialised and talking
+    kdist(hip, "", "import psutil, tensorflow as tf, horovod.tensorflow as hcore\n"
+                   "hcore.allreduce(tf.ones(2))\n"
+                   "kd_listen = [c.laddr.ip for c in psutil.Process().net_connections('inet')\n"
+                   "             if c.status == psutil.CONN_LISTEN]\n"
+                   "kd_peers = [c.raddr.ip for c in psutil.Process().net_connections('inet') if c.raddr]")
+    for listen, peers in zip(engine_values("kd_listen"), engine_values("kd_peers")):
+        assert all(ip in ("127.0.0.1", "::1") for ip in listen + peers), (listen, peers)
 
 
 def test_output_rank0_by_default_all_prefixed_or_none(hip, capsys):
