@@ -29,17 +29,20 @@ THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS")
 _run: dict[str, Any] = {}  # state of the run in progress on this engine
 
 
-def prepare(env: dict[str, str], threads: int | None = None) -> dict[str, Any]:
+def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
     """Set environment variables before the cell (and before TF is first imported here).
 
     ``threads``: intra-op threads for this rank; also inter-op threads (at most 2).
     Returns what the kernel shows in the record: pid, host, whether TF was already loaded
-    (then thread settings no longer apply until the engines restart).
+    (then thread settings no longer apply until the engines restart). ``cwd``: the
+    notebook's working directory (engines on the kernel's host follow it).
     """
     import socket
     import sys
 
     os.environ.update({k: str(v) for k, v in env.items()})
+    if cwd and os.path.isdir(cwd):
+        os.chdir(cwd)  # relative paths in the cell mean what they mean in the notebook
     tf_loaded = "tensorflow" in sys.modules
     if threads and not tf_loaded:
         for var in THREAD_VARS:

@@ -97,6 +97,18 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
         assert all(ip in ("127.0.0.1", "::1") for ip in listen + peers), (listen, peers)
 
 
+def test_engines_follow_the_notebooks_working_directory(hip, tmp_path, monkeypatch):
+    (tmp_path / "kd_data.txt").write_text("local file")
+    monkeypatch.chdir(tmp_path)
+    assert kdist(hip, "", "open('kd_data.txt').read()") == "local file"
+
+
+def test_rich_display_of_rank0_reaches_the_notebook(hip, capsys):
+    kdist(hip, "", "from IPython.display import display, Markdown\ndisplay(Markdown(f'**from {hvd.rank()}**'))")
+    out = capsys.readouterr().out
+    assert "Markdown object" in out and out.count("Markdown object") == 1
+
+
 def test_output_rank0_by_default_all_prefixed_or_none(hip, capsys):
     cell = "print(f'hello from {hvd.rank()}')"
     kdist(hip, "", cell)

@@ -36,6 +36,7 @@ so the dashboard's listeners run where widgets expect them.
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import signal
@@ -235,8 +236,9 @@ class EngineStrategy(Strategy):
         ars = []
         for eng, env in zip(cluster.engines, extra):
             local_size = hosts.count(eng.hostname)
+            cwd = os.getcwd() if cluster.owned else None
             ars.append(cluster.client[eng.engine_id].apply_async(
-                _prepare_remote, dict(env), threads, local_size))
+                _prepare_remote, dict(env), threads, local_size, cwd))
         for ar in ars:
             ar.get(timeout=60)
 
@@ -471,9 +473,9 @@ class EngineStrategy(Strategy):
             return None
 
 
-def _prepare_remote(env, threads, local_size):  # runs on an engine
+def _prepare_remote(env, threads, local_size, cwd=None):  # runs on an engine
     from kdist_magics import engine
 
     if not threads:
         threads = max(1, engine.cpu_count() // max(1, local_size))
-    return engine.prepare(env, threads)
+    return engine.prepare(env, threads, cwd)
