@@ -426,6 +426,31 @@ def test_a_dying_rank_is_reported_with_its_exit_status_and_engines_restart(hip):
     assert not cluster_pids() & old
 
 
+
+@pytest.mark.timeout(300)
+def test_attach_to_a_cluster_the_user_started_and_never_stop_it(hip):
+    import ipyparallel as ipp
+    import psutil
+
+    theirs = ipp.Cluster(n=2, cluster_id=f"users-{os.getpid()}", controller_ip="127.0.0.1", log_level=40)
+    theirs.start_cluster_sync()
+    try:
+        client = theirs.connect_client_sync()
+        client.wait_for_engines(2, timeout=120, interactive=False)
+        their_pids = set(client[:].apply_sync(os.getpid))
+        client.close()
+        line = f"--cluster-id {theirs.cluster_id}"
+        assert kdist(hip, line, "(hvd.rank(), hvd.size())") == (0, 2)
+        assert cluster_pids() == their_pids and not strategy().cluster.owned
+        kdist(hip, line, "kd_attached = hvd.rank()")
+        assert engine_values("kd_attached") == [0, 1]
+        hip.run_line_magic("kdist", "stop")
+        assert all(psutil.pid_exists(p) for p in their_pids)  # kdist never stops their engines
+    finally:
+        theirs.stop_cluster_sync()
+    kdist(hip, "", "pass")  # the module's own engines again, for whatever runs next
+
+
 KERNEL_EXITS = """
 import json, kdist_magics
 from IPython.core.interactiveshell import InteractiveShell
