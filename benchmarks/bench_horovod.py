@@ -1,0 +1,139 @@
+"""P1, P2, P4, P5: ``%%kdist --strategy horovod --np 2`` in a real kernel against ``horovodrun``.
+
+One kernel (jupyter_client, isolated dirs) with kdist loaded keeps its two
+engines warm; the same training body (``workload.train``) runs as a ``%%kdist``
+cell and under ``horovodrun -np 2 --gloo``. Per repeat, in a rotating order:
+
+  K  ``%%kdist --strategy horovod --np 2`` with kdist's defaults (threads, dashboard, telemetry)
+  S  horovodrun with the thread variables kdist set on its engines (read back from the engines)
+  T  horovodrun hand-tuned: ``TF_NUM_INTRAOP_THREADS=1`` per rank
+  N  horovodrun as is (TensorFlow's default threads), for reference
+
+P1 = K / S steady-state steps/s; P4 = K / T; P2 = (cell submit -> rank 0's first
+step end, K) / (horovodrun launch -> rank 0's first step end, S); P5 = step end
+on the engine -> row in ``last_run().metrics`` in the kernel, over K's rows.
+
+``python benchmarks/bench_horovod.py [--repeats 3] [--steps 500] [--json FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402  (isolates IPython/Jupyter dirs on import)
+from harness import fmt, log, median  # noqa: E402
+
+VARIANTS = ("K", "S", "T", "N")
+DESCRIBE = {
+    "K": "%%kdist --strategy horovod --np 2 (defaults)",
+    "S": "horovodrun -np 2 --gloo, kdist's thread variables",
+    "T": "horovodrun -np 2 --gloo, TF_NUM_INTRAOP_THREADS=1",
+    "N": "horovodrun -np 2 --gloo, TF default threads",
+}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=500, help="training steps per measurement")
+    parser.add_argument("--warmup", type=int, default=50, help="steps left out of the rate")
+    parser.add_argument("--no-naive", action="store_true", help="skip the reference run N")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    out = harness.HOME / "runs"
+    out.mkdir()
+    variants = [v for v in VARIANTS if not (v == "N" and args.no_naive)]
+    log(f"bench_horovod: {args.repeats} repeats x {len(variants)} runs of {args.steps} steps; "
+        f"files in {out}")
+
+    t0 = time.time()
+    kernel = harness.Kernel()
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    exposed: set[str] = set()
+    try:
+        kernel.run(harness.KERNEL_SETUP)
+        # warm-up, not measured: start the engines, import TensorFlow there and in the page cache
+        warm = harness.kdist_run(kernel, 60, out, "warm-K")
+        kdist_threads = {k: v for k, v in warm["ranks"][0]["threads"].items() if v is not None}
+        envs = {"S": kdist_threads, "T": {"TF_NUM_INTRAOP_THREADS": "1"}, "N": {}}
+        harness.horovodrun(60, out, "warm-S", envs["S"])
+        log(f"bench_horovod: warm in {time.time() - t0:.0f} s; kdist's engine threads: {kdist_threads}")
+        for i in range(args.repeats):
+            order = variants[i % len(variants):] + variants[:i % len(variants)]
+            for v in order:
+                tag = f"{v}{i}"
+                if v == "K":
+                    run = harness.kdist_run(kernel, args.steps, out, tag)
+                    run["to_first_step"] = run["ranks"][0]["step_ends"][0] - run["submitted"]
+                else:
+                    run = harness.horovodrun(args.steps, out, tag, envs[v])
+                    run["to_first_step"] = run["ranks"][0]["step_ends"][0] - run["started"]
+                run["rate"] = harness.rate(run, args.warmup)
+                exposed |= set(run["exposed"])
+                runs[v].append(run)
+                log(f"bench_horovod: repeat {i + 1} {v}: {run['rate']:.2f} steps/s, "
+                    f"first step {run['to_first_step']:.2f} s after submit/launch")
+    finally:
+        left = kernel.close()
+        if left:
+            log(f"bench_horovod: killed processes the kernel left behind: {left}")
+
+    rates = {v: median([r["rate"] for r in runs[v]]) for v in variants}
+    first = {v: median([r["to_first_step"] for r in runs[v]]) for v in variants}
+    latencies = [arrived - stamped for r in runs["K"] for arrived, _, _, stamped in r["facts"]["arrivals"]]
+    setup = median([r["facts"]["timing"].get("setup_s") for r in runs["K"]])
+    results = {
+        "machine": harness.machine(), "repeats": args.repeats, "steps": args.steps,
+        "warmup": args.warmup, "seconds": round(time.time() - t0, 1),
+        "threads": {v: (runs[v][0]["ranks"][0]["threads"] if runs[v] else None) for v in variants},
+        "rates": {v: [r["rate"] for r in runs[v]] for v in variants},
+        "first_step": {v: [r["to_first_step"] for r in runs[v]] for v in variants},
+        "median_rate": rates, "median_first_step": first,
+        "kdist_setup_s": setup,
+        "p5": {"median": median(latencies), "max": max(latencies) if latencies else None,
+               "rows": len(latencies),
+               "lost_batches": sum(r["facts"]["lost_batches"] or 0 for r in runs["K"])},
+        "exposed": sorted(exposed),
+        "goals": {
+            "P1": {"value": rates["K"] / rates["S"], "goal": ">= 0.99"},
+            "P2": {"value": first["K"] / first["S"], "goal": "<= 0.2"},
+            "P4": {"value": rates["K"] / rates["T"], "goal": ">= 0.98"},
+            "P5": {"value": median(latencies), "goal": "<= 1"},
+        },
+    }
+    if "N" in variants:
+        results["naive_vs_tuned"] = rates["N"] / rates["T"]
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return results
+
+
+def table(res: dict) -> str:
+    lines = [f"bench_horovod: {res['repeats']} alternating repeats, {res['steps']} steps each "
+             f"(first {res['warmup']} left out), 3-layer MLP, batch {harness.workload.BATCH}/rank",
+             f"{'run':<4} {'what':<52} {'steps/s (median; each)':<34} {'submit->1st step s'}"]
+    for v, rates in res["rates"].items():
+        each = ", ".join(fmt(r) for r in rates)
+        firsts = ", ".join(fmt(f) for f in res["first_step"][v])
+        lines.append(f"{v:<4} {DESCRIBE[v]:<52} {fmt(res['median_rate'][v]):>6} ({each})"
+                     f"{'':<{max(1, 26 - len(each))}} {fmt(res['median_first_step'][v])} ({firsts})")
+    lines.append("threads: " + "; ".join(f"{v}: {t}" for v, t in res["threads"].items()))
+    lines.append(f"kdist per-cell set-up before the cell body (median): {fmt(res['kdist_setup_s'])} s")
+    p5 = res["p5"]
+    lines.append(f"step end -> row in last_run().metrics: median {fmt(p5['median'])} s, "
+                 f"max {fmt(p5['max'])} s over {p5['rows']} rows; lost batches {p5['lost_batches']}")
+    if "naive_vs_tuned" in res:
+        lines.append(f"horovodrun TF default threads / hand-tuned: {fmt(res['naive_vs_tuned'])}")
+    lines.append("listening beyond loopback: " + (", ".join(res["exposed"]) or "nothing"))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The one training body every benchmark runs, under kdist and under horovodrun alike.
+
+A 3-layer MLP on synthetic data (fixed seeds), Horovod data parallel: the
+optimizer is ``hvd.DistributedOptimizer``, rank 0's initial weights are
+broadcast, each rank trains on its own shard. A callback records the wall-clock
+time (``time.time()``, comparable across processes on one host) at the end of
+every training step; :func:`train` writes them, with the thread settings the
+rank actually ran with, to ``<out_dir>/<tag>-rank<r>.json``.
+
+Both sides import this module: the ``%%kdist`` cell (``sys.path`` gets this
+folder) and ``hvd_train.py`` (the script horovodrun starts), so A and B measure
+the same code the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+SEED = 1234
+FEATURES = 256
+HIDDEN = 512
+CLASSES = 10
+BATCH = 256
+THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
+DATA_BATCHES = 32  # distinct batches per rank, repeated for as many steps as asked
+
+
+def step_rate(times: list[float], warmup: int) -> float:
+    """Steady-state steps/s: steps after the first ``warmup`` over the time they took."""
+    times = list(times)
+    if len(times) < warmup + 2:
+        raise ValueError(f"{len(times)} step times, need more than {warmup + 1}")
+    return (len(times) - 1 - warmup) / (times[-1] - times[warmup])
+
+
+def train(hvd, steps: int, out_dir: str, tag: str, started: float | None = None) -> dict:
+    """Train ``steps`` steps on this rank; write and return its timing record.
+
+    ``hvd``: an initialised Keras-3 Horovod binding (``kdist_magics.keras_horovod``).
+    ``started``: a reference time of the caller's own (kept in the record as is).
+    """
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    rank, size = hvd.rank(), hvd.size()
+    keras.utils.set_random_seed(SEED)  # same initial weights everywhere; broadcast makes sure
+    rng = np.random.default_rng(SEED + rank)  # each rank its own shard
+    n = DATA_BATCHES * BATCH
+    x = rng.standard_normal((n, FEATURES), dtype=np.float32)
+    w = np.random.default_rng(SEED).standard_normal((FEATURES, CLASSES)).astype(np.float32)
+    y = np.argmax(x @ w, axis=1).astype(np.int32)
+    data = (tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
+            .cache().repeat())
+
+    model = keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(HIDDEN, activation="relu"),
+        keras.layers.Dense(HIDDEN, activation="relu"),
+        keras.layers.Dense(CLASSES),
+    ])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * size)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    ends: list[float] = []
+
+    class StepTimes(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            ends.append(time.time())
+
+    t_fit = time.time()
+    history = model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False,
+                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), StepTimes()])
+    result = {
+        "tag": tag, "rank": rank, "size": size, "pid": os.getpid(), "steps": len(ends),
+        "started": started, "fit_called": t_fit, "step_ends": ends,
+        "loss": float(history.history["loss"][-1]),
+        # what TensorFlow read when it started in this process (tf.config was not used)
+        "threads": {v: os.environ.get(v) for v in THREAD_VARS},
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{tag}-rank{rank}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(path + ".tmp", path)
+    return result
