@@ -202,12 +202,11 @@ def fetch(names: list[str]) -> dict[str, Any]:
 
     Keras models travel as ``.keras`` archives (architecture, weights, compile state)
     and History objects as their ``history``/``params``/``epoch``; other values as
-    themselves (ipyparallel pickles them; an unpicklable one is reported by name).
+    themselves (as ipyparallel serialises them; one that cannot travel is reported by name).
     Raises KeyError naming every missing name.
     """
-    import pickle
-
     from IPython import get_ipython
+    from ipyparallel.serialize import serialize_object
 
     ns = get_ipython().user_ns
     missing = [n for n in names if n not in ns]
@@ -219,7 +218,7 @@ def fetch(names: list[str]) -> dict[str, Any]:
         packed = pack(value)
         if packed is None:
             try:
-                pickle.dumps(value)
+                serialize_object(value)  # what ipyparallel will do with the reply
             except Exception as exc:
                 raise TypeError(f"{name} ({type(value).__name__}) cannot travel to the notebook: "
                                 f"{type(exc).__name__}: {exc}") from None

@@ -20,6 +20,7 @@ pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make test
 pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
 
 import kdist_magics  # noqa: E402
+from conftest import run_cell  # noqa: E402
 from kdist_magics.errors import CellFailed, KDistError, RankDied, RankFailed, RunTimedOut  # noqa: E402
 
 pytestmark = [pytest.mark.engines, pytest.mark.horovod, pytest.mark.timeout(300)]
@@ -138,6 +139,9 @@ def test_push_and_pull_plain_values_and_clear_errors(hip):
         kdist(hip, "--pull kd_gen", "kd_gen = (i for i in range(3))")
     with pytest.raises(KDistError, match="--push"):
         kdist(hip, "--push kd_not_in_notebook", "pass")
+    # functions defined in the notebook travel (as with %px / view.push)
+    run_cell(hip, "def kd_double(v):\n    return 2 * v")
+    assert kdist(hip, "--push kd_double", "kd_double(hvd.rank() + 21)") == 42
 
 
 def test_syntax_error_is_reported_once_and_no_engine_runs(hip, capsys):

@@ -163,6 +163,7 @@ class EngineStrategy(Strategy):
     def run(self, cell: str, ctx: RunContext) -> Any:
         spec, record = ctx.spec, ctx.record
         self._check_syntax(cell, ctx)
+        pushed = self._pushable(ctx) if spec.push else {}
         t0 = time.monotonic()
         cluster = self._cluster(ctx)
         t_cluster = time.monotonic()
@@ -171,8 +172,8 @@ class EngineStrategy(Strategy):
         for rank, eng in by_rank.items():
             record.set_rank(rank, state="starting", host=eng.hostname, pid=eng.pid)
         self._prepare(cluster, ctx)
-        if spec.push:
-            self._push(cluster, ctx)
+        if pushed:
+            cluster.view().push(pushed, block=True)
         ok = False
         try:
             self.before_cell(cluster, ctx, ranks)
@@ -242,22 +243,23 @@ class EngineStrategy(Strategy):
         for ar in ars:
             ar.get(timeout=60)
 
-    def _push(self, cluster: EngineCluster, ctx: RunContext) -> None:
+    def _pushable(self, ctx: RunContext) -> dict[str, Any]:
+        """The ``--push`` values, checked before anything starts: defined, and able to travel."""
+        from ipyparallel.serialize import serialize_object
+
         ns = ctx.shell.user_ns
         missing = [n for n in ctx.spec.push if n not in ns]
         if missing:
             raise KDistError(f"--push: {', '.join(missing)} not defined in the notebook")
-        import pickle
-
         values = {}
         for name in ctx.spec.push:
             try:
-                pickle.dumps(ns[name])
+                serialize_object(ns[name])  # what ipyparallel will do (functions included)
             except Exception as exc:
                 raise KDistError(f"--push: {name} ({type(ns[name]).__name__}) cannot travel to the "
                                  f"engines: {type(exc).__name__}: {exc}") from None
             values[name] = ns[name]
-        cluster.view().push(values, block=True)
+        return values
 
     def _finish_engines(self, cluster, ctx, ranks, ok) -> None:
         """Undo per-run engine state; after a failure, only on engines that still answer."""
