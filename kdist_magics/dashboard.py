@@ -21,6 +21,7 @@ result on GitHub/nbviewer where no widget state exists.
 from __future__ import annotations
 
 import html as _html
+import json
 import math
 import threading
 import time
@@ -51,8 +52,9 @@ class DashboardWidget(anywidget.AnyWidget):
     _css = STATIC / "dashboard.css"
     #: run status, progress and one entry per rank
     state = traitlets.Dict().tag(sync=True)
-    #: {"series": {name: {rank: [[step, value], ...]}}, "names": [...]}
-    curves = traitlets.Dict().tag(sync=True)
+    #: JSON text of {"series": {name: {rank: [[step, value], ...]}}, "names": [...]}: one
+    #: string, because ipywidgets walks nested lists element by element looking for buffers
+    curves_json = traitlets.Unicode("{}").tag(sync=True)
 
 
 def _round(v: float | None) -> float | None:
@@ -92,6 +94,9 @@ class Dashboard:
         self.latest_sample: dict[int, dict[str, Any]] = {}
         self.latest_step: dict[int, dict[str, Any]] = {}
         self.progress_by_rank: dict[int, dict[str, Any]] = {}
+        self.curves: dict[str, Any] = {"names": [], "series": {}}  # what the front end has
+        self._curves_version = 0  # bumped by every new curve point
+        self._sent_version = -1   # the version the front end has
         self.sends = 0  # front-end updates sent (coalesced)
         self.handle = None
         self._lock = threading.Lock()
@@ -132,7 +137,8 @@ class Dashboard:
                         continue
                     series = self.series[key] = {}
                 pts = series.setdefault(rank, [])
-                pts.append((x, value))
+                pts.append([_round(x), _round(value)])  # rounded once, here, not per update
+                self._curves_version += 1
                 if len(pts) > 8 * self.max_points:  # bound memory on very long runs
                     last = pts[-1]
                     pts[:] = pts[::2]
@@ -161,8 +167,11 @@ class Dashboard:
             return self.latest_sample[0], True
         return None, False
 
-    def snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(state, curves): what the front end draws, small and JSON-able."""
+    def snapshot(self, with_curves: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(state, curves): what the front end draws, small and JSON-able.
+
+        ``curves`` is None when ``with_curves`` is false (nothing new to draw).
+        """
         rec = self.record
         now = self.clock()
         ranks = []
@@ -236,10 +245,11 @@ class Dashboard:
                          "steps_per_s": _round(progress.get("steps_per_s"))},
             "ranks": ranks,
         }
+        if not with_curves:
+            return state, None
         with self._lock:
             names = sorted(self.series, key=lambda k: (k != "loss", k.startswith("val_"), k))
-            series = {name: {str(r): [[_round(x), _round(y)] for x, y in
-                                      _thin(pts, self.max_points)]
+            series = {name: {str(r): _thin(pts, self.max_points)
                              for r, pts in sorted(self.series[name].items())}
                       for name in names}
         return state, {"names": names, "series": series}
@@ -249,9 +259,13 @@ class Dashboard:
         if not self._dirty.is_set():
             return False
         self._dirty.clear()
-        state, curves = self.snapshot()
+        version = self._curves_version
+        state, curves = self.snapshot(with_curves=version != self._sent_version)
         with self.widget.hold_sync():
-            self.widget.curves = curves
+            if curves is not None:  # samples alone (1/s) do not resend the curves
+                self.curves = curves
+                self.widget.curves_json = json.dumps(curves, separators=(",", ":"))
+                self._sent_version = version
             self.widget.state = state
         self.sends += 1
         return True

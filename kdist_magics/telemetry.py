@@ -14,9 +14,11 @@ rows can cross process boundaries unchanged:
   - ``progress`` rows ``{rank, epochs, steps_per_epoch, epoch, step, total_steps,
     fit_started, time, samples_per_s, steps_per_s}`` with the same throttle.
 
-  Throttling matters: reading Keras' logs converts tensors to Python floats,
-  which waits for the device. Doing that a few times a second instead of
-  every step keeps the training loop asynchronous.
+  Throttling keeps the per-step cost to a clock read and a comparison; rows
+  (and, on TensorFlow, the learning-rate read) happen a few times a second.
+  The callback is ``async_safe``: on backends where Keras runs batch-end
+  callbacks on a thread pool (JAX), it does not pull them back onto the
+  training loop.
 
 * :func:`sampling` -- a daemon thread samples this process every ``interval``
   seconds: ``{rank, time, pid, host, cpu_percent, cpu_count, rss_bytes,
@@ -78,10 +80,20 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
     import keras
 
     class KDistCallback(keras.callbacks.Callback):
-        """Sends loss/metrics/lr/throughput per step (throttled) and per epoch to kdist."""
+        """Sends loss/metrics/lr/throughput per step (throttled) and per epoch to kdist.
+
+        ``async_safe``: Keras 3 runs batch-end callbacks on a thread pool, off the
+        training loop, only when every callback says it is safe; a callback without it
+        would make every step wait for its logs. Batch ends may therefore arrive on
+        several threads (and slightly out of order): a lock guards the state, and the
+        step number comes from (epoch, batch), not from a counter.
+        """
+
+        async_safe = True
 
         def __init__(self):
             super().__init__()
+            self._lock = threading.Lock()
             self.rank = rank
             self.batch_size = batch_size
             self.min_interval = min_interval
@@ -91,6 +103,12 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
             self.steps_per_epoch = None
             self.fit_started = None
             self._last_emit = None
+            self.lr = None
+            # Reading the optimizer from a batch-end callback is only safe where Keras runs
+            # those on the training thread (TensorFlow); on JAX they run on a thread pool
+            # while the next step may be donating the very buffers, so lr is read at train
+            # begin and epoch ends (training thread, state synced) and reused in between.
+            self._live_lr = keras.backend.backend() == "tensorflow"
             self._last_emit_step = 0
 
         # -- helpers ---------------------------------------------------------
@@ -117,6 +135,7 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
             self.epochs = params.get("epochs")
             self.steps_per_epoch = params.get("steps")
             self.fit_started = self._last_emit = clock()
+            self.lr = _learning_rate(self.model)
             self._last_emit_step = 0
             self._progress(self.fit_started, {"steps_per_s": None, "samples_per_s": None})
 
@@ -124,27 +143,40 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
-            self.step += 1
+            with self._lock:
+                self._batch_end(batch, logs)
+
+        def _batch_end(self, batch, logs):
+            if self.steps_per_epoch:
+                self.step = max(self.step, self.epoch * self.steps_per_epoch + batch + 1)
+            else:
+                self.step += 1
             now = clock()
             last_of_epoch = self.steps_per_epoch is not None and batch + 1 >= self.steps_per_epoch
             if (not last_of_epoch and self._last_emit is not None
                     and now - self._last_emit < self.min_interval):
-                return  # throttled: no log conversion, no row
+                return  # throttled: no row
             rates = self._rates(now)
             row = {"rank": rank, "epoch": self.epoch, "step": self.step, "batch": batch,
                    "time": now, "kind": "step"}
             row.update({k: _number(v) for k, v in (logs or {}).items()})
-            row["lr"] = _learning_rate(self.model)
+            if self._live_lr:
+                self.lr = _learning_rate(self.model)
+            row["lr"] = self.lr
             row.update(rates)
             sink("metric", row)
             self._progress(now, rates)
             self._last_emit, self._last_emit_step = now, self.step
 
         def on_epoch_end(self, epoch, logs=None):
+            with self._lock:
+                self._epoch_end(epoch, logs)
+
+        def _epoch_end(self, epoch, logs):
             now = clock()
             row = {"rank": rank, "epoch": epoch, "step": self.step, "time": now, "kind": "epoch"}
             row.update({k: _number(v) for k, v in (logs or {}).items()})
-            row["lr"] = _learning_rate(self.model)
+            row["lr"] = self.lr = _learning_rate(self.model)
             elapsed = now - (self.fit_started or now)
             sps = self.step / elapsed if elapsed > 0 else None
             row["steps_per_s"] = sps

@@ -81,7 +81,13 @@ def test_updates_are_coalesced_into_few_sends():
     feed(rec, 0, 500)
     assert dash.flush() is True and dash.flush() is False
     assert len(sent) == 1  # 1000+ record events, one front-end update
-    assert len(dash.widget.curves["series"]["loss"]["0"]) <= dash.max_points
+    curves_sent = []
+    dash.widget.observe(lambda change: curves_sent.append(1), names=["curves_json"])
+    rec.add("sample", sample(0))
+    assert dash.flush() is True and curves_sent == []  # a sample alone: state only
+    assert dash.widget.state["ranks"][0]["cpu_percent"] == 50.0
+    assert len(dash.curves["series"]["loss"]["0"]) <= dash.max_points
+    assert json.loads(dash.widget.curves_json) == dash.curves  # what the front end gets
 
 
 def test_long_curves_are_downsampled_keeping_the_last_point():
@@ -217,7 +223,7 @@ def test_kdist_cell_shows_dashboard_and_fills_metrics_and_samples(ip, monkeypatc
     state = shown[0].widget.state
     assert state["status"] == "done" and state["ranks"][0]["state"] == "done"
     assert state["progress"]["fraction"] == 1.0 and state["progress"]["total_steps"] == 8
-    assert {"loss", "mae"} <= set(shown[0].widget.curves["names"])
+    assert {"loss", "mae"} <= set(json.loads(shown[0].widget.curves_json)["names"])
     # last_run(): metrics with lr/throughput, samples from the sampler, pandas tables
     epochs = [m for m in rec.metrics if m["kind"] == "epoch"]
     assert len(epochs) == 2 and all(m["lr"] == pytest.approx(0.05) for m in epochs)

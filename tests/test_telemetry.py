@@ -283,3 +283,39 @@ def test_attached_adds_callback_and_opt_outs(monkeypatch):
     assert len(epochs) == 2 and all(r["rank"] == 1 for k, r in rows if k == "metric")
     assert all(isinstance(r["loss"], float) for r in epochs)
     assert any(k == "progress" and r["total_steps"] == 8 for k, r in rows)
+
+
+KEEPS_ASYNC = r"""
+import json, threading, numpy as np, keras
+from kdist_magics import telemetry
+assert keras.backend.backend() == "jax", keras.backend.backend()
+threads = []
+def sink(kind, row):
+    if kind == "metric" and row["kind"] == "step":
+        threads.append(threading.current_thread() is threading.main_thread())
+x = np.ones((64, 2), "float32")
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+with telemetry.attached(sink, min_interval=0.0):
+    model.fit(x, x[:, :1], epochs=2, batch_size=8, verbose=0)
+print("RESULT", json.dumps(threads))
+"""
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_callback_keeps_keras_batch_ends_off_the_training_loop():
+    """Keras 3 dispatches batch-end callbacks to a thread pool (thread-safe backends: JAX)
+    only when every callback is async-safe: ours must not pull them back onto the loop."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax", reason="the jax extra gives Keras a thread-safe backend")
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", KEEPS_ASYNC], env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    on_main = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert len(on_main) == 16  # min_interval=0: every step, none lost or doubled
+    assert not any(on_main)  # all ran on Keras' callback threads

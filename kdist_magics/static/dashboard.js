@@ -1,5 +1,5 @@
 // kdist_magics live dashboard: an anywidget ES module. Plain DOM + SVG, no dependencies.
-// Model traits: `state` (status, progress, ranks) and `curves` ({names, series}).
+// Model traits: `state` (status, progress, ranks) and `curves_json` (JSON of {names, series}).
 
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
@@ -109,13 +109,35 @@ function render({ model, el }) {
   let chosen = null;      // metric picked in the selector (front-end only: the kernel may be busy)
   let received = Date.now();
   let timer = null;
+  // Persistent parts: the charts row (with the metric selector) is never detached, so an
+  // open selector survives the live updates; `top` and `bottom` are rebuilt on each update.
+  const top = h("div", "kdist-top");
+  const charts = h("div", "kdist-charts");
+  const lossBox = h("div", "kdist-chart-box kdist-chart-loss");
+  lossBox.appendChild(h("div", "kdist-chart-title", "loss"));
+  const lossHolder = h("div", "kdist-chart-holder");
+  lossBox.appendChild(lossHolder);
+  const metricBox = h("div", "kdist-chart-box kdist-chart-metric");
+  const sel = h("select", "kdist-metric-select");
+  const metricHolder = h("div", "kdist-chart-holder");
+  metricBox.appendChild(sel);
+  metricBox.appendChild(metricHolder);
+  charts.appendChild(lossBox);
+  charts.appendChild(metricBox);
+  const bottom = h("div", "kdist-bottom");
+  root.appendChild(top);
+  root.appendChild(charts);
+  root.appendChild(bottom);
+  let optionsKey = "";
+  sel.addEventListener("change", () => { chosen = sel.value; draw(); });
 
   function draw() {
     const st = model.get("state") || {};
-    const cv = model.get("curves") || { names: [], series: {} };
+    const cv = curves();
     const status = st.status || "running";
     root.dataset.status = status;
-    root.replaceChildren();
+    top.replaceChildren();
+    bottom.replaceChildren();
 
     // header
     const head = h("div", "kdist-head");
@@ -123,10 +145,10 @@ function render({ model, el }) {
     head.appendChild(h("span", `kdist-badge kdist-status kdist-${status}`, status));
     const elapsed = st.running ? (st.elapsed || 0) + (Date.now() - received) / 1000 : st.elapsed;
     head.appendChild(h("span", "kdist-elapsed", `elapsed ${fmtTime(elapsed)}`));
-    root.appendChild(head);
-    if (st.reason) root.appendChild(h("div", "kdist-reason", `auto: ${st.reason}`));
+    top.appendChild(head);
+    if (st.reason) top.appendChild(h("div", "kdist-reason", `auto: ${st.reason}`));
     if (["failed", "interrupted", "timeout", "stopped"].includes(status) || st.error) {
-      root.appendChild(h("div", `kdist-banner kdist-${status}`,
+      top.appendChild(h("div", `kdist-banner kdist-${status}`,
         `${status.toUpperCase()}${st.error ? ": " + st.error : ""}`));
     }
 
@@ -142,38 +164,28 @@ function render({ model, el }) {
       parts.push(`ETA ${fmtTime(eta)}`);
     }
     const prog = bar("progress", p.fraction, parts.join(" · ") || "waiting for fit()…", "kdist-progress");
-    root.appendChild(prog);
+    top.appendChild(prog);
 
     // curves
     const names = cv.names || [];
     const others = names.filter(n => n !== "loss");
     if (chosen === null || !names.includes(chosen)) chosen = others.find(n => !n.startsWith("val_") && n !== "lr") || others[0] || null;
-    const charts = h("div", "kdist-charts");
     let total = 0;
-    const lossBox = h("div", "kdist-chart-box kdist-chart-loss");
-    lossBox.appendChild(h("div", "kdist-chart-title", "loss"));
     const [lossSvg, n1] = chart("loss", (cv.series || {}).loss, 330, 150);
-    lossBox.appendChild(lossSvg);
+    lossHolder.replaceChildren(lossSvg);
     total += n1;
-    charts.appendChild(lossBox);
+    metricBox.style.display = others.length ? "" : "none";
     if (others.length) {
-      const box = h("div", "kdist-chart-box kdist-chart-metric");
-      const sel = h("select", "kdist-metric-select");
-      for (const n of others) {
-        const o = h("option", null, n);
-        o.value = n;
-        if (n === chosen) o.selected = true;
-        sel.appendChild(o);
+      if (others.join("\n") !== optionsKey) {  // only when the list of metrics changes
+        optionsKey = others.join("\n");
+        sel.replaceChildren(...others.map(n => { const o = h("option", null, n); o.value = n; return o; }));
       }
-      sel.addEventListener("change", () => { chosen = sel.value; draw(); });
-      box.appendChild(sel);
+      if (sel.value !== chosen) sel.value = chosen;
       const [svg, n2] = chart(chosen, (cv.series || {})[chosen], 330, 150);
-      box.appendChild(svg);
+      metricHolder.replaceChildren(svg);
       total += n2;
-      charts.appendChild(box);
     }
     root.dataset.points = String(total);
-    root.appendChild(charts);
     // legend
     const ranks = st.ranks || [];
     const legend = h("div", "kdist-legend");
@@ -188,7 +200,7 @@ function render({ model, el }) {
         shared && curveRanks.length === 1 ? `all ${ranks.length} replicas (one process)` : `rank ${r}`));
       legend.appendChild(item);
     });
-    root.appendChild(legend);
+    bottom.appendChild(legend);
 
     // one row per rank / device
     const table = h("div", "kdist-ranks");
@@ -224,12 +236,21 @@ function render({ model, el }) {
       if (r.error) row.appendChild(h("div", "kdist-rank-error", r.error));
       table.appendChild(row);
     }
-    root.appendChild(table);
+    bottom.appendChild(table);
   }
 
+  let parsedText = null, parsed = { names: [], series: {} };
+  function curves() {  // parse the curves' JSON once per change
+    const text = model.get("curves_json") || "{}";
+    if (text !== parsedText) {
+      parsedText = text;
+      try { parsed = Object.assign({ names: [], series: {} }, JSON.parse(text)); } catch (e) { /* keep the last */ }
+    }
+    return parsed;
+  }
   function onChange() { received = Date.now(); draw(); }
   model.on("change:state", onChange);
-  model.on("change:curves", onChange);
+  model.on("change:curves_json", onChange);
   draw();
   // keep elapsed/ETA ticking between updates while the run is live
   // (only the clock text, so an open metric selector is not rebuilt under the pointer)
@@ -241,7 +262,7 @@ function render({ model, el }) {
   return () => {
     clearInterval(timer);
     model.off("change:state", onChange);
-    model.off("change:curves", onChange);
+    model.off("change:curves_json", onChange);
   };
 }
 
