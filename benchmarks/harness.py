@@ -74,6 +74,8 @@ class Listeners:
     def __init__(self, pid: int, every: float = 2.0):
         self.pid, self.every = pid, every
         self.seen: set[tuple[str, int, str]] = set()
+        #: pid -> [name, CPU seconds at the first sample, at the latest sample]
+        self.cpu: dict[int, list] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -97,8 +99,11 @@ class Listeners:
             try:
                 conns = proc.net_connections(kind="tcp")
                 name = " ".join(proc.cmdline()[:3])
+                times = proc.cpu_times()
             except psutil.Error:
                 continue
+            used = times.user + times.system
+            self.cpu.setdefault(proc.pid, [name, used, used])[2] = used
             for c in conns:
                 if c.status == psutil.CONN_LISTEN:
                     self.seen.add((c.laddr.ip, c.laddr.port, name))
@@ -107,6 +112,14 @@ class Listeners:
         self.sample()
         while not self._stop.wait(self.every):
             self.sample()
+
+    def cpu_seconds(self, exclude: set[int] = frozenset()) -> dict[str, float]:
+        """CPU seconds each process used between the first and last sample, by name."""
+        out: dict[str, float] = {}
+        for pid, (name, first, last) in self.cpu.items():
+            if pid not in exclude:
+                out[f"{name} [{pid}]"] = round(last - first, 3)
+        return out
 
     @property
     def exposed(self) -> list[str]:
@@ -297,14 +310,20 @@ def kdist_cell(steps: int, out_dir: str | Path, tag: str, options: str = "") -> 
 
 def kdist_run(kernel: Kernel, steps: int, out_dir: str | Path, tag: str, options: str = "") -> dict:
     """Run the workload cell in ``kernel``; rank records, kernel-side facts, sockets."""
-    with Listeners(kernel.pid) as listeners:
+    with Listeners(kernel.pid, every=1.0) as listeners:
         cell = kernel.run(kdist_cell(steps, out_dir, tag, options))
+        listeners.sample()  # CPU up to the cell's end
     kernel.remember_children()
     facts = kernel.value("_kb_run_facts()")
     if facts["status"] != "done":
         raise RuntimeError(f"kdist run {tag}: {facts['status']}: {facts['error']}")
-    return {"ranks": read_ranks(out_dir, tag), "submitted": cell["submitted"], "facts": facts,
-            "exposed": listeners.exposed, "listeners": sorted(listeners.seen)}
+    ranks = read_ranks(out_dir, tag)
+    # CPU the kernel, the controller and helpers (everything but the ranks) used during the cell
+    side = listeners.cpu_seconds(exclude={r["pid"] for r in ranks})
+    wall = cell["done"] - cell["submitted"]
+    return {"ranks": ranks, "submitted": cell["submitted"], "facts": facts,
+            "exposed": listeners.exposed, "listeners": sorted(listeners.seen),
+            "side_cpu": side, "side_cpu_share": sum(side.values()) / wall if wall > 0 else None}
 
 
 def rate(run: dict, warmup: int) -> float:

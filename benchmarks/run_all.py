@@ -1,0 +1,117 @@
+"""``make bench``: every benchmark, then one line per goal, last.
+
+Runs, each in its own process (own temp IPython/Jupyter dirs, own kernel):
+
+* ``bench_horovod.py``      -- P1, P2, P4, P5 (and the dashboard's share on horovod)
+* ``dashboard_overhead.py`` -- P3 (the dashboard engineer's script; reused as is)
+
+and prints their tables, then::
+
+    P1 <ratio> (goal >= 0.99)
+    ...
+    P5 <seconds> (goal <= 1)
+
+Options: ``--quick`` (1 repeat, short runs: a smoke test, not figures to quote),
+``--json FILE`` (everything measured). Seeds are fixed in the workloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+PY = sys.executable
+GOALS = {"P1": ">= 0.99", "P2": "<= 0.2", "P3": ">= 0.99", "P4": ">= 0.98", "P5": "<= 1"}
+
+
+def run(script: str, args: list[str], out: Path) -> dict | None:
+    """Run one benchmark script; its JSON results, or None when it failed or is missing."""
+    path = BENCH / script
+    if not path.exists():
+        print(f"run_all: {script} is missing; its goal is not measured", file=sys.stderr)
+        return None
+    t0 = time.time()
+    print(f"run_all: {script} {' '.join(args)}", file=sys.stderr, flush=True)
+    proc = subprocess.run([PY, str(path), *args, "--json", str(out)], cwd=str(BENCH.parent))
+    print(f"run_all: {script} took {time.time() - t0:.0f} s (exit {proc.returncode})",
+          file=sys.stderr, flush=True)
+    if proc.returncode != 0 or not out.exists():
+        return None
+    return json.loads(out.read_text())
+
+
+def met(value, goal: str) -> bool:
+    op, bound = goal.split()
+    return value >= float(bound) if op == ">=" else value <= float(bound)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 repeat of short runs (smoke test)")
+    parser.add_argument("--json", help="write every result here")
+    args = parser.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="kdist-bench-all-"))
+    t0 = time.time()
+    hvd_args = ["--repeats", "1", "--steps", "120", "--warmup", "20"] if args.quick else []
+    dash_args = ["--pairs", "2", "--steps", "200"] if args.quick else []
+    horovod = run("bench_horovod.py", hvd_args, tmp / "horovod.json")
+    dashboard = run("dashboard_overhead.py", dash_args, tmp / "dashboard.json")
+
+    values: dict[str, float | None] = {k: None for k in GOALS}
+    if horovod:
+        for key in ("P1", "P2", "P4", "P5"):
+            values[key] = horovod["goals"][key]["value"]
+    if dashboard and dashboard.get("P3") is not None:
+        values["P3"] = dashboard["P3"]
+
+    print()
+    print(f"kdist_magics benchmarks ({time.time() - t0:.0f} s"
+          f"{', --quick: smoke test only' if args.quick else ''})")
+    machine = (horovod or dashboard or {}).get("machine", {})
+    if machine:
+        print("machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
+    print(f"{'goal':<5} {'A':<46} {'B':<44} {'A':>8} {'B':>8}")
+    if horovod:
+        r = horovod["median_rate"]
+        f = horovod["median_first_step"]
+        print(f"{'P1':<5} {'steps/s, %%kdist horovod --np 2':<46} {'steps/s, horovodrun, same threads':<44} "
+              f"{r['K']:>8.2f} {r['S']:>8.2f}")
+        print(f"{'P2':<5} {'s, cell submit -> 1st step (warm)':<46} {'s, horovodrun launch -> 1st step':<44} "
+              f"{f['K']:>8.2f} {f['S']:>8.2f}")
+        print(f"{'P4':<5} {'steps/s, %%kdist defaults':<46} {'steps/s, horovodrun intra-op 1/rank':<44} "
+              f"{r['K']:>8.2f} {r['T']:>8.2f}")
+        if "N" in r:
+            print(f"{'(P4)':<5} {'steps/s, horovodrun TF default threads':<46} "
+                  f"{'steps/s, horovodrun intra-op 1/rank':<44} {r['N']:>8.2f} {r['T']:>8.2f}")
+        print(f"{'(P3)':<5} {'steps/s, %%kdist horovod with dashboard':<46} "
+              f"{'steps/s, --no-dashboard':<44} {r['K']:>8.2f} {r['D']:>8.2f}")
+        p5 = horovod["p5"]
+        print(f"{'P5':<5} {'s, step end -> row in last_run() (median)':<46} {'max':<44} "
+              f"{p5['median']:>8.3f} {p5['max']:>8.3f}")
+    if dashboard:
+        from statistics import median
+
+        print(f"{'P3':<5} {'samples/s, %%kdist default + dashboard':<46} "
+              f"{'samples/s, --no-telemetry (no dashboard)':<44} "
+              f"{median(dashboard['B_samples_per_s']):>8.0f} {median(dashboard['A_samples_per_s']):>8.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"horovod": horovod, "dashboard": dashboard,
+                                               "values": values}, indent=1))
+    print()
+    for key, goal in GOALS.items():
+        value = values[key]
+        if value is None:
+            print(f"{key} not measured (goal {goal})")
+        else:
+            print(f"{key} {value:.3f} (goal {goal})")
+    return 0 if all(v is not None for v in values.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
