@@ -75,7 +75,12 @@ class HorovodStrategy(EngineStrategy):
             if not ar.ready():
                 self.needs_restart = "Horovod initialisation did not finish"
                 raise KDistError(f"hvd.init() did not finish on rank {rank} within 120 s")
-            info = ar.get()
+            try:
+                info = ar.get()
+            except Exception as exc:
+                detail = (f"{exc.ename}: {exc.evalue}" if hasattr(exc, "ename")
+                          else f"{type(exc).__name__}: {exc}")
+                raise KDistError(f"hvd.init() failed on rank {rank}: {detail}") from None
             if info["rank"] != rank:  # pragma: no cover - defensive
                 raise KDistError(f"engine became Horovod rank {info['rank']}, expected {rank}")
 
