@@ -110,6 +110,9 @@ class EngineCluster:
                     kwargs["profile"] = self.profile
                 self.client = ipp.Client(**kwargs)
             self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
+        except KeyboardInterrupt:
+            self.stop()  # interrupted while starting: leave nothing half-started behind
+            raise
         except Exception as exc:
             where = ("the local cluster" if self.owned else
                      f"cluster {self.cluster_id or ''!s} (profile {self.profile or 'default'})")

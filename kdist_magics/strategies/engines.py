@@ -369,11 +369,19 @@ class EngineStrategy(Strategy):
 
     def _listen(self, fut, rank: int, inbox: queue.SimpleQueue) -> None:
         """Forward the engine's IOPub messages for ``fut`` to ``inbox`` (from the client's IO thread)."""
+        md = fut.output.metadata
+
         def callback(msg):
-            inbox.put((rank, msg["header"]["msg_type"], msg["content"]))
+            kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "display_data" and FEED_MIME in content.get("data", {}):
+                # the client keeps every display output of a request; telemetry batches
+                # are delivered here, so do not let a long run pile them up there
+                outputs = md.get("outputs") or []
+                if outputs and outputs[-1] is content:
+                    outputs.pop()
+            inbox.put((rank, kind, content))
 
         fut.iopub_callbacks.append(callback)
-        md = fut.output.metadata
         for name in ("stdout", "stderr"):  # anything that arrived before we listened
             if md.get(name):
                 inbox.put((rank, "stream", {"name": name, "text": md[name]}))
