@@ -91,6 +91,34 @@ def test_notebook_stops_what_it_starts(path):
                            f"--devices cell; TF fixes its devices when it starts")
 
 
+def test_readme_tour_lists_every_notebook():
+    text = (ROOT / "README.md").read_text()
+    tour = text[text.index("## Tour"):]
+    tour = tour[:tour.index("\n## ", 1)]
+    missing = [p.name for p in PAPERS if f"(notebooks/{p.name})" not in tour]
+    assert not missing, f"README's Tour does not link {missing}"
+
+
+def test_strip_outputs_script(tmp_path):
+    import subprocess
+
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    cell = new_code_cell("1 + 1", execution_count=3,
+                         outputs=[new_output("execute_result", {"text/plain": "2"}, execution_count=3)])
+    nb = new_notebook(cells=[cell], metadata={"widgets": {"state": {}}})
+    path = tmp_path / "x.ipynb"
+    nbformat.write(nb, path)
+    script = [sys.executable, str(ROOT / "scripts" / "strip_outputs.py")]
+    assert subprocess.run(script + ["--check", str(path)], capture_output=True).returncode == 1
+    assert subprocess.run(script + [str(path)], capture_output=True).returncode == 0
+    clean = nbformat.read(path, as_version=4)
+    assert clean.cells[0].outputs == [] and clean.cells[0].execution_count is None
+    assert "widgets" not in clean.metadata and clean.cells[0].source == "1 + 1"
+    assert subprocess.run(script + ["--check", str(path)], capture_output=True).returncode == 0
+
+
 def test_kdist_data_helpers(tmp_path, monkeypatch):
     """The notebooks' offline data: a fixed digits split, and an MNIST-shaped file."""
     import numpy as np
