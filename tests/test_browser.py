@@ -152,29 +152,34 @@ def _points(dash) -> int:
     return int(dash.get_attribute("data-points") or 0)
 
 
+def _open_and_run(lab, name: str, source: str):
+    """Write a notebook (load_ext, ``source``, %kdist stop), open it in Lab, run its cells."""
+    (lab["root"] / name).write_text(json.dumps(_notebook(source)))
+    page = lab["browser"].new_page(viewport={"width": 1300, "height": 1100})
+    page.console = []
+    page.on("console", lambda m: page.console.append(f"{m.type}: {m.text}"))
+    # ?reset: a fresh workspace, so only this notebook is open
+    page.goto(f"{lab['base']}/lab/tree/{name}?reset&token={lab['token']}", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    # wait until the kernel is idle, then run the three cells (Shift+Enter each)
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=180_000)
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell .jp-InputArea-editor").first.click()
+    page.keyboard.press("Escape")
+    for _ in range(3):
+        page.keyboard.press("Shift+Enter")
+        time.sleep(0.3)
+    return page
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("strategy", ["default", "mirrored", "horovod"])
 def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
     missing = _missing(strategy)
     if missing:
         pytest.skip(missing)
-    name = f"dash-{strategy}.ipynb"
-    (lab["root"] / name).write_text(json.dumps(_notebook(CELLS[strategy])))
-    page = lab["browser"].new_page(viewport={"width": 1300, "height": 1100})
-    console = []
-    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page = _open_and_run(lab, f"dash-{strategy}.ipynb", CELLS[strategy])
+    console = page.console
     try:
-        # ?reset: a fresh workspace, so only this notebook is open
-        page.goto(f"{lab['base']}/lab/tree/{name}?reset&token={lab['token']}", timeout=120_000)
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-        # wait until the kernel is idle, then run the three cells (Shift+Enter each)
-        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=180_000)
-        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell .jp-InputArea-editor").first.click()
-        page.keyboard.press("Escape")
-        for _ in range(3):
-            page.keyboard.press("Shift+Enter")
-            time.sleep(0.3)
-
         dash = page.locator(".kdist-dashboard").first
         dash.wait_for(timeout=int(os.environ.get("KDIST_BROWSER_WAIT_S", "300")) * 1000)  # the widget rendered in the cell's output
         # while training runs, the curves gain points (the kernel's main thread is busy
@@ -223,6 +228,36 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
     finally:
         try:  # what the page looked like at the end, pass or fail
             page.screenshot(path=str(test_output / f"dashboard-{strategy}-last.png"), full_page=True)
+        except Exception:
+            pass
+        page.close()
+        _shutdown_kernels(lab)
+
+
+FAILING = TRAIN.replace(
+    "history = model.fit(",
+    "class Boom(keras.callbacks.Callback):\n"
+    "    def on_epoch_end(self, epoch, logs=None):\n"
+    "        if epoch == 1:\n"
+    "            raise ValueError('bad batch in epoch 2')\n"
+    "history = model.fit(").replace("callbacks=[Pace()]", "callbacks=[Pace(), Boom()]")
+
+
+@pytest.mark.timeout(600)
+def test_failed_run_shows_the_failed_state(lab, test_output):
+    page = _open_and_run(lab, "dash-failed.ipynb", "%%kdist --strategy default\n" + FAILING)
+    try:
+        page.wait_for_selector(".kdist-dashboard[data-status='failed']", timeout=400_000)
+        dash = page.locator(".kdist-dashboard").first
+        banner = dash.locator(".kdist-banner.kdist-failed")
+        assert banner.count() == 1
+        assert "ValueError: bad batch in epoch 2" in banner.inner_text()
+        assert dash.locator(".kdist-rank .kdist-badge.kdist-failed").count() == 1
+        assert _points(dash) > 0  # the curves up to the failure stay
+        dash.screenshot(path=str(test_output / "dashboard-failed.png"))
+    finally:
+        try:
+            page.screenshot(path=str(test_output / "dashboard-failed-last.png"), full_page=True)
         except Exception:
             pass
         page.close()
