@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import kdist_magics
-from kdist_magics.errors import KDistError, RankFailed
+from kdist_magics.errors import KDistError, RankFailed, RunTimedOut
 from kdist_magics.strategies import multiworker as mw
 
 TRAIN = """
@@ -141,7 +141,9 @@ def test_fit_gives_identical_weights_on_both_workers_and_pulls_the_model(mip, ca
     assert configs[1]["cluster"]["worker"] == workers
     assert [c["task"] for c in configs] == [{"type": "worker", "index": 0},
                                             {"type": "worker", "index": 1}]
-    assert "restarting" not in capsys.readouterr().err
+    out = capsys.readouterr()
+    assert "restarting" not in out.err
+    assert "INFO:tensorflow" not in out.out + out.err  # MWMS's per-collective chatter is muted
 
 
 @pytest.mark.engines
@@ -208,6 +210,25 @@ def test_a_worker_failing_mid_training_restarts_the_engines_before_the_next_run(
     a, b = engine_values("kd_weights")
     for wa, wb in zip(a, b):
         np.testing.assert_array_equal(np.array(wa), np.array(wb))
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_timeout_stops_every_worker_and_the_next_run_restarts_the_engines(mip, capsys):
+    mip.run_line_magic("config", "KDist.stop_grace = 2.0")
+    kdist(mip, "", "kd_warm = True")  # engines up before the clock starts
+    before = pids()
+    with pytest.raises(RunTimedOut) as info:
+        kdist(mip, "--timeout 5", TRAIN.replace("epochs=3", "epochs=100000"))
+    assert info.value.busy == [0, 1]
+    rec = kdist_magics.last_run()
+    assert rec.status == "timeout" and {r.state for r in rec.ranks.values()} == {"stopped"}
+    capsys.readouterr()
+    kdist(mip, "", "kd_task = strategy.cluster_resolver.task_id")
+    # ranks stuck in a collective ignore SIGINT and are killed; either way: fresh engines
+    assert "restarting the engines" in capsys.readouterr().err
+    assert not (pids() & before) and engine_values("kd_task") == [0, 1]
 
 
 @pytest.mark.engines

@@ -318,9 +318,13 @@ def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
 
         import tensorflow as tf
 
-        logger = logging.getLogger("tensorflow")
-        if logger.level == logging.NOTSET:  # MWMS logs every collective at INFO otherwise
+        # In an interactive process (an engine is one) TensorFlow's logger defaults to INFO,
+        # and MultiWorkerMirroredStrategy logs every collective it builds: keep warnings only,
+        # unless the user chose a level already.
+        logger = tf.get_logger()
+        if logger.level in (logging.NOTSET, logging.INFO) and not _mw.get("logger_set"):
             logger.setLevel(logging.WARNING)
+            _mw["logger_set"] = True
 
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         _mw.update(strategy=strategy, tf_config=tf_config)
