@@ -37,7 +37,7 @@ STATIC = Path(__file__).parent / "static"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 #: row fields that are not curves
-NOT_CURVES = frozenset({"rank", "epoch", "step", "batch", "time", "kind", "steps_per_s",
+NOT_CURVES = frozenset({"rank", "epoch", "step", "batch", "fit", "time", "kind", "steps_per_s",
                         "samples_per_s", "size", "num_steps"})
 #: at most this many distinct step-level series (loss first)
 MAX_SERIES = 8

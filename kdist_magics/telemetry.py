@@ -71,11 +71,14 @@ def _learning_rate(model) -> float | None:
 
 
 def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
-                  min_interval: float = MIN_INTERVAL, clock: Callable[[], float] = time.time):
+                  min_interval: float = MIN_INTERVAL, clock: Callable[[], float] = time.time,
+                  step_offset: int = 0, fit_index: int = 0):
     """A Keras callback sending throttled step rows, epoch rows and progress to ``sink``.
 
     ``batch_size`` (samples per step, when known) turns steps/s into samples/s.
-    ``clock`` is injectable for tests.
+    ``clock`` is injectable for tests. Rows' ``step`` counts from ``step_offset``, so
+    several ``fit`` calls in one cell draw one continuous curve (``fit`` says which);
+    progress rows count the steps of this ``fit``.
     """
     import keras
 
@@ -157,8 +160,8 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
                     and now - self._last_emit < self.min_interval):
                 return  # throttled: no row
             rates = self._rates(now)
-            row = {"rank": rank, "epoch": self.epoch, "step": self.step, "batch": batch,
-                   "time": now, "kind": "step"}
+            row = {"rank": rank, "epoch": self.epoch, "step": step_offset + self.step,
+                   "batch": batch, "fit": fit_index, "time": now, "kind": "step"}
             row.update({k: _number(v) for k, v in (logs or {}).items()})
             if self._live_lr:
                 self.lr = _learning_rate(self.model)
@@ -174,7 +177,8 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
 
         def _epoch_end(self, epoch, logs):
             now = clock()
-            row = {"rank": rank, "epoch": epoch, "step": self.step, "time": now, "kind": "epoch"}
+            row = {"rank": rank, "epoch": epoch, "step": step_offset + self.step, "fit": fit_index,
+                   "time": now, "kind": "epoch"}
             row.update({k: _number(v) for k, v in (logs or {}).items()})
             row["lr"] = self.lr = _learning_rate(self.model)
             elapsed = now - (self.fit_started or now)
@@ -221,14 +225,23 @@ def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL):
     import keras
 
     original = keras.Model.fit
+    done = {"steps": 0, "fits": 0}  # over the fits of this block (one cell)
 
     def fit(model, *args, **kwargs):
         enabled = kwargs.pop("kdist", True)
         callbacks = list(kwargs.pop("callbacks", None) or [])
-        if enabled and not any(getattr(cb, "kdist_opt_out", False) for cb in callbacks):
-            callbacks.append(make_callback(sink, rank, batch_size=_batch_size(args, kwargs),
-                                           min_interval=min_interval))
-        return original(model, *args, callbacks=callbacks, **kwargs)
+        cb = None
+        if enabled and not any(getattr(c, "kdist_opt_out", False) for c in callbacks):
+            cb = make_callback(sink, rank, batch_size=_batch_size(args, kwargs),
+                               min_interval=min_interval, step_offset=done["steps"],
+                               fit_index=done["fits"])
+            callbacks.append(cb)
+        try:
+            return original(model, *args, callbacks=callbacks, **kwargs)
+        finally:
+            if cb is not None:
+                done["steps"] += cb.step
+                done["fits"] += 1
 
     fit.__wrapped__ = original
     fit.__doc__ = original.__doc__

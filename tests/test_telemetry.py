@@ -277,7 +277,13 @@ def test_attached_adds_callback_and_opt_outs(monkeypatch):
         optout = keras.callbacks.Callback()
         optout.kdist_opt_out = True
         model.fit(x, y, epochs=1, batch_size=8, verbose=0, callbacks=[optout])
+        model.fit(x, y, epochs=1, batch_size=8, verbose=0)  # a second fit in the same cell
     assert keras.Model.fit is original
+    second = [r for k, r in rows[n:] if k == "metric"]
+    assert second and all(r["fit"] == 1 for r in second)
+    assert second[-1]["step"] == 8 + 4  # the curve continues after the first fit's 8 steps
+    assert [r for k, r in rows[n:] if k == "progress"][-1]["step"] == 4  # progress of this fit
+    rows = rows[:n]
     assert len(rows) == n and n > 0
     epochs = [r for k, r in rows if k == "metric" and r["kind"] == "epoch"]
     assert len(epochs) == 2 and all(r["rank"] == 1 for k, r in rows if k == "metric")

@@ -1,0 +1,175 @@
+"""P3: what telemetry + the live dashboard cost in training throughput.
+
+A real IPython kernel (``jupyter_client``, isolated dirs, via ``harness.Kernel``)
+builds one small MLP once, then runs the same ``model.fit`` as ``%%kdist`` cells,
+alternating in ABBA order (so slow drift of a shared machine cancels):
+
+  A  ``%%kdist --strategy S --no-telemetry``  (no callback, no sampler, no dashboard)
+  B  ``%%kdist --strategy S``                  (callback on fit, 1 s sampler, live dashboard
+                                                 sending comm messages over IOPub)
+
+Throughput is samples/s of the ``fit`` call, timed inside the cell. Printed: the
+median of B over the median of A, and each pair's ratio so the noise is visible;
+also samples per CPU-second of the kernel process (every thread: TensorFlow's,
+the sampler's, the dashboard's), which other load on a shared machine disturbs
+far less than wall time; and each piece of the overhead timed in isolation::
+
+    P3 <ratio> (goal >= 0.99)
+
+No front end is attached, so the kernel still serialises and sends every
+widget update (the cost that matters to training); rendering happens in the
+browser, off the kernel.
+
+``python benchmarks/dashboard_overhead.py [--pairs 8] [--steps 1500] [--strategy default]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402  (isolates IPython/Jupyter dirs on import)
+from harness import log, median  # noqa: E402
+
+SETUP = """
+%load_ext kdist_magics
+import time, numpy as np, keras, kdist_magics
+_rng = np.random.default_rng(0)
+x = _rng.normal(size=({n}, 64)).astype("float32")
+y = _rng.integers(0, 10, size=({n},))
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              metrics=["accuracy"])
+model.fit(x[:{batch} * 4], y[:{batch} * 4], batch_size={batch}, epochs=1, verbose=0)  # compile
+rates = []
+"""
+
+CELL = """%%kdist --strategy {strategy} {options}
+_t0, _c0 = time.perf_counter(), time.process_time()
+model.fit(x, y, batch_size={batch}, epochs={epochs}, verbose=0)
+rates.append(({tag!r}, {n} * {epochs} / (time.perf_counter() - _t0),
+              {n} * {epochs} / (time.process_time() - _c0)))
+"""
+
+
+def costs(steps_per_s: float) -> dict:
+    """The pieces of the overhead, each timed in isolation (much less noisy than A/B on a
+    shared machine): the callback per step (mostly the throttled path), one dashboard update
+    with long curves for 2 ranks, one utilisation sample."""
+    import time
+
+    import keras
+
+    from kdist_magics import telemetry
+    from kdist_magics.dashboard import Dashboard
+    from kdist_magics.record import RunRecord
+
+    rec = RunRecord("horovod", size=2)
+    cb = telemetry.make_callback(rec.add, rank=0, batch_size=64)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    cb.set_model(model)
+    cb.set_params({"epochs": 1, "steps": 10**9})
+    cb.on_train_begin()
+    logs = {"loss": 0.5, "accuracy": 0.9}
+    n = 20000
+    t0 = time.perf_counter()
+    for b in range(n):
+        cb.on_train_batch_end(b, logs)
+    per_step = (time.perf_counter() - t0) / n
+    dash = Dashboard(rec, interval=None)
+    for r in (0, 1):
+        for step in range(1, 1601):
+            rec.add("metric", {"rank": r, "epoch": 0, "step": step, "time": step, "kind": "step",
+                               "loss": 1 / step, "accuracy": 0.5, "mae": 0.1, "lr": 0.01})
+    t0 = time.perf_counter()
+    for _ in range(20):
+        rec.add("metric", {"rank": 0, "epoch": 0, "step": 1601, "time": 1, "kind": "step",
+                           "loss": 0.1, "accuracy": 0.5, "mae": 0.1, "lr": 0.01})
+        dash.flush()  # snapshot + ipywidgets' serialisation of the state and the curves
+    flush = (time.perf_counter() - t0) / 20
+    sampler = telemetry.Sampler(lambda k, r: None)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        sampler.sample()
+    sample = (time.perf_counter() - t0) / 50
+    step = 1 / steps_per_s
+    flushes_per_s = 2
+    overhead = per_step / step + flush * flushes_per_s + sample * 1
+    return {"callback_us_per_step": per_step * 1e6, "step_us": step * 1e6, "flush_ms": flush * 1e3,
+            "flushes_per_s": flushes_per_s, "sample_ms": sample * 1e3, "ratio": 1 / (1 + overhead)}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=8, help="A/B pairs (ABBA order)")
+    parser.add_argument("--steps", type=int, default=1500, help="training steps per measurement")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--strategy", default="default", choices=("default", "mirrored"),
+                        help="in-kernel strategy to measure (training on the kernel's main thread)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    epochs = 2
+    n = args.batch * max(1, args.steps // epochs)
+    kernel = harness.Kernel()
+    try:
+        kernel.run(SETUP.format(n=n, batch=args.batch), timeout=600)
+        for tag in ("A", "B"):  # warm-up, not counted: first kdist cell, first dashboard import
+            kernel.run(CELL.format(strategy=args.strategy, options="--no-telemetry" if tag == "A"
+                                   else "", batch=args.batch, epochs=epochs, n=n, tag="warm"),
+                       timeout=600)
+        order = []
+        for i in range(args.pairs):
+            order += ["A", "B"] if i % 2 == 0 else ["B", "A"]
+        for i, tag in enumerate(order):
+            options = "--no-telemetry" if tag == "A" else ""
+            kernel.run(CELL.format(strategy=args.strategy, options=options, batch=args.batch,
+                                   epochs=epochs, n=n, tag=tag), timeout=600)
+            log(f"bench: {i + 1}/{len(order)} {tag} done")
+            if tag == "B":  # what the dashboard had to show in that run
+                summary, metrics, samples = kernel.value(
+                    "[kdist_magics.last_run().summary(), len(kdist_magics.last_run().metrics), "
+                    "len(kdist_magics.last_run().samples)]")
+        rates = kernel.value("rates")
+    finally:
+        left = kernel.close()
+        if left:
+            log(f"bench: killed leftover processes {left}")
+    est = costs(median([r for t, r, _ in rates if t == "A"]) / args.batch)
+    a = [r for t, r, _ in rates if t == "A"]
+    b = [r for t, r, _ in rates if t == "B"]
+    a_cpu = [c for t, _, c in rates if t == "A"]
+    b_cpu = [c for t, _, c in rates if t == "B"]
+    pairs = [rb / ra for ra, rb in zip(a, b)]
+    ratio = median(b) / median(a)
+    cpu_ratio = median(b_cpu) / median(a_cpu)
+    result = {"P3": ratio, "P3_cpu": cpu_ratio, "A_samples_per_s": a, "B_samples_per_s": b,
+              "A_samples_per_cpu_s": a_cpu, "B_samples_per_cpu_s": b_cpu, "pair_ratios": pairs,
+              "strategy": args.strategy, "steps": n // args.batch * epochs, "batch": args.batch,
+              "last_run": summary, "last_run_metric_rows": metrics, "last_run_sample_rows": samples,
+              "machine": harness.machine()}
+    log(f"A (no telemetry, no dashboard): median {median(a):.0f} samples/s  {[round(v) for v in a]}")
+    log(f"B (telemetry + live dashboard): median {median(b):.0f} samples/s  {[round(v) for v in b]}")
+    log(f"pair ratios B/A: {[round(p, 3) for p in pairs]}; last B run: {summary}, "
+        f"{metrics} metric rows, {samples} samples")
+    result["estimate"] = est
+    log(f"costs measured in isolation: callback {est['callback_us_per_step']:.1f} us/step "
+        f"(step {est['step_us']:.0f} us), dashboard update {est['flush_ms']:.2f} ms x "
+        f"{est['flushes_per_s']}/s, sample {est['sample_ms']:.2f} ms x 1/s "
+        f"-> estimated ratio {est['ratio']:.4f}")
+    log(f"samples per CPU-second of the kernel process (all its threads; less sensitive to "
+        f"other load on a shared machine): A median {median(a_cpu):.0f}, B median "
+        f"{median(b_cpu):.0f}, ratio B/A {cpu_ratio:.3f}")
+    print(f"P3 {ratio:.3f} (goal >= 0.99)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
