@@ -149,7 +149,11 @@ class Dashboard:
         if kind == "metric":
             self._add_metric(payload)
         elif kind == "sample":
-            self.latest_sample[int(payload.get("rank", 0) or 0)] = payload
+            rank = int(payload.get("rank", 0) or 0)
+            previous = self.latest_sample.get(rank)
+            if payload.get("cpu_percent") is None and previous is not None:
+                payload = {**payload, "cpu_percent": previous.get("cpu_percent")}  # keep the last
+            self.latest_sample[rank] = payload
         elif kind == "progress":
             with self._lock:
                 self.progress_by_rank.setdefault(int(payload.get("rank", 0) or 0), {}).update(payload)

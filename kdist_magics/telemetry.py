@@ -355,8 +355,10 @@ class Sampler:
 
     def __init__(self, sink: Sink, rank: int = 0, interval: float = SAMPLE_INTERVAL, *,
                  psutil=None, nvml=None, tpu_probe: Callable[[], Any] | None = None,
-                 pid: int | None = None, clock: Callable[[], float] = time.time):
+                 pid: int | None = None, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.sink = sink
+        self.monotonic = monotonic
         self.rank = rank
         self.interval = max(0.05, float(interval))
         self.clock = clock
@@ -391,6 +393,7 @@ class Sampler:
         self.tpu_probe = tpu_probe if tpu_probe is not None else _tensorflow_tpu_probe
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._cpu_since = monotonic()
         if self.process is not None:
             with contextlib.suppress(Exception):
                 self.process.cpu_percent(None)  # prime: the next call measures from here
@@ -401,8 +404,14 @@ class Sampler:
                                "host": self.host, "cpu_count": self.cpu_count,
                                "cpu_percent": None, "rss_bytes": None}
         if self.process is not None:
-            with contextlib.suppress(Exception):
-                row["cpu_percent"] = float(self.process.cpu_percent(None))
+            # CPU % is over the time since the last reading; under a quarter of the
+            # interval (the sample at start, or one at the end right after a periodic one)
+            # it is mostly rounding, so it is left out and the window carries on.
+            now = self.monotonic()
+            if now - self._cpu_since >= 0.25 * self.interval:
+                with contextlib.suppress(Exception):
+                    row["cpu_percent"] = float(self.process.cpu_percent(None))
+                    self._cpu_since = now
             with contextlib.suppress(Exception):
                 row["rss_bytes"] = int(self.process.memory_info().rss)
         gpus = []

@@ -86,6 +86,10 @@ def test_updates_are_coalesced_into_few_sends():
     rec.add("sample", sample(0))
     assert dash.flush() is True and curves_sent == []  # a sample alone: state only
     assert dash.widget.state["ranks"][0]["cpu_percent"] == 50.0
+    rec.add("sample", sample(0, cpu_percent=None, rss_bytes=2**21))  # no CPU window
+    dash.flush()
+    assert dash.widget.state["ranks"][0]["cpu_percent"] == 50.0  # the last reading stays
+    assert dash.widget.state["ranks"][0]["rss_bytes"] == 2**21
     assert len(dash.curves["series"]["loss"]["0"]) <= dash.max_points
     assert json.loads(dash.widget.curves_json) == dash.curves  # what the front end gets
 

@@ -80,9 +80,34 @@ def no_tpu():
 
 # -- sampler -----------------------------------------------------------------------------
 
+class Ticks:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_cpu_percent_needs_a_window_of_a_quarter_interval():
+    ticks = Ticks()
+    ps = FakePsutil()
+    s = telemetry.Sampler(lambda k, r: None, interval=1.0, psutil=ps, nvml=False,
+                          tpu_probe=no_tpu, monotonic=ticks)
+    assert s.sample()["cpu_percent"] is None  # at once: no window yet
+    ticks.t = 1.0
+    assert s.sample()["cpu_percent"] == 150.0
+    ticks.t = 1.1
+    row = s.sample()
+    assert row["cpu_percent"] is None and row["rss_bytes"] == 123_456_789
+    ticks.t = 1.3
+    assert s.sample()["cpu_percent"] == 150.0  # the window carried on from 1.0
+
+
 def test_sample_row_with_fake_gpus_picks_this_process_gpu():
+    ticks = Ticks()
     s = telemetry.Sampler(lambda k, r: None, rank=3, psutil=FakePsutil(), nvml=FakeNvml(),
-                          tpu_probe=no_tpu, pid=4242, clock=lambda: 100.0)
+                          tpu_probe=no_tpu, pid=4242, clock=lambda: 100.0, monotonic=ticks)
+    ticks.t = 5.0
     row = s.sample()
     assert row["rank"] == 3 and row["time"] == 100.0 and row["pid"] == 4242
     assert row["cpu_percent"] == 150.0 and row["cpu_count"] == 4
@@ -118,7 +143,11 @@ def test_no_nvml_means_not_available_with_the_reason():
 
 def test_real_machine_without_gpu_says_not_available():
     # This machine has no GPU driver: pynvml (if installed) fails to initialise.
-    row = telemetry.Sampler(lambda k, r: None, tpu_probe=no_tpu).sample()
+    sampler = telemetry.Sampler(lambda k, r: None, interval=0.2, tpu_probe=no_tpu)
+    import time
+
+    time.sleep(0.1)
+    row = sampler.sample()
     assert row["cpu_percent"] is not None and row["rss_bytes"] > 0
     assert row["accelerator"] is None and row["accelerator_note"].startswith("not available")
 
@@ -140,7 +169,11 @@ def test_broken_probes_never_raise():
 
     ps = FakePsutil()
     ps.Process = lambda pid: BadProcess(pid)
-    row = telemetry.Sampler(lambda k, r: None, psutil=ps, nvml=False, tpu_probe=boom).sample()
+    ticks = Ticks()
+    sampler = telemetry.Sampler(lambda k, r: None, psutil=ps, nvml=False, tpu_probe=boom,
+                                monotonic=ticks)
+    ticks.t = 5.0
+    row = sampler.sample()
     assert row["rss_bytes"] is None and row["cpu_percent"] == 150.0
     assert row["accelerator"] is None
 
