@@ -76,6 +76,8 @@ class Listeners:
         self.seen: set[tuple[str, int, str]] = set()
         #: pid -> [name, CPU seconds at the first sample, at the latest sample]
         self.cpu: dict[int, list] = {}
+        #: pid -> [(time.time(), CPU seconds), ...] every sample
+        self.series: dict[int, list[tuple[float, float]]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -104,6 +106,7 @@ class Listeners:
                 continue
             used = times.user + times.system
             self.cpu.setdefault(proc.pid, [name, used, used])[2] = used
+            self.series.setdefault(proc.pid, []).append((time.time(), used))
             for c in conns:
                 if c.status == psutil.CONN_LISTEN:
                     self.seen.add((c.laddr.ip, c.laddr.port, name))
@@ -121,21 +124,40 @@ class Listeners:
                 out[f"{name} [{pid}]"] = round(last - first, 3)
         return out
 
+    def cpu_between(self, t0: float, t1: float, exclude: set[int] = frozenset()) -> float:
+        """CPU seconds all sampled processes but ``exclude`` used from ``t0`` to ``t1``
+        (interpolated between samples; a process first seen later counts from then)."""
+        total = 0.0
+        for pid, points in self.series.items():
+            if pid in exclude or len(points) < 2:
+                continue
+            total += max(0.0, _interp(points, t1) - _interp(points, t0))
+        return total
+
     @property
     def exposed(self) -> list[str]:
         return sorted(f"{ip}:{port} ({name})" for ip, port, name in self.seen if ip not in LOOPBACK)
 
 
+def _interp(points: list[tuple[float, float]], t: float) -> float:
+    if t <= points[0][0]:
+        return points[0][1]
+    for (ta, ca), (tb, cb) in zip(points, points[1:]):
+        if t <= tb:
+            return ca + (cb - ca) * (t - ta) / (tb - ta) if tb > ta else cb
+    return points[-1][1]
+
+
 # -- horovodrun -------------------------------------------------------------------------
 def horovodrun(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, str],
-               timeout: float = 600, log_path: str | Path | None = None) -> dict:
-    """One ``horovodrun -np 2 --gloo`` run of the workload; rank records and socket findings."""
+               timeout: float = 600, log_path: str | Path | None = None, np: int = 2) -> dict:
+    """One ``horovodrun -np N --gloo`` run of the workload; rank records and socket findings."""
     env = dict(os.environ)
     for var in workload.THREAD_VARS:
         env.pop(var, None)
     env.update(env_extra)
     started = time.time()
-    cmd = [PY, str(BENCH / "horovodrun_lo.py"), "-np", "2", "--gloo", "-H", "localhost:2",
+    cmd = [PY, str(BENCH / "horovodrun_lo.py"), "-np", str(np), "--gloo", "-H", f"localhost:{np}",
            "--network-interface", "lo",
            PY, str(BENCH / "hvd_train.py"), "--steps", str(steps), "--out", str(out_dir),
            "--tag", tag, "--started", repr(started)]
@@ -143,7 +165,7 @@ def horovodrun(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, s
     with open(log_path, "w") as logf:
         proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=logf, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        with Listeners(proc.pid) as listeners:
+        with Listeners(proc.pid, every=1.0) as listeners:
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -153,9 +175,9 @@ def horovodrun(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, s
     if code != 0:
         tail = log_path.read_text()[-3000:]
         raise RuntimeError(f"horovodrun {tag} exited with {code}; log {log_path}:\n{tail}")
-    ranks = read_ranks(out_dir, tag)
+    ranks = read_ranks(out_dir, tag, np)
     return {"ranks": ranks, "started": started, "exposed": listeners.exposed,
-            "listeners": sorted(listeners.seen)}
+            "listeners": sorted(listeners.seen), "watch": listeners}
 
 
 # -- a real kernel ----------------------------------------------------------------------
@@ -299,36 +321,57 @@ def _kb_run_facts():
 """
 
 
-def kdist_cell(steps: int, out_dir: str | Path, tag: str, options: str = "") -> str:
-    """The ``%%kdist`` cell that runs the shared workload on 2 Horovod ranks."""
-    return (f"%%kdist --strategy horovod --np 2 {options}\n"
+def kdist_cell(steps: int, out_dir: str | Path, tag: str, options: str = "", np: int = 2) -> str:
+    """The ``%%kdist`` cell that runs the shared workload on N Horovod ranks."""
+    return (f"%%kdist --strategy horovod --np {np} {options}\n"
             f"import sys\n"
             f"sys.path.insert(0, {str(BENCH)!r})\n"
             f"import workload\n"
             f"_kb = workload.train(hvd, {steps}, {str(out_dir)!r}, {tag!r})\n")
 
 
-def kdist_run(kernel: Kernel, steps: int, out_dir: str | Path, tag: str, options: str = "") -> dict:
+def kdist_run(kernel: Kernel, steps: int, out_dir: str | Path, tag: str, options: str = "",
+              np: int = 2) -> dict:
     """Run the workload cell in ``kernel``; rank records, kernel-side facts, sockets."""
     with Listeners(kernel.pid, every=1.0) as listeners:
-        cell = kernel.run(kdist_cell(steps, out_dir, tag, options))
+        cell = kernel.run(kdist_cell(steps, out_dir, tag, options, np))
         listeners.sample()  # CPU up to the cell's end
     kernel.remember_children()
     facts = kernel.value("_kb_run_facts()")
     if facts["status"] != "done":
         raise RuntimeError(f"kdist run {tag}: {facts['status']}: {facts['error']}")
-    ranks = read_ranks(out_dir, tag)
+    ranks = read_ranks(out_dir, tag, np)
     # CPU the kernel, the controller and helpers (everything but the ranks) used during the cell
     side = listeners.cpu_seconds(exclude={r["pid"] for r in ranks})
     wall = cell["done"] - cell["submitted"]
     return {"ranks": ranks, "submitted": cell["submitted"], "facts": facts,
-            "exposed": listeners.exposed, "listeners": sorted(listeners.seen),
+            "exposed": listeners.exposed, "listeners": sorted(listeners.seen), "watch": listeners,
             "side_cpu": side, "side_cpu_share": sum(side.values()) / wall if wall > 0 else None}
 
 
 def rate(run: dict, warmup: int) -> float:
     """Steady-state steps/s of a run, from rank 0's step-end times."""
     return workload.step_rate(run["ranks"][0]["step_ends"], warmup)
+
+
+def cpu_rate(run: dict, warmup: int) -> dict:
+    """Steady-state steps per CPU-second of *every* process of the run, and where the CPU went.
+
+    Ranks: their own ``time.process_time()`` at step ends (exact). Everything else the
+    launcher started or is (kernel, ipyparallel controller / horovodrun's launcher):
+    sampled every second, interpolated over the same window. Contention from other
+    programs stretches wall time but hardly CPU time, so this ratio stays put on a
+    shared machine where steps/s does not.
+    """
+    ranks = run["ranks"]
+    ends = ranks[0]["step_ends"]
+    t0, t1 = ends[warmup], ends[-1]
+    steps = len(ends) - 1 - warmup
+    rank_cpu = sum(r["step_cpu"][-1] - r["step_cpu"][warmup] for r in ranks)
+    side_cpu = run["watch"].cpu_between(t0, t1, exclude={r["pid"] for r in ranks})
+    return {"steps_per_cpu_s": steps / (rank_cpu + side_cpu), "rank_cpu_per_step": rank_cpu / steps,
+            "side_cpu_per_step": side_cpu / steps, "window_s": t1 - t0,
+            "cores_busy": (rank_cpu + side_cpu) / (t1 - t0)}
 
 
 def fmt(value, digits: int = 3) -> str:

@@ -67,8 +67,12 @@ def main(argv=None) -> int:
     if horovod:
         for key in ("P1", "P2", "P4", "P5"):
             values[key] = horovod["goals"][key]["value"]
+    p3_from = None
     if dashboard and dashboard.get("P3") is not None:
-        values["P3"] = dashboard["P3"]
+        values["P3"], p3_from = dashboard["P3"], "dashboard_overhead.py (in-kernel default strategy)"
+    elif horovod and "P3 (horovod)" in horovod["goals"]:  # dashboard_overhead.py missing or failed
+        values["P3"] = horovod["goals"]["P3 (horovod)"]["value"]
+        p3_from = "bench_horovod.py (horovod strategy, with / without the dashboard)"
 
     print()
     print(f"kdist_magics benchmarks ({time.time() - t0:.0f} s"
@@ -100,6 +104,16 @@ def main(argv=None) -> int:
         print(f"{'P3':<5} {'samples/s, %%kdist default + dashboard':<46} "
               f"{'samples/s, --no-telemetry (no dashboard)':<44} "
               f"{median(dashboard['B_samples_per_s']):>8.0f} {median(dashboard['A_samples_per_s']):>8.0f}")
+    if horovod:
+        g = horovod["goals"]
+        print("per CPU-second of every process involved (steadier on a shared machine): " + ", ".join(
+            f"{k.replace(' per CPU-s', '')} {g[k]['value']:.3f}" for k in g if k.endswith("per CPU-s")))
+        print(f"kdist CPU beside the ranks: {horovod['median_side_cpu_ms_per_step']['K']:.2f} ms/step; "
+              f"rank CPU per step kdist {horovod['median_rank_cpu_ms_per_step']['K']:.1f} ms, "
+              f"horovodrun {horovod['median_rank_cpu_ms_per_step']['S']:.1f} ms")
+        print("listening beyond loopback: " + (", ".join(horovod["exposed"]) or "nothing"))
+    if p3_from:
+        print(f"P3 from {p3_from}")
     if args.json:
         Path(args.json).write_text(json.dumps({"horovod": horovod, "dashboard": dashboard,
                                                "values": values}, indent=1))

@@ -20,9 +20,9 @@ import time
 
 SEED = 1234
 FEATURES = 256
-HIDDEN = 512
+HIDDEN = int(os.environ.get("KDIST_BENCH_HIDDEN", 512))  # gpu_p1_p3.py makes it wider
 CLASSES = 10
-BATCH = 256
+BATCH = int(os.environ.get("KDIST_BENCH_BATCH", 256))  # samples per rank per step
 THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 DATA_BATCHES = 32  # distinct batches per rank, repeated for as many steps as asked
 
@@ -46,6 +46,14 @@ def train(hvd, steps: int, out_dir: str, tag: str, started: float | None = None)
     import tensorflow as tf
 
     rank, size = hvd.rank(), hvd.size()
+    if os.environ.get("KDIST_BENCH_GPU") == "1":  # gpu_p1_p3.py: one GPU per local rank
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            try:
+                tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+                tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+            except RuntimeError:  # a warm engine: TF started already, pinned by the first cell
+                pass
     keras.utils.set_random_seed(SEED)  # same initial weights everywhere; broadcast makes sure
     rng = np.random.default_rng(SEED + rank)  # each rank its own shard
     n = DATA_BATCHES * BATCH
@@ -65,10 +73,12 @@ def train(hvd, steps: int, out_dir: str, tag: str, started: float | None = None)
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
     ends: list[float] = []
+    cpu: list[float] = []  # this process's CPU seconds (all threads) at each step end
 
     class StepTimes(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             ends.append(time.time())
+            cpu.append(time.process_time())
 
     t_fit = time.time()
     history = model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False,
@@ -76,6 +86,7 @@ def train(hvd, steps: int, out_dir: str, tag: str, started: float | None = None)
     result = {
         "tag": tag, "rank": rank, "size": size, "pid": os.getpid(), "steps": len(ends),
         "started": started, "fit_called": t_fit, "step_ends": ends,
+        "step_cpu": cpu,
         "loss": float(history.history["loss"][-1]),
         # what TensorFlow read when it started in this process (tf.config was not used)
         "threads": {v: os.environ.get(v) for v in THREAD_VARS},
