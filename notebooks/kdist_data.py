@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["load_digits_split", "build_model", "mnist_like_file", "describe"]
+__all__ = ["load_digits_split", "build_model", "mnist_like_file", "describe", "gpu_count"]
 
 
 def load_digits_split(test_fraction: float = 0.2, seed: int = 0, flat: bool = True):
@@ -84,3 +84,27 @@ def describe(x, y) -> str:
     classes = np.unique(y)
     return (f"{len(x)} examples of shape {tuple(x.shape[1:])}, {x.dtype}, "
             f"{len(classes)} classes ({classes.min()}..{classes.max()})")
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs on this machine, found without starting TensorFlow.
+
+    NVML through kdist when ``nvidia-ml-py`` is installed, else ``nvidia-smi -L``;
+    0 when neither finds any. ``CUDA_VISIBLE_DEVICES`` is not applied.
+    """
+    import shutil
+    import subprocess
+
+    try:
+        from kdist_magics.hardware import detect_gpus
+
+        found = len(detect_gpus({}))
+    except Exception:
+        found = 0
+    if found or shutil.which("nvidia-smi") is None:
+        return found
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))

@@ -140,6 +140,14 @@ def test_kdist_data_helpers(tmp_path, monkeypatch):
         assert f["y_test"].shape == (359,) and f["x_test"].max() == 255
     assert kdist_data.mnist_like_file(tmp_path / "data") == path  # written once, then reused
     assert "1438 examples" in kdist_data.describe(x_train, y_train)
+    assert kdist_data.gpu_count() >= 0
+    # notebook 02 calls gpu_count() before TensorFlow may start: it must not import TF
+    import subprocess
+
+    probe = ("import sys, kdist_data; kdist_data.gpu_count(); kdist_data.load_digits_split(); "
+             "bad = [m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules]; assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=NOTEBOOKS, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 # -- fast tier: binder follows repo2docker's rules -----------------------------------
