@@ -291,9 +291,17 @@ class Dashboard:
         }
 
     def display(self):
-        """Show the dashboard in the cell's output (with a static HTML fallback)."""
+        """Show the dashboard in the cell's output (with a static HTML fallback).
+
+        In a terminal IPython (no kernel, so no front end to draw a widget) nothing is
+        shown: the record and ``last_run()`` still hold everything.
+        """
+        from IPython import get_ipython
         from IPython.display import display
 
+        shell = get_ipython()
+        if shell is not None and type(shell).__name__ == "TerminalInteractiveShell":
+            return self
         self.handle = display(self.bundle(), raw=True, display_id=True)
         return self
 

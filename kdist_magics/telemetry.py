@@ -25,8 +25,9 @@ rows can cross process boundaries unchanged:
   accelerator, gpus: [...], gpu_util_percent, gpu_mem_used_bytes,
   gpu_mem_total_bytes, tpus: [...], accelerator_note}``. GPUs come from NVML
   (``pynvml``, from the ``nvidia-ml-py`` package) when it initialises; TPU
-  memory from TensorFlow's ``get_memory_info`` when TensorFlow is already
-  imported and sees TPUs; otherwise ``accelerator`` is None and
+  memory from JAX's ``Device.memory_stats()`` or TensorFlow's
+  ``get_memory_info``, when that runtime is already up in the process and sees
+  TPUs; otherwise ``accelerator`` is None and
   ``accelerator_note`` says why ("not available: ..."). ``psutil``, NVML and
   the TPU probe are injectable so tests use fakes.
 
@@ -318,6 +319,45 @@ class _NvmlProbe:
             self.nvml.nvmlShutdown()
 
 
+def _jax_tpu_probe() -> list[dict[str, Any]] | None:
+    """TPU memory from JAX (``Device.memory_stats()``), only when JAX is already imported and
+    its backend is already up on TPU (this never initialises a backend)."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None or not _jax_backend_ready():  # not initialised yet: leave it alone
+        return None
+    try:
+        devices = [d for d in jax.local_devices() if d.platform == "tpu"]
+    except Exception:
+        return None
+    out = []
+    for d in devices:
+        entry: dict[str, Any] = {"index": d.id, "name": str(getattr(d, "device_kind", "TPU"))}
+        try:
+            stats = d.memory_stats() or {}
+            entry["mem_used_bytes"] = stats.get("bytes_in_use")
+            entry["mem_total_bytes"] = stats.get("bytes_limit")
+        except Exception:
+            entry["mem_used_bytes"] = None
+        out.append(entry)
+    return out or None
+
+
+def _jax_backend_ready() -> bool:
+    try:
+        from jax._src import xla_bridge
+
+        return bool(getattr(xla_bridge, "_backends", None))
+    except Exception:
+        return False
+
+
+def _tpu_probe() -> list[dict[str, Any]] | None:
+    """What the runtime already running in this process says about its TPUs (JAX, then TF)."""
+    return _jax_tpu_probe() or _tensorflow_tpu_probe()
+
+
 def _tensorflow_tpu_probe() -> list[dict[str, Any]] | None:
     """TPU memory from TensorFlow, only when TensorFlow is already imported and sees TPUs."""
     import sys
@@ -390,7 +430,7 @@ class Sampler:
                     self.gpu = None
         else:
             self.note = "not available: GPU sampling disabled"
-        self.tpu_probe = tpu_probe if tpu_probe is not None else _tensorflow_tpu_probe
+        self.tpu_probe = tpu_probe if tpu_probe is not None else _tpu_probe
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cpu_since = monotonic()

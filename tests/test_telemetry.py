@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import types
 
@@ -157,6 +158,27 @@ def test_tpu_probe_is_used_when_there_is_no_gpu():
     s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False, tpu_probe=lambda: tpus)
     row = s.sample()
     assert row["accelerator"] == "tpu" and row["tpus"] == tpus
+
+
+def test_jax_tpu_probe_reads_memory_stats(monkeypatch):
+    class Dev:
+        platform, device_kind = "tpu", "TPU v5 lite"
+
+        def __init__(self, i):
+            self.id = i
+
+        def memory_stats(self):
+            return {"bytes_in_use": 1000 * (self.id + 1), "bytes_limit": 16_000}
+
+    fake_jax = types.SimpleNamespace(local_devices=lambda: [Dev(0), Dev(1)])
+    monkeypatch.setitem(sys.modules, "jax", fake_jax)
+    monkeypatch.setattr(telemetry, "_jax_backend_ready", lambda: True)
+    row = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False).sample()
+    assert row["accelerator"] == "tpu"
+    assert [(t["index"], t["mem_used_bytes"], t["mem_total_bytes"]) for t in row["tpus"]] == \
+        [(0, 1000, 16_000), (1, 2000, 16_000)]
+    monkeypatch.setattr(telemetry, "_jax_backend_ready", lambda: False)  # never starts JAX
+    assert telemetry._jax_tpu_probe() is None
 
 
 def test_broken_probes_never_raise():

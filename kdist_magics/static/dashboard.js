@@ -224,7 +224,12 @@ function render({ model, el }) {
         bars.appendChild(bar(`mem${g.index}`, g.mem_total_bytes ? g.mem_used_bytes / g.mem_total_bytes : null,
           `${fmtBytes(g.mem_used_bytes)} / ${fmtBytes(g.mem_total_bytes)}`, "kdist-gpumem"));
       }
-      for (const t of r.tpus || []) bars.appendChild(h("div", "kdist-tpu", `TPU${t.index} memory ${fmtBytes(t.mem_used_bytes)}`));
+      for (const t of r.tpus || []) {
+        bars.appendChild(t.mem_total_bytes
+          ? bar(`TPU${t.index}`, t.mem_used_bytes / t.mem_total_bytes,
+                `${fmtBytes(t.mem_used_bytes)} / ${fmtBytes(t.mem_total_bytes)}`, "kdist-gpumem")
+          : h("div", "kdist-tpu", `TPU${t.index} memory ${fmtBytes(t.mem_used_bytes)}`));
+      }
       if (!(r.gpus || []).length && !(r.tpus || []).length && r.accelerator_note) {
         bars.appendChild(h("div", "kdist-note", `accelerator: ${r.accelerator_note}`));
       }
