@@ -75,6 +75,9 @@ def test_fit_with_the_fix_gives_identical_weights_and_falling_loss(fixed):
     assert a["loss"] == b["loss"]  # logs are the mean over both workers
     loss = a["loss"]
     assert loss[-1] < loss[0] / 2, loss
+    # validation, evaluate and predict run too, with the same numbers on both workers
+    assert a["val_loss"] == b["val_loss"] and a["evaluate"] == b["evaluate"]
+    assert a["predict_shape"] == b["predict_shape"] == [40, 1]
 
 
 @pytest.mark.slow

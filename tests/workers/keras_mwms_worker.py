@@ -2,8 +2,8 @@
 
 usage: keras_mwms_worker.py INDEX PORT0,PORT1,... FIX(0|1)
 
-Trains a tiny Keras 3 model with ``fit`` under MultiWorkerMirroredStrategy on
-loopback; each worker seeds differently, so identical final weights show that
+Trains a tiny Keras 3 model with ``fit`` (with validation data), then ``evaluate``
+and ``predict``, under MultiWorkerMirroredStrategy on loopback; each worker seeds differently, so identical final weights show that
 the strategy synchronised initial values and gradients. Prints one line
 ``RESULT {json}`` (loss per epoch, final weights, whether the fix was active)
 or ``ERROR {json}`` (the exception's type and message).
@@ -47,7 +47,10 @@ with strategy.scope():
 
 with (keras_mwms.applied() if fix else contextlib.nullcontext(False)) as active:
     try:
-        history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
+        history = model.fit(x, y, batch_size=16, epochs=3, verbose=0,
+                            validation_data=(x[:32], y[:32]))
+        evaluated = model.evaluate(x, y, batch_size=16, verbose=0)
+        predicted = model.predict(x[:40], batch_size=16, verbose=0)
     except Exception as exc:
         import traceback
 
@@ -57,6 +60,9 @@ with (keras_mwms.applied() if fix else contextlib.nullcontext(False)) as active:
         sys.exit(0)
 print("RESULT " + json.dumps({
     "loss": history.history["loss"],
+    "val_loss": history.history["val_loss"],
+    "evaluate": float(evaluated),
+    "predict_shape": list(predicted.shape),
     "weights": [w.tolist() for w in model.get_weights()],
     "fix_active": bool(active),
     "patched_after": keras_mwms.active(),
