@@ -67,4 +67,12 @@ fi
 if [ $want_browser = 1 ] && [ ! -x /usr/bin/chromium ]; then
   apt_install chromium
 fi
+
+# 6. The network-namespace tests (root only, e.g. CI): iproute2's `ip`, util-linux's `unshare`
+if [ $want_browser = 1 ] && [ "$(id -u)" = 0 ]; then
+  missing=()
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v unshare >/dev/null || missing+=(util-linux)
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+fi
 say "ready: $VENV ($("$PY" -c 'import tensorflow as tf, keras, horovod; print(f"TF {tf.__version__}, Keras {keras.__version__}, Horovod {horovod.__version__}")' 2>/dev/null))"
