@@ -160,12 +160,24 @@ class EngineCluster:
 
             threading.Thread(target=run, name="kdist-engine-exits", daemon=True).start()
             self._loop = box.get(timeout=10)
+        self._loops_replaced = getattr(self, "_loops_replaced", [])
         for engine_set in getattr(self.cluster, "engines", {}).values():
             for launcher in getattr(engine_set, "launchers", {}).values():
                 try:
+                    self._loops_replaced.append((launcher, launcher.loop))
                     launcher.loop = self._loop
                 except Exception:
                     pass
+
+    def _restore_loops(self) -> None:
+        """Give the launchers their own loop back before ipyparallel stops them (its stop
+        bookkeeping must not race with exit notifications on our thread)."""
+        for launcher, loop in getattr(self, "_loops_replaced", []):
+            try:
+                launcher.loop = loop
+            except Exception:
+                pass
+        self._loops_replaced = []
 
     def _identify(self) -> None:
         ids = sorted(self.client.ids)[: self.n]
@@ -192,14 +204,17 @@ class EngineCluster:
             except Exception:
                 pass
         if cluster is not None:
+            self._restore_loops()
+            # End every process we started, by pid (engines hold no state worth a slow
+            # goodbye, and nannies would otherwise outlive stop_cluster by ~30 s), then
+            # let ipyparallel tidy its files and bookkeeping (quick: nothing left to wait for).
+            self._kill_pids(set(tree) | self._pids_started, grace=1.0)
             try:
                 cluster.stop_cluster_sync()
             except Exception as exc:
                 import logging
 
                 logging.getLogger("kdist_magics").debug("stop_cluster: %r", exc)
-            # nannies and helpers may outlive stop_cluster by ~30 s: end them, by pid
-            self._kill_pids(set(tree) | self._pids_started)
         self._pids_started = set()
         self.engines = []
         loop, self._loop = getattr(self, "_loop", None), None

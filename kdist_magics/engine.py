@@ -9,9 +9,11 @@ on the engine (from the cell's thread or a sampler thread). Rows are buffered,
 numbered per rank (``seq``) and published every ``interval`` seconds as one
 ``display_data`` message with MIME type :data:`FEED_MIME` on the engine's
 IOPub channel, parented to the running cell's request (captured by a
-``pre_run_cell`` hook). IOPub is ordered and every message is kept by the
-client, so no row is lost, and it needs no extra socket (works wherever the
-engines already reach the controller). The kernel routes these messages into
+``pre_run_cell`` hook; a ``post_run_cell`` hook publishes the rest while that
+request is still open, and :func:`end` sends rows that come later with its own
+request). IOPub is ordered and the kernel sees every message of an open
+request, so no row is lost (batches carry ``seq``, gaps are counted), and it
+needs no extra socket (works wherever the engines already reach the controller). The kernel routes these messages into
 the run's RunRecord and never displays them.
 """
 
@@ -87,9 +89,10 @@ class Feed:
         return shell.display_pub if shell is not None else None
 
     def flush(self, parent: dict | None = None) -> None:
-        parent = parent if parent is not None else self.parent
         pub = self._pub()
         with self.lock:
+            # read under the lock: after disarm() no batch may carry the finished cell's parent
+            parent = parent if parent is not None else self.parent
             if not self.rows or parent is None or pub is None:
                 return
             rows, self.rows = self.rows, []
@@ -110,6 +113,13 @@ class Feed:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="kdist-feed", daemon=True)
             self._thread.start()
+
+    def disarm(self, *args) -> None:
+        """``post_run_cell`` hook: publish what is left while the cell's request is still open
+        (a batch sent after its IOPub idle would reach nobody), then stop parenting to it."""
+        self.flush()
+        with self.lock:
+            self.parent = None
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -137,7 +147,9 @@ def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
     _run.update(stack=stack, feed=feed, rank=rank)
     if shell is not None:
         shell.events.register("pre_run_cell", feed.arm)
+        shell.events.register("post_run_cell", feed.disarm)
         stack.callback(shell.events.unregister, "pre_run_cell", feed.arm)
+        stack.callback(shell.events.unregister, "post_run_cell", feed.disarm)
     if telemetry:
         from . import telemetry as tm
 

@@ -105,14 +105,20 @@ def test_engine_feed_numbers_batches_and_publishes_to_the_cell_request():
         deadline = time.monotonic() + 5
         while not pub.sent and time.monotonic() < deadline:
             time.sleep(0.02)
+        feed.sink("metric", {"step": 3})
+        feed.disarm()  # the cell ended: the rest goes out under the cell's request, now
+        feed.sink("sample", {"cpu": 1.0})
+        time.sleep(0.2)
     finally:
         feed.close()
-    feed.sink("sample", {"cpu": 1.0})
+    feed.flush()  # no open request any more: kept for end()
     feed.flush(parent={"msg_id": "end-1"})
     payloads = [(c["data"][engine.FEED_MIME], parent["msg_id"]) for _, c, parent in pub.sent]
-    assert [p["seq"] for p, _ in payloads] == [1, 2]
+    assert [p["seq"] for p, _ in payloads] == [1, 2, 3]
     assert payloads[0][0]["rows"] == [["metric", {"step": 1}], ["metric", {"step": 2}]]
-    assert payloads[0][1] == "exec-1" and payloads[1][1] == "end-1"
+    assert payloads[1][0]["rows"] == [["metric", {"step": 3}]]
+    assert payloads[2][0]["rows"] == [["sample", {"cpu": 1.0}]]
+    assert [parent for _, parent in payloads] == ["exec-1", "exec-1", "end-1"]
     assert all(p["rank"] == 1 for p, _ in payloads)
 
 
