@@ -284,10 +284,29 @@ def _controller_side_address() -> str:
     """The local address of this engine's established TCP connections (to the controller)."""
     import psutil
 
-    addrs = [c.laddr.ip for c in psutil.Process().net_connections("tcp")
+    conns = [c for c in psutil.Process().net_connections("tcp")
              if c.status == psutil.CONN_ESTABLISHED and c.raddr]
+    controller = _controller_ip()
+    towards = [c.laddr.ip for c in conns if controller and c.raddr.ip == controller]
+    if towards:
+        return towards[0]
+    addrs = [c.laddr.ip for c in conns]
     outside = [a for a in addrs if not a.startswith("127.") and a != "::1"]
     return (outside or addrs or ["127.0.0.1"])[0]
+
+
+def _controller_ip() -> str | None:
+    """The controller's IP as this engine registered with it (None when unknown)."""
+    try:
+        from urllib.parse import urlparse
+
+        from ipyparallel.engine.app import IPEngine
+
+        if not IPEngine.initialized():
+            return None
+        return urlparse(IPEngine.instance().registration_url).hostname
+    except Exception:
+        return None
 
 
 def free_port(address: str) -> int:
