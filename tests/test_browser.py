@@ -262,3 +262,39 @@ def test_failed_run_shows_the_failed_state(lab, test_output):
             pass
         page.close()
         _shutdown_kernels(lab)
+
+
+SHORT = TRAIN.replace("epochs=5", "epochs=2")
+
+
+@pytest.mark.timeout(600)
+def test_dashboard_in_notebook7(lab, test_output):
+    """The same widget in Notebook 7's single-document front end (same server)."""
+    pytest.importorskip("notebook", reason="Notebook 7 is installed with the lab extra")
+    name = "dash-nb7.ipynb"
+    (lab["root"] / name).write_text(json.dumps(_notebook("%%kdist --strategy default\n" + SHORT)))
+    page = lab["browser"].new_page(viewport={"width": 1300, "height": 1100})
+    try:
+        page.goto(f"{lab['base']}/notebooks/{name}?token={lab['token']}", timeout=120_000)
+        page.wait_for_selector(".jp-Notebook .jp-Cell .jp-InputArea-editor", timeout=120_000)
+        # Notebook 7 shows the kernel state as the title of its kernel status icon
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('[title]')].some(e => /Kernel (is )?Idle/i.test(e.title)"
+            " || /idle/i.test(e.getAttribute('data-status') || ''))", timeout=180_000)
+        page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first.click()
+        page.keyboard.press("Escape")
+        for _ in range(3):
+            page.keyboard.press("Shift+Enter")
+            time.sleep(0.3)
+        page.wait_for_selector(".kdist-dashboard[data-status='done']", timeout=400_000)
+        dash = page.locator(".kdist-dashboard").first
+        assert _points(dash) > 0 and dash.locator(".kdist-chart-loss polyline").count() == 1
+        assert dash.locator(".kdist-progress .kdist-bar-text").inner_text().startswith("epoch 2/2")
+        dash.screenshot(path=str(test_output / "dashboard-notebook7.png"))
+    finally:
+        try:
+            page.screenshot(path=str(test_output / "dashboard-notebook7-last.png"), full_page=True)
+        except Exception:
+            pass
+        page.close()
+        _shutdown_kernels(lab)
