@@ -1,5 +1,6 @@
 """Browser tier: a real JupyterLab 4 in headless Chromium runs %%kdist training cells and the
-live dashboard appears, gains curve points while training runs, and ends "done".
+live dashboard appears, gains curve points while training runs, and ends "done" (default,
+mirrored, horovod); a failing cell ends "failed" with its error; Notebook 7 shows it too.
 
 One JupyterLab server (loopback, random token, isolated Jupyter/IPython dirs, temp notebook
 dir) and one browser for the module; one notebook (and kernel) per strategy. Screenshots go
