@@ -7,6 +7,8 @@ to ``demo-output/01-quickstart.ipynb`` and prints its path and a one-line
 summary of the run (the strategy, how long, the last loss, test accuracy).
 
     python scripts/demo.py [NOTEBOOK] [--timeout SECONDS]
+
+``KDIST_DEMO_OUTPUT`` puts the output somewhere else than ``demo-output/``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "demo-output"
+OUT = Path(os.environ.get("KDIST_DEMO_OUTPUT", ROOT / "demo-output"))
 
 
 def _text(cell) -> str:
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
     shown = target.relative_to(Path.cwd()) if target.is_relative_to(Path.cwd()) else target
     print(f"kdist demo: executed notebook: {shown}")
     if failure is not None:
-        first = str(failure).strip().splitlines()
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(failure)).strip().splitlines()
         print(f"kdist demo: FAILED after {took:.0f} s: {first[-1] if first else failure}", file=sys.stderr)
         return 1
     print(f"kdist demo: ok in {took:.0f} s: {summarise(nb)}")

@@ -344,3 +344,43 @@ def test_notebook_runs_top_to_bottom(path, variant, test_output):
         expected = "raises-exception" in cell.metadata.get("tags", [])
         assert raised == expected, (f"{path.name}: cell {i} " + ("was expected to raise and did not"
                                     if expected else "raised") + f":\n{cell.source}")
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_make_demo_runs_the_quickstart(tmp_path):
+    """``make demo``'s script: executes 01-quickstart, prints the copy's path and a summary."""
+    import subprocess
+
+    env = _kernel_env(tmp_path / "home", {})
+    env["KDIST_DEMO_OUTPUT"] = str(tmp_path / "demo-output")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout + done.stderr
+    executed = tmp_path / "demo-output" / "01-quickstart.ipynb"
+    assert f"executed notebook: {executed}" in done.stdout
+    summary = [ln for ln in done.stdout.splitlines() if ln.startswith("kdist demo: ok in")]
+    assert summary and "done in" in summary[0] and "test accuracy" in summary[0], done.stdout
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    assert all(c.execution_count is not None for c in nb.cells if c.cell_type == "code")
+
+
+def test_demo_summary_reads_the_outputs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kdist_demo", ROOT / "scripts" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    cells = [new_code_cell("x", outputs=[new_output("stream", name="stdout", text=text)])
+             for text in ("kdist: --strategy auto chose default: 2 cores, no GPU\n",
+                          "default: done in 5.5 s, 1/1 ranks done, last loss 0.186\n",
+                          "test accuracy: 93.6%\n")]
+    line = demo.summarise(new_notebook(cells=cells))
+    assert line == "default: done in 5.5 s, 1/1 ranks done, last loss 0.186; test accuracy 93.6%"
+    assert demo.summarise(new_notebook(cells=[])) == "ran without a run summary in its output"
