@@ -121,6 +121,8 @@ def main(argv=None) -> dict:
         # cores' worth of CPU used beside the ranks (kernel, controller) while K's cell ran
         "kdist_side_cpu": median([r["side_cpu_share"] for r in runs["K"]]),
         "kdist_side_cpu_by_process": runs["K"][-1]["side_cpu"] if runs["K"] else {},
+        # steady state only: cores' worth of CPU per process beside the ranks, last run of each
+        "side_cores_by_process": {v: runs[v][-1]["cpu"]["side_cores_by_process"] for v in variants},
         "p5": {"median": median(latencies), "max": max(latencies) if latencies else None,
                "rows": len(latencies),
                "lost_batches": sum(r["facts"]["lost_batches"] or 0 for r in runs["K"])},
@@ -165,6 +167,10 @@ def table(res: dict) -> str:
     lines.append(f"kdist per-cell set-up before the cell body (median): {fmt(res['kdist_setup_s'])} s")
     lines.append(f"kdist CPU beside the ranks during K (kernel, controller; median): "
                  f"{fmt(res['kdist_side_cpu'])} of one core")
+    for v, procs in res.get("side_cores_by_process", {}).items():
+        top = sorted(procs.items(), key=lambda kv: -kv[1])[:3]
+        lines.append(f"steady-state CPU beside the ranks, {v}: " +
+                     (", ".join(f"{name.split('/')[-1]} {cores:.3f} cores" for name, cores in top) or "none"))
     p5 = res["p5"]
     lines.append(f"step end -> row in last_run().metrics: median {fmt(p5['median'])} s, "
                  f"max {fmt(p5['max'])} s over {p5['rows']} rows; lost batches {p5['lost_batches']}")

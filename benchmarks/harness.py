@@ -127,12 +127,17 @@ class Listeners:
     def cpu_between(self, t0: float, t1: float, exclude: set[int] = frozenset()) -> float:
         """CPU seconds all sampled processes but ``exclude`` used from ``t0`` to ``t1``
         (interpolated between samples; a process first seen later counts from then)."""
-        total = 0.0
+        return sum(self.cpu_between_by_process(t0, t1, exclude).values())
+
+    def cpu_between_by_process(self, t0: float, t1: float,
+                               exclude: set[int] = frozenset()) -> dict[str, float]:
+        out: dict[str, float] = {}
         for pid, points in self.series.items():
             if pid in exclude or len(points) < 2:
                 continue
-            total += max(0.0, _interp(points, t1) - _interp(points, t0))
-        return total
+            name = f"{self.cpu[pid][0]} [{pid}]"
+            out[name] = max(0.0, _interp(points, t1) - _interp(points, t0))
+        return out
 
     @property
     def exposed(self) -> list[str]:
@@ -368,8 +373,10 @@ def cpu_rate(run: dict, warmup: int) -> dict:
     t0, t1 = ends[warmup], ends[-1]
     steps = len(ends) - 1 - warmup
     rank_cpu = sum(r["step_cpu"][-1] - r["step_cpu"][warmup] for r in ranks)
-    side_cpu = run["watch"].cpu_between(t0, t1, exclude={r["pid"] for r in ranks})
+    by_process = run["watch"].cpu_between_by_process(t0, t1, exclude={r["pid"] for r in ranks})
+    side_cpu = sum(by_process.values())
     return {"steps_per_cpu_s": steps / (rank_cpu + side_cpu), "rank_cpu_per_step": rank_cpu / steps,
+            "side_cores_by_process": {k: round(v / (t1 - t0), 4) for k, v in by_process.items() if v > 0},
             "side_cpu_per_step": side_cpu / steps, "window_s": t1 - t0,
             "cores_busy": (rank_cpu + side_cpu) / (t1 - t0)}
 
