@@ -49,7 +49,7 @@ class KDist(Magics):
                                   "address to route towards").tag(config=True)
     threads_per_rank = Integer(None, allow_none=True,
                                help="intra-op threads per rank (None: cores / ranks)").tag(config=True)
-    stop_grace = Float(3.0, help="seconds ranks get to stop after an interrupt (SIGINT) before "
+    stop_grace = Float(5.0, help="seconds ranks get to stop after an interrupt (SIGINT) before "
                                  "they are killed and the engines restarted").tag(config=True)
 
     def __init__(self, shell=None, **kwargs):

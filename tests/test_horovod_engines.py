@@ -400,13 +400,17 @@ def test_interrupt_stops_all_ranks_and_keeps_the_checkpoint(hip, tmp_path):
             time.sleep(0.1)
 
     t = threading.Thread(target=interrupt_after_two_epochs, daemon=True)
+    ext = kdist_magics._extension
+    grace, ext.stop_grace = ext.stop_grace, 30.0  # a loaded test machine may be slow to stop
     t.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             kdist(hip, f"--push X --checkpoint {tmp_path}", cell)
     finally:
+        ext.stop_grace = grace
         stop.set()
         t.join()
+    assert strategy().needs_restart is None  # every rank stopped by itself: engines stay warm
     rec = kdist_magics.last_run()
     assert rec.status == "interrupted"
     assert all(r.state == "stopped" for r in rec.ranks.values())

@@ -29,9 +29,13 @@ Hooks for subclasses (Horovod here; MultiWorkerMirroredStrategy later, with
 ``bound_names`` (class attribute)
     names the strategy binds in the engine namespace (documentation/status).
 
-Every wait in the run polls the engines so a failure is noticed in well
-under a second; the kernel's main thread does all writing (stdout, record),
-so the dashboard's listeners run where widgets expect them.
+State a subclass may use: ``self.cluster`` (the warm EngineCluster, or None),
+``self.needs_restart`` (set it to a reason and the next run restarts the
+engines first), ``_cluster(ctx)`` (may be extended to re-plan a cluster).
+
+While the cell runs, the kernel polls every 50 ms: a rank's error, a dead
+engine process, the timeout; the kernel's main thread does all writing
+(stdout, record), so the dashboard's listeners run where widgets expect them.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ import re
 import signal
 import sys
 import time
-from functools import partial
 from typing import Any
 
 from ..cluster import EngineCluster
@@ -273,6 +276,7 @@ class EngineStrategy(Strategy):
                 ar = cluster.view().apply_async(engine.end, True)
                 ar.wait(timeout=10)
                 if ar.ready():
+                    ar.wait_for_output(timeout=5)  # the final batch is published before idle
                     self._drain_outputs(ar, ctx, ranks)
             except Exception:
                 pass
@@ -304,7 +308,7 @@ class EngineStrategy(Strategy):
         for rank in ranks:
             record.set_rank(rank, state="running")
         timeout = spec.timeout if spec.timeout is not None else getattr(ctx.config, "timeout", None)
-        grace = float(getattr(ctx.config, "stop_grace", 3.0) or 3.0)
+        grace = float(getattr(ctx.config, "stop_grace", 5.0) or 5.0)
         started = time.monotonic()
         failures: dict[int, Any] = {}
         first_failure = None
