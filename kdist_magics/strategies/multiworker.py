@@ -88,7 +88,17 @@ class MultiWorkerStrategy(EngineStrategy):
         """(ranks, TF_CONFIG per engine) or None when the engines must restart first."""
         mode = "loopback" if cluster.owned else (getattr(ctx.config, "worker_network", "") or "")
         ars = [cluster.client[e.engine_id].apply_async(_probe, mode) for e in cluster.engines]
-        infos = [ar.get(timeout=60) for ar in ars]
+        for ar in ars:
+            ar.wait(timeout=60)
+        busy = [e.engine_id for e, ar in zip(cluster.engines, ars) if not ar.ready()]
+        if busy:
+            if cluster.owned:
+                self.needs_restart = "engines did not answer"
+            raise KDistError(
+                f"engine {', '.join(map(str, busy))} did not answer within 60 s (still busy in an "
+                f"earlier run?); " + ("they restart with the next cell" if cluster.owned else
+                                      "restart the cluster's engines and run the cell again"))
+        infos = [ar.get() for ar in ars]
         hosts = [e.hostname for e in cluster.engines]
         ranks = host_grouped_ranks(hosts)
         current = [i.get("tf_config") for i in infos]
@@ -163,7 +173,13 @@ class MultiWorkerStrategy(EngineStrategy):
         if not ok and self._made and self.needs_restart is None:
             states = {r.state for r in ctx.record.ranks.values()}
             if states - {"failed", "done"}:  # stopped mid-way: collectives may be out of step
-                self.needs_restart = "the previous run stopped mid-way"
+                if cluster.owned:
+                    self.needs_restart = "the previous run stopped mid-way"
+                else:
+                    print("kdist: the run stopped mid-way; MultiWorkerMirroredStrategy's "
+                          "collectives may be out of step on these engines. If the next cell "
+                          "hangs, restart the cluster's engines (kdist does not restart a "
+                          "cluster it did not start).", file=sys.stderr)
         if cluster.running and self.needs_restart is None:
             try:
                 cluster.view().apply_async(_leave).wait(timeout=10)
