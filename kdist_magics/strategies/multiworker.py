@@ -32,7 +32,7 @@ chosen free by each engine on its own host.
 
 A run that stops mid-way (a rank stopped, interrupted or timed out) may leave
 the workers' collectives out of step, so an owned cluster restarts before the
-next run; a run whose ranks all finished, each done or raising (a typo, a bad
+next run (an attached one gets a warning); a run whose ranks all finished, each done or raising (a typo, a bad
 shape), keeps the warm engines.
 """
 
