@@ -371,6 +371,32 @@ def test_a_rank_raising_while_the_other_waits_in_a_collective(hip):
     assert cluster_pids() == pids
 
 
+GIVES_UP_IN_FIT = """
+import keras, numpy as np
+X = np.random.default_rng(0).normal(size=(256, 8)).astype('float32')
+class GiveUp(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if hvd.rank() == 1 and epoch == 1:
+            raise RuntimeError('rank 1 gave up')
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss='mse')
+model.fit(X, X.sum(1), batch_size=8, epochs=50, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), GiveUp()])
+"""
+
+
+def test_a_rank_failing_mid_fit_releases_the_other_from_its_compiled_step(hip):
+    pids = cluster_pids()
+    with pytest.raises(RankFailed) as info:
+        kdist(hip, "", GIVES_UP_IN_FIT)
+    assert set(info.value.failures) == {1} and "rank 1 gave up" in str(info.value)
+    # rank 0 waited in the gradient allreduce inside Keras' compiled train step; the
+    # coordinated Horovod shutdown released it, so the engines (and rank 0's model) survive
+    assert strategy().needs_restart is None
+    assert kdist(hip, "", "(hvd.size(), 'model' in globals())") == (2, True)
+    assert cluster_pids() == pids
+
+
 def test_timeout_reports_busy_ranks_and_leaves_engines_usable(hip):
     pids = cluster_pids()
     with pytest.raises(RunTimedOut) as info:
