@@ -300,9 +300,10 @@ def unpack(packed) -> Any:
 def hvd_init(env: dict[str, str]) -> dict[str, Any]:
     """Set this rank's HOROVOD_*/Gloo variables, (re)initialise Horovod, bind ``hvd``.
 
-    ``hvd`` is kdist's Keras-3 Horovod binding when available (``keras_horovod``,
-    installed so ``import horovod.tensorflow.keras as hvd`` resolves to it), else
-    ``horovod.tensorflow``.
+    ``hvd`` is kdist's Keras-3 Horovod binding (``keras_horovod``, installed so
+    ``import horovod.tensorflow.keras as hvd`` resolves to it) when Keras 3 is the
+    active Keras; with Keras 2 / tf_keras (``install()`` returns False) it is
+    Horovod's own ``horovod.tensorflow.keras``, which works there.
     """
     from IPython import get_ipython
 
@@ -314,12 +315,12 @@ def hvd_init(env: dict[str, str]) -> dict[str, Any]:
             core.shutdown()
     except Exception:
         pass
-    try:
-        from . import keras_horovod as hvd  # type: ignore[attr-defined]
+    from . import keras_horovod
 
-        hvd.install()
-    except ImportError:
-        hvd = core
+    if keras_horovod.install():
+        hvd = keras_horovod
+    else:
+        import horovod.tensorflow.keras as hvd  # Keras 2 / tf_keras: Horovod's own module
     hvd.init()
     _watch_abort(env)
     shell = get_ipython()

@@ -67,8 +67,12 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
     import psutil
 
     kdist(hip, "", "import os\nkd_seen = (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())\n"
-                   "kd_threads = os.environ.get('TF_NUM_INTRAOP_THREADS')")
+                   "kd_threads = os.environ.get('TF_NUM_INTRAOP_THREADS')\n"
+                   "import horovod.tensorflow.keras as hk\n"
+                   "kd_binding = (hvd.__name__, hk is hvd)")
     assert engine_values("kd_seen") == [(0, 2, 0, 2), (1, 2, 1, 2)]
+    # under Keras 3, `hvd` and `import horovod.tensorflow.keras` are kdist's binding
+    assert engine_values("kd_binding") == [("kdist_magics.keras_horovod", True)] * 2
     cpus = len(os.sched_getaffinity(0))
     assert engine_values("kd_threads") == [str(max(1, cpus // 2))] * 2
     rec = kdist_magics.last_run()
