@@ -193,7 +193,6 @@ def test_an_error_on_one_worker_is_reported_against_it_and_the_engines_stay_warm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_worker_failing_mid_training_restarts_the_engines_before_the_next_run(mip, capsys):
-    mip.run_line_magic("config", "KDist.stop_grace = 2.0")
     before = pids()
     with pytest.raises(RankFailed) as info:
         kdist(mip, "", TRAIN.replace("history = model.fit",
@@ -216,7 +215,6 @@ def test_a_worker_failing_mid_training_restarts_the_engines_before_the_next_run(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_timeout_stops_every_worker_and_the_next_run_restarts_the_engines(mip, capsys):
-    mip.run_line_magic("config", "KDist.stop_grace = 2.0")
     kdist(mip, "", "kd_warm = True")  # engines up before the clock starts
     before = pids()
     with pytest.raises(RunTimedOut) as info:
