@@ -43,6 +43,52 @@ def _identify():  # runs on an engine
     return os.getpid(), socket.gethostname()
 
 
+def _watch_kernel(kernel_pid: int, kernel_started: float, controller_pid: int | None,
+                  controller_started: float | None, every: float = 0.5) -> bool:  # runs on an engine
+    """Follow the kernel that started this cluster: when it is gone (SIGKILL, crash), end the
+    controller, this engine's own children (its nanny) and this engine.
+
+    ipyparallel has no such option, and a kernel that is killed runs no ``atexit``.
+    Processes are recognised by pid *and* creation time, so a reused pid is never hit.
+    """
+    import os
+    import threading
+
+    import psutil
+
+    def alive(pid, started):
+        try:
+            proc = psutil.Process(pid)
+            return abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def watch():
+        while alive(kernel_pid, kernel_started):
+            threading.Event().wait(every)
+        procs = []
+        if controller_pid and alive(controller_pid, controller_started):
+            controller = psutil.Process(controller_pid)
+            procs.append(controller)
+            try:
+                procs += controller.children(recursive=True)  # its scheduler processes
+            except psutil.Error:
+                pass
+        try:
+            procs += psutil.Process().children(recursive=True)
+        except psutil.Error:
+            pass
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="kdist-kernel-watch", daemon=True).start()
+    return True
+
+
 def describe_exit(code: int | None) -> str:
     """Human words for a process exit status (negative: killed by a signal)."""
     if code is None:
@@ -188,6 +234,20 @@ class EngineCluster:
         if self.owned:
             self._pids_started |= {e.pid for e in self.engines}
             self._pids_started |= set(self._process_tree_pids())
+            self._watch_kernel(ids)
+
+    def _watch_kernel(self, ids) -> None:
+        """Owned engines end themselves and the controller if this kernel is killed."""
+        import psutil
+
+        me = psutil.Process()
+        controller = getattr(self.cluster, "controller", None)
+        cpid = getattr(controller, "pid", None) if controller is not None else None
+        try:
+            cstarted = psutil.Process(cpid).create_time() if cpid else None
+        except psutil.Error:
+            cpid, cstarted = None, None
+        self.client[ids].apply_sync(_watch_kernel, me.pid, me.create_time(), cpid, cstarted)
 
     def view(self, engine_ids: Iterable[int] | None = None):
         ids = [e.engine_id for e in self.engines] if engine_ids is None else list(engine_ids)
