@@ -239,11 +239,21 @@ def fetch(names: list[str]) -> dict[str, Any]:
     return out
 
 
-def last_value():
-    """The cell's last expression value (``_``) in a travelling form."""
+def last_value(count: int | None = None):
+    """The cell's last expression value in a travelling form.
+
+    ``count``: the cell's execution count (from its ``execute_result``): the value is read
+    from the output cache (``_oh[count]``), which a cell that assigns ``_`` itself (``for _
+    in range(5)``) cannot shadow; ``_`` is the fallback when the cache is off.
+    """
     from IPython import get_ipython
 
-    value = get_ipython().user_ns.get("_")
+    ns = get_ipython().user_ns
+    cache = ns.get("_oh")
+    if count is not None and isinstance(cache, dict) and count in cache:
+        value = cache[count]
+    else:
+        value = ns.get("_")
     return pack(value) or ("value", value)
 
 

@@ -478,7 +478,7 @@ class EngineStrategy(Strategy):
         if result_content is None:
             return None
         try:
-            return engine.unpack(zero.apply_sync(engine.last_value))
+            return engine.unpack(zero.apply_sync(engine.last_value, result_content.get("execution_count")))
         except Exception:
             # not picklable: show rank 0's rendering of it instead
             from IPython.display import publish_display_data
