@@ -30,6 +30,9 @@ def unload_ipython_extension(ipython):
     if _extension is None:
         return
     _extension.close()
+    from .magics import _quiet_cell_failed
+
+    _quiet_cell_failed(ipython, install=False)
     _extension = None
 
 

@@ -56,6 +56,7 @@ class KDist(Magics):
         super().__init__(shell=shell, **kwargs)
         if shell is not None:
             shell.configurables.append(self)
+            _quiet_cell_failed(shell, install=True)
         self._strategies: dict[str, Any] = {}
         self.last_record: RunRecord | None = None
 
@@ -175,3 +176,23 @@ class KDist(Magics):
         strategies, self._strategies = self._strategies, {}
         for strategy in strategies.values():
             strategy.teardown()
+
+
+def _show_cell_failed(shell, etype, value, tb, tb_offset=None):
+    """Custom exception handler for :class:`CellFailed`: show nothing when the cell's own
+    traceback is already on screen (its rendering is empty), else the usual rendering."""
+    if value._render_traceback_():
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    return []
+
+
+def _quiet_cell_failed(shell, install: bool) -> None:
+    """A notebook front end shows every ``error`` message a kernel sends, even one with an
+    empty traceback, so a CellFailed after the user's own traceback (a syntax error, a
+    failing in-kernel cell) would be a second, empty error output. IPython's custom
+    exception hook lets such a CellFailed mark the cell as failed without sending one.
+    Installed only when no other custom handler is set; removed again on unload."""
+    if install and not shell.custom_exceptions:
+        shell.set_custom_exc((CellFailed,), _show_cell_failed)
+    elif not install and shell.custom_exceptions == (CellFailed,):
+        shell.set_custom_exc((), None)
