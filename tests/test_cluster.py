@@ -312,3 +312,12 @@ def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch
     assert attached.attached and attached.cluster_id == "theirs" and second.calls[-1] == "stop"
     err = capsys.readouterr().err
     assert "restarting the engines (an engine died)" in err and "3 ranks requested" in err
+
+
+def test_route_iface_names_the_interface_towards_an_address():
+    import psutil
+
+    from kdist_magics.engine import route_iface
+
+    assert route_iface("127.0.0.1") in psutil.net_if_addrs()
+    assert route_iface("127.0.0.1") == "lo"

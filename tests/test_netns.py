@@ -15,10 +15,10 @@ on other machines. The notebook side attaches with ``--cluster-id`` and trains
   bridge (``KDist.bind_address``), local ranks follow hostnames, weights end
   identical.
 
-Inside each namespace the veth end carries the bridge's name, because Horovod
-tells every rank to use the kernel's interface name for Gloo (as on a cluster
-whose hosts share interface names such as ``eth0``), and ``/etc/netns/NS/hosts``
-makes every hostname resolve to its "host" (Horovod needs resolvable hostnames).
+Inside each namespace the veth end is named differently from the kernel side's
+bridge, so every rank must find its own interface for Gloo (as on a cluster whose
+hosts name their interfaces differently), and ``/etc/netns/NS/hosts`` makes every
+hostname resolve to its "host" (Horovod needs resolvable hostnames).
 
 Needs root, ``ip`` (iproute2) and ``unshare``; skipped, saying which is missing,
 elsewhere. Namespaces, links and every process are removed in a finalizer,
@@ -72,7 +72,8 @@ class Hosts:
     def __init__(self):
         tag = f"{os.getpid() % 100000:05d}"
         self.subnet = 20 + os.getpid() % 200
-        self.bridge = f"kdb{tag}"  # also the name of the veth end inside every namespace
+        self.bridge = f"kdb{tag}"
+        self.inner = "kdeth0"  # the veth end inside every namespace: not the kernel side's name
         self.bridge_ip = f"10.213.{self.subnet}.1"
         self.namespaces: dict[str, str] = {}  # host -> namespace
         self.addresses: dict[str, str] = {}  # host -> its address
@@ -105,9 +106,9 @@ class Hosts:
             _run("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
             self.veths.append(veth)
             _run("ip", "link", "set", peer, "netns", ns)
-            _run("ip", "-n", ns, "link", "set", peer, "name", self.bridge)
-            _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", self.bridge)
-            _run("ip", "-n", ns, "link", "set", self.bridge, "up")
+            _run("ip", "-n", ns, "link", "set", peer, "name", self.inner)
+            _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", self.inner)
+            _run("ip", "-n", ns, "link", "set", self.inner, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
             _run("ip", "link", "set", veth, "master", self.bridge)
             _run("ip", "link", "set", veth, "up")

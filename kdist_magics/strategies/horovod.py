@@ -66,8 +66,13 @@ class HorovodStrategy(EngineStrategy):
                     f"the engines run on {len(set(hosts))} hosts but the rendezvous would listen on "
                     f"loopback; set %config KDist.bind_address = '<an address every engine reaches>'")
         self.rendezvous = Rendezvous(hosts, address=address, iface=iface_for(address))
+        if cluster.owned:
+            ifaces = [self.rendezvous.iface] * len(hosts)
+        else:  # each engine names its own interface towards the rendezvous
+            ifaces = cluster.view().apply_sync(engine.route_iface, address)
         self.rendezvous.start()
-        ars = [cluster.client[e.engine_id].apply_async(engine.hvd_init, self.rendezvous.env(i))
+        ars = [cluster.client[e.engine_id].apply_async(engine.hvd_init,
+                                                       self.rendezvous.env(i, iface=ifaces[i]))
                for i, e in enumerate(cluster.engines)]
         for ar in ars:
             ar.wait(timeout=120)
