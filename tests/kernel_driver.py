@@ -1,0 +1,281 @@
+"""A real IPython kernel driven over ZMQ by jupyter_client, as a notebook front end drives it.
+
+Shared by ``tests/test_failures_kernel.py`` and ``benchmarks/soak.py`` /
+``benchmarks/failure_times.py``. Every IOPub message the kernel sends is kept
+(``messages``), so a test can look at exactly what the notebook would show.
+Processes are found and ended by pid only (the kernel's own tree).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LOOPBACK = ("127.0.0.1", "::1")
+
+
+def isolated_env(home: Path | None = None) -> dict[str, str]:
+    """os.environ with IPython/Jupyter state in fresh temp folders (never the user's)."""
+    home = Path(home or tempfile.mkdtemp(prefix="kdist-kernel-"))
+    env = dict(os.environ)
+    for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
+                     ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
+                     ("MPLCONFIGDIR", "mpl")):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+        env[var] = str(home / sub)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("KERAS_BACKEND", "tensorflow")
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+class Result:
+    """What one execute request produced on IOPub, plus its shell reply."""
+
+    def __init__(self, msg_id: str):
+        self.msg_id = msg_id
+        self.messages: list[dict] = []
+        self.reply: dict | None = None
+        self.submitted = time.monotonic()
+        self.finished: float | None = None
+
+    @property
+    def errors(self) -> list[dict]:
+        return [m["content"] for m in self.messages if m["header"]["msg_type"] == "error"]
+
+    @property
+    def stdout(self) -> str:
+        return "".join(m["content"]["text"] for m in self.messages
+                       if m["header"]["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+
+    @property
+    def stderr(self) -> str:
+        return "".join(m["content"]["text"] for m in self.messages
+                       if m["header"]["msg_type"] == "stream" and m["content"]["name"] == "stderr")
+
+    @property
+    def text(self) -> str:
+        """Every text the notebook would show for this cell (streams, results, errors), ANSI-free."""
+        return ANSI.sub("", "\n".join(message_text(m) for m in self.messages))
+
+    @property
+    def status(self) -> str | None:
+        return self.reply["content"]["status"] if self.reply else None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and not self.errors
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.finished is None else self.finished - self.submitted
+
+    def value(self):
+        """The cell's ``text/plain`` result, if any."""
+        for m in self.messages:
+            if m["header"]["msg_type"] == "execute_result":
+                return m["content"]["data"].get("text/plain")
+        return None
+
+
+def message_text(msg: dict) -> str:
+    """All human-readable text in one IOPub message."""
+    c = msg.get("content", {})
+    kind = msg["header"]["msg_type"]
+    if kind == "stream":
+        return c.get("text", "")
+    if kind == "error":
+        return "\n".join([c.get("ename", ""), c.get("evalue", ""), *c.get("traceback", [])])
+    if kind in ("execute_result", "display_data", "update_display_data"):
+        return "\n".join(str(v) for v in c.get("data", {}).values())
+    if kind == "comm_msg" or kind == "comm_open":
+        return repr(c.get("data", ""))
+    return ""
+
+
+class Kernel:
+    """One IPython kernel (``python3`` = this Python) with kdist loaded."""
+
+    def __init__(self, cwd: str | Path | None = None, env: dict | None = None,
+                 startup_timeout: float = 180, load: bool = True):
+        from jupyter_client import KernelManager
+
+        self.env = env or isolated_env()
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env=self.env, cwd=str(cwd or os.getcwd()))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=startup_timeout)
+        self.pid = self.km.provisioner.process.pid
+        self.messages: list[dict] = []  # every IOPub message, in order
+        self.seen_pids: set[int] = set()
+        if load:
+            self.check("%load_ext kdist_magics")
+
+    # -- running cells ------------------------------------------------------------------
+    def execute(self, code: str, timeout: float = 300,
+                on_message: Callable[[dict, "Result"], None] | None = None) -> Result:
+        """Run ``code``; wait for its IOPub idle and its reply (``timeout`` s in all)."""
+        msg_id = self.kc.execute(code, store_history=False)
+        res = Result(msg_id)
+        deadline = time.monotonic() + timeout
+        idle = False
+        while not idle:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"cell did not finish within {timeout} s:\n{code[:300]}\n"
+                                   f"--- so far ---\n{res.text[-2000:]}")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=min(remaining, 1))
+            except Exception:
+                continue
+            msg["received"] = time.time()  # wall clock: comparable with the engines' clocks
+            self.messages.append(msg)
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            res.messages.append(msg)
+            if msg["header"]["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                idle = True
+                res.finished = time.monotonic()
+            elif on_message is not None:
+                on_message(msg, res)
+        while res.reply is None:
+            reply = self.kc.get_shell_msg(timeout=max(5, deadline - time.monotonic()))
+            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                res.reply = reply
+        return res
+
+    def check(self, code: str, timeout: float = 300) -> Result:
+        """Run ``code`` and fail loudly if it raised."""
+        res = self.execute(code, timeout)
+        if not res.ok:
+            raise AssertionError(f"cell failed:\n{code[:400]}\n--- output ---\n{res.text[-3000:]}")
+        return res
+
+    def eval(self, expression: str, timeout: float = 120):
+        """The value of a Python ``expression`` in the kernel (via repr/literal_eval)."""
+        import ast
+
+        res = self.check(f"print('@@kd@@' + repr({expression}))", timeout)
+        for line in res.stdout.splitlines():
+            if line.startswith("@@kd@@"):
+                return ast.literal_eval(line[len("@@kd@@"):])
+        raise AssertionError(f"no value for {expression!r}: {res.text[-500:]!r}")
+
+    # -- processes ------------------------------------------------------------------------
+    def tree(self) -> list[int]:
+        """Pids of the kernel and every process below it (controller, engines, nannies...)."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            pids = [self.pid] + [p.pid for p in root.children(recursive=True)]
+        except psutil.Error:
+            return []
+        self.seen_pids |= set(pids)
+        return pids
+
+    def children(self) -> list[int]:
+        return [p for p in self.tree() if p != self.pid]
+
+    def listening(self) -> list[tuple[int, str, int]]:
+        """(pid, ip, port) of every listening TCP socket of the kernel's process tree."""
+        import psutil
+
+        out = []
+        for pid in self.tree():
+            try:
+                conns = psutil.Process(pid).net_connections("inet")
+            except psutil.Error:
+                continue
+            out += [(pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+        return out
+
+    def interrupt(self) -> None:
+        self.km.interrupt_kernel()
+
+    def kill(self) -> None:
+        """SIGKILL the kernel process (by pid), as an OOM killer or a crash would."""
+        self.tree()
+        os.kill(self.pid, signal.SIGKILL)
+        try:
+            self.km.provisioner.process.wait(timeout=10)
+        except Exception:
+            pass
+        try:
+            self.kc.stop_channels()
+        except Exception:
+            pass
+
+    def shutdown(self) -> None:
+        """Ask the kernel to shut down, as the notebook's "Shut down kernel" does."""
+        self.tree()
+        try:
+            self.kc.stop_channels()
+        except Exception:
+            pass
+        try:
+            self.km.shutdown_kernel(now=False)
+        except Exception:
+            self.km.shutdown_kernel(now=True)
+
+    def cleanup(self) -> list[int]:
+        """Kill (by pid) whatever of this kernel's recorded processes is still alive."""
+        left = alive(self.seen_pids | {self.pid})
+        import psutil
+
+        for pid in left:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        return left
+
+
+def alive(pids) -> list[int]:
+    """The pids in ``pids`` that are still running (zombies count as gone)."""
+    import psutil
+
+    out = []
+    for pid in sorted(set(pids)):
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def wait_gone(pids, timeout: float = 90.0, every: float = 0.25) -> tuple[list[int], float]:
+    """Poll until none of ``pids`` is alive; returns (still alive, seconds waited)."""
+    t0 = time.monotonic()
+    left = alive(pids)
+    while left and time.monotonic() - t0 < timeout:
+        time.sleep(every)
+        left = alive(left)
+    return left, time.monotonic() - t0
+
+
+def connection_keys(env: dict) -> list[str]:
+    """Every ``key`` in ipyparallel connection files under the kernel's IPYTHONDIR."""
+    import json
+
+    keys = []
+    for path in Path(env["IPYTHONDIR"]).glob("profile_*/security/*.json"):
+        try:
+            key = json.loads(path.read_text()).get("key")
+        except Exception:
+            continue
+        if key:
+            keys.append(key if isinstance(key, str) else str(key))
+    return keys
+
+
+PY = sys.executable

@@ -1,0 +1,279 @@
+"""Failures through a real kernel: what a notebook sees when a rank raises, dies, hangs, is
+interrupted, when options or cells are bad; sockets, secrets and leftover processes.
+
+One IPython kernel started with jupyter_client (``python3`` = this Python, isolated
+IPYTHONDIR/JUPYTER_* dirs) and one warm ``--np 2`` Horovod cluster serve the module;
+everything is checked through execute requests and the IOPub messages the notebook gets.
+Times are not asserted (a shared 2-core machine); ``benchmarks/failure_times.py``
+measures them. Tests that break the engines come after those that keep them; the module
+ends by shutting its kernel down and checking that nothing it started is left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make test`'s set-up")
+pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
+pytest.importorskip("jupyter_client", reason="jupyter_client drives the kernel")
+psutil = pytest.importorskip("psutil", reason="processes and sockets are counted with psutil")
+
+from kernel_driver import LOOPBACK, Kernel, alive, connection_keys, wait_gone  # noqa: E402
+
+pytestmark = [pytest.mark.engines, pytest.mark.horovod, pytest.mark.slow, pytest.mark.timeout(600)]
+
+HVD = "%%kdist --strategy horovod --np 2 --no-dashboard"
+LINGER = 120  # generous: an ipyparallel nanny may linger ~30 s after stop_cluster
+
+
+def one_error(res):
+    assert res.status == "error", res.text[-2000:]
+    assert len(res.errors) == 1, [e["ename"] for e in res.errors]
+    return res.errors[0]
+
+
+@pytest.fixture(scope="module")
+def kern(tmp_path_factory):
+    """The module's kernel, with warm engines; shut down (and checked) at the end."""
+    k = Kernel(cwd=tmp_path_factory.mktemp("nb"))
+    try:
+        k.check("import kdist_magics")
+        k.check(f"{HVD}\nkd_warm = hvd.rank()", timeout=300)
+        yield k
+    finally:
+        k.shutdown()
+        left, _ = wait_gone(k.seen_pids, LINGER)
+        k.cleanup()
+        assert not left, f"still running after kernel shutdown: {left}"
+
+
+KEYS: set[str] = set()  # every cluster key the module's kernel had (clusters restart)
+
+
+@pytest.fixture(autouse=True)
+def _collect_keys(request):
+    yield
+    if "kern" in request.fixturenames:
+        KEYS.update(connection_keys(request.getfixturevalue("kern").env))
+
+
+def engine_pids(k):
+    """Pids of the horovod strategy's engines, read in the kernel."""
+    return set(k.eval("sorted(e.pid for e in kdist_magics._extension._strategies['horovod'].cluster.engines)"))
+
+
+# -- 5. bad input: nothing starts ---------------------------------------------------------
+BAD_LINES = ["--np 0", "--np two", "--timeout -1", "--timeout 0", "--strategy nope",
+             "--out everyone", "--push 1x", "--pull a,,class", "--bogus", "--strategy mirrored --np 2",
+             "--strategy horovod --devices 2", "--np 2 'unbalanced"]
+
+
+def test_bad_options_are_one_short_usage_error_and_start_nothing(tmp_path):
+    k = Kernel(cwd=tmp_path)  # a fresh kernel: no engines yet, so "nothing started" is visible
+    try:
+        before = set(k.children())
+        for line in BAD_LINES:
+            res = k.execute(f"%%kdist {line}\nkd_ran = True")
+            reply = res.reply["content"]
+            # IPython shows a UsageError as one short stderr line, no traceback, and the
+            # execute reply carries ename UsageError (the cell is marked failed)
+            assert reply["status"] == "error" and reply["ename"] == "UsageError", (line, reply)
+            assert reply["evalue"] and len(reply["evalue"]) < 300 and reply["evalue"].count("\n") <= 2, (line, reply)
+            assert not res.errors, (line, res.errors)  # no error output with traceback frames
+            assert res.stderr.startswith("UsageError: ") and res.stderr.count("UsageError") == 1, (line, res.stderr)
+            assert "Traceback" not in res.text and "File " not in res.text, (line, res.text)
+            assert set(k.children()) <= before, (line, k.children())  # no controller, no engines
+        assert k.eval("'kd_ran' in globals()") is False
+        # an in-kernel strategy's failing cell: the user's own traceback, as one error output
+        res = k.execute("%%kdist --strategy default --no-dashboard\ndef f():\n    return 1 / 0\nf()",
+                        timeout=240)
+        err = one_error(res)
+        assert err["ename"] == "ZeroDivisionError" and "return 1 / 0" in res.text, err
+        assert res.reply["content"]["status"] == "error"
+    finally:
+        k.shutdown()
+        wait_gone(k.seen_pids, 30)
+        k.cleanup()
+
+
+# -- sockets and secrets during a run ------------------------------------------------------
+def test_every_listening_socket_of_the_kernel_tree_is_loopback_during_a_run(kern):
+    import threading
+    import time
+
+    seen: set[tuple[int, str, int]] = set()
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            seen.update(kern.listening())
+            time.sleep(0.2)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        kern.check(f"{HVD}\nimport time, tensorflow as tf, horovod.tensorflow as hcore\n"
+                   "for _ in range(5):\n    hcore.allreduce(tf.ones(2)); time.sleep(0.3)")
+    finally:
+        stop.set()
+        t.join()
+    pids = {p for p, _, _ in seen}
+    assert kern.pid in pids or len(pids) >= 2, seen  # the controller's and Gloo's listeners at least
+    assert len(pids) >= 2, seen
+    exposed = sorted((p, ip, port) for p, ip, port in seen if ip not in LOOPBACK)
+    assert not exposed, exposed
+
+
+def test_no_output_ever_contains_the_cluster_key(kern):
+    keys = connection_keys(kern.env)
+    assert keys, "the running cluster's connection files were not found"
+    kern.check("%kdist status")
+    for msg in kern.messages:  # every IOPub message of the session so far
+        text = repr(msg.get("content", {}))
+        assert not any(key in text for key in keys), msg["header"]["msg_type"]
+
+
+# -- 1. a rank raises ----------------------------------------------------------------------
+def test_a_rank_raising_is_one_error_naming_rank_type_message_and_its_traceback(kern):
+    pids = engine_pids(kern)
+    res = kern.execute(f"{HVD}\nimport time\nkd_progress = 'started'\n"
+                       "def load_shard(r):\n    if r == 1:\n        raise ValueError('bad data on one rank')\n"
+                       "load_shard(hvd.rank())\ntime.sleep(120)")
+    err = one_error(res)
+    assert err["ename"] == "RankFailed"
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err["traceback"]))
+    assert "rank 1" in err["evalue"] and "ValueError" in err["evalue"] and "bad data on one rank" in err["evalue"]
+    assert "traceback on rank 1" in tb and "load_shard" in tb and "raise ValueError" in tb, tb
+    assert tb.count("rank 1: ValueError: bad data on one rank") == 1  # the head, once
+    assert tb.rstrip().endswith("ValueError: bad data on one rank")  # the rank's own last line
+    kern.check(f"{HVD}\nkd_after = kd_progress")
+    assert kern.eval("kdist_magics.last_run().status") == "done"
+    assert engine_pids(kern) == pids  # same warm engines
+
+
+# -- 5. syntax error, --pull missing name -------------------------------------------------
+def test_syntax_error_is_reported_once_and_no_engine_runs(kern):
+    kern.check(f"{HVD}\nkd_marker = 'before'")
+    res = kern.execute(f"{HVD}\nkd_marker = 'after'\nif True print(1)")
+    err = one_error(res)
+    assert err["ename"] == "SyntaxError"
+    assert "\n".join(err["traceback"]).count("SyntaxError") == 1 and "if True print(1)" in res.text
+    assert not res.stdout.strip() and "rank" not in res.text
+    assert kern.check(f"{HVD}\nkd_marker").value() == "'before'"
+
+
+def test_pull_of_a_missing_name_is_clear_and_engines_keep_state(kern):
+    res = kern.execute(f"{HVD} --pull kd_total,kd_missing\nkd_total = 3 * (hvd.rank() + 1)\nkd_kept = 1")
+    err = one_error(res)
+    assert "kd_missing" in err["evalue"] and "--pull" in err["evalue"], err
+    assert len(err["traceback"]) <= 2, err["traceback"]  # a short error, no kdist internals
+    res = kern.execute(f"{HVD} --pull kd_gen\nkd_gen = (i for i in range(3))")
+    err = one_error(res)
+    assert "kd_gen" in err["evalue"] and "cannot travel" in err["evalue"], err
+    # a cell that assigns `_` itself does not make the value of a later cell stale
+    assert kern.check(f"{HVD}\nfor _ in range(3):\n    pass\n(kd_total, kd_kept)").value() == "(3, 1)"
+    assert kern.check(f"{HVD}\nkd_kept + 1").value() == "2"
+
+
+# -- 3. a rank hangs ---------------------------------------------------------------------
+def test_timeout_names_the_busy_rank_and_engines_stay_usable(kern):
+    pids = engine_pids(kern)
+    res = kern.execute(f"{HVD} --timeout 5\nimport time\nkd_t = 'in'\n"
+                       "time.sleep(600 if hvd.rank() == 0 else 0)", timeout=240)
+    err = one_error(res)
+    assert err["ename"] == "RunTimedOut" and "still busy: rank 0" in err["evalue"], err
+    assert "rank 1" not in err["evalue"]
+    assert kern.check(f"{HVD}\nkd_t").value() == "'in'"
+    assert engine_pids(kern) == pids
+
+
+# -- 4. interrupt ------------------------------------------------------------------------
+INTERRUPTED_FIT = """
+import keras, numpy as np
+X = np.random.default_rng(0).normal(size=(256, 8)).astype('float32')
+class Mark(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if hvd.rank() == 0:
+            print(f'kd-epoch {epoch + 1}', flush=True)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss='mse')
+model.fit(X, X.sum(1), batch_size=8, epochs=10000, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Mark()])
+"""
+
+
+def test_kernel_interrupt_stops_all_ranks_keeps_history_and_checkpoint(kern, tmp_path):
+    kern.check("%config KDist.stop_grace = 30.0")  # a loaded test machine may be slow to stop
+    asked = {}
+
+    def on_message(msg, res):
+        if "at" not in asked and msg["header"]["msg_type"] == "stream" and "kd-epoch 2" in msg["content"]["text"]:
+            import time
+
+            asked["at"] = time.monotonic()
+            kern.interrupt()  # the notebook's Stop button
+
+    try:
+        res = kern.execute(f"{HVD} --checkpoint {tmp_path}\n{INTERRUPTED_FIT}", timeout=300,
+                           on_message=on_message)
+    finally:
+        kern.check("%config KDist.stop_grace = 5.0")
+    assert "at" in asked, res.text[-2000:]
+    err = one_error(res)
+    assert err["ename"] == "KeyboardInterrupt", err
+    assert "interrupted; stopping every rank" in res.stderr
+    assert kern.eval("kdist_magics.last_run().status") == "interrupted"
+    assert kern.eval("sorted({r.state for r in kdist_magics.last_run().ranks.values()})") == ["stopped"]
+    assert kern.eval("len([m for m in kdist_magics.last_run().metrics if m.get('kind') == 'epoch'])") >= 2
+    assert (tmp_path / "last.keras").exists()
+    # the next cell works; rank 0 still holds the model and its history so far
+    res = kern.check(f"{HVD} --pull model\nlen(model.history.history['loss'])")
+    assert int(res.value()) >= 2
+    assert kern.eval("type(model).__name__") == "Sequential"
+
+
+# -- 2. a rank dies ------------------------------------------------------------------------
+def test_a_dying_rank_is_rankdied_with_its_status_and_the_next_cell_gets_fresh_engines(kern):
+    old = engine_pids(kern)
+    res = kern.execute(f"{HVD}\nimport os, time\nif hvd.rank() == 1:\n    os._exit(3)\ntime.sleep(120)")
+    err = one_error(res)
+    assert err["ename"] == "RankDied" and "rank 1 exited with status 3" in err["evalue"], err
+    res = kern.check(f"{HVD}\n(hvd.rank(), hvd.size())")
+    assert res.value() == "(0, 2)" and "restarting the engines" in res.stderr
+    assert not engine_pids(kern) & old
+
+
+# -- 4. nothing left behind ---------------------------------------------------------------
+def test_kdist_stop_ends_every_process_and_the_next_cell_starts_again(kern):
+    pids = set(kern.children())
+    assert len(pids) >= 3  # controller and two engines (+ nannies)
+    kern.check("%kdist stop")
+    left, _ = wait_gone(pids, LINGER)
+    assert not left, f"still running after %kdist stop: {left}"
+    assert kern.check(f"{HVD}\nhvd.size()").value() == "2"
+    kern.tree()  # remember the new cluster's pids for the module's shutdown check
+
+
+def test_no_iopub_message_of_the_session_contains_a_cluster_key(kern):
+    KEYS.update(connection_keys(kern.env))
+    assert len(KEYS) >= 2  # the first cluster's and the one started after the rank died
+    texts = [repr(msg.get("content", {})) for msg in kern.messages]
+    assert len(texts) > 100
+    leaked = [k for k in KEYS if any(k in t for t in texts)]
+    assert not leaked
+
+
+def test_a_sigkilled_kernel_leaves_no_controller_or_engines(tmp_path):
+    k = Kernel(cwd=tmp_path)
+    try:
+        k.check(f"{HVD}\nhvd.size()", timeout=300)
+        pids = set(k.tree())
+        assert len(pids) >= 4  # kernel, controller, two engines (+ nannies)
+        k.kill()
+        left, _ = wait_gone(pids, LINGER)
+        assert not left, f"still running after the kernel was SIGKILLed: {left}"
+    finally:
+        k.cleanup()
