@@ -207,11 +207,16 @@ class EngineCluster:
             threading.Thread(target=run, name="kdist-engine-exits", daemon=True).start()
             self._loop = box.get(timeout=10)
         self._loops_replaced = getattr(self, "_loops_replaced", [])
+        self._exit_codes: dict[int, Any] = getattr(self, "_exit_codes", {})
         for engine_set in getattr(self.cluster, "engines", {}).values():
             for launcher in getattr(engine_set, "launchers", {}).values():
                 try:
                     self._loops_replaced.append((launcher, launcher.loop))
                     launcher.loop = self._loop
+                    # ipyparallel drops a stopped engine's launcher from its set at once, so
+                    # keep each exit status here, by pid, for exit_status()
+                    launcher.on_stop(lambda data, codes=self._exit_codes:
+                                     codes.__setitem__(data.get("pid"), data.get("exit_code")))
                 except Exception:
                     pass
 
@@ -342,15 +347,22 @@ class EngineCluster:
         """Exit status of a dead engine this kernel started, when known."""
         if self.cluster is None:
             return None
-        for engine_set in getattr(self.cluster, "engines", {}).values():
-            for launcher in getattr(engine_set, "launchers", {}).values():
-                if getattr(launcher, "pid", None) == engine.pid:
-                    deadline = time.monotonic() + 2.0
-                    while getattr(launcher, "stop_data", None) is None and time.monotonic() < deadline:
-                        time.sleep(0.05)
-                    data = getattr(launcher, "stop_data", None) or {}
-                    return data.get("exit_code")
-        return None
+        codes = getattr(self, "_exit_codes", {})
+        deadline = time.monotonic() + 2.0  # the launcher's watcher thread reports within ms
+        while True:
+            if engine.pid in codes:  # recorded by on_stop (see _deliver_exits)
+                return codes[engine.pid]
+            ours = False
+            for engine_set in getattr(self.cluster, "engines", {}).values():
+                for launcher in getattr(engine_set, "launchers", {}).values():
+                    if getattr(launcher, "pid", None) == engine.pid:
+                        ours = True
+                        data = getattr(launcher, "stop_data", None)
+                        if data is not None:
+                            return data.get("exit_code")
+            if not (ours or engine.pid in self._pids_started) or time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
     def dead(self) -> dict[int, str]:
         """Engines that are gone: ``{engine_id: 'exited with status 3'}`` (empty when all live)."""
