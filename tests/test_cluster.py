@@ -321,3 +321,27 @@ def test_route_iface_names_the_interface_towards_an_address():
 
     assert route_iface("127.0.0.1") in psutil.net_if_addrs()
     assert route_iface("127.0.0.1") == "lo"
+
+
+def test_late_batches_still_count_and_the_first_batch_is_not_lost_before_listening():
+    import queue
+    from types import SimpleNamespace
+
+    strategy = EngineStrategy()
+    record = RunRecord("horovod", size=1)
+    strategy._feed_seen = {}
+    for seq in (1, 3, 2):  # out of order (catch-up and live delivery interleave)
+        strategy._feed(0, _batch(0, seq, [["metric", {"rank": 0, "step": seq}]]), record)
+    assert sorted(m["step"] for m in record.metrics) == [1, 2, 3] and strategy.lost_batches == 0
+
+    early = _batch(0, 1, [["sample", {"rank": 0}]])  # arrived before the callback was attached
+    fut = SimpleNamespace(output=SimpleNamespace(metadata={"outputs": [early]}), iopub_callbacks=[])
+    inbox = queue.SimpleQueue()
+    strategy._listen(fut, 0, inbox)
+    late = _batch(0, 2, [])
+    fut.output.metadata["outputs"].append(late)
+    fut.iopub_callbacks[0]({"header": {"msg_type": "display_data"}, "content": late})
+    got = []
+    while not inbox.empty():
+        got.append(inbox.get())
+    assert got == [(0, "display_data", early), (0, "display_data", late)]

@@ -306,6 +306,8 @@ def test_two_rank_horovod_run_fills_metrics_and_samples_for_both_ranks(ip):
     assert all(s["rss_bytes"] > 0 for s in rec.samples)
     pids = {s["rank"]: s["pid"] for s in rec.samples}
     assert pids[0] != pids[1]  # one process per rank
+    # every numbered telemetry batch of both ranks arrived (none lost before listening)
+    assert kdist_magics._extension._strategies["horovod"].lost_batches == 0
 
 
 # -- a saved notebook keeps a static picture (notebook tier) ---------------------------------

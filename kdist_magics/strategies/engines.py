@@ -45,6 +45,7 @@ import queue
 import re
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -123,8 +124,7 @@ class EngineStrategy(Strategy):
         self.cluster: EngineCluster | None = None
         self.needs_restart: str | None = None  # why the next run must restart the engines
         self.last_timing: dict[str, float] = {}
-        self._feed_seq: dict[int, int] = {}
-        self.lost_batches = 0
+        self._feed_seen: dict[int, set[int]] = {}
 
     # -- hooks ---------------------------------------------------------------
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
@@ -299,8 +299,7 @@ class EngineStrategy(Strategy):
             b.get(timeout=60)
         inbox: queue.SimpleQueue = queue.SimpleQueue()
         printer = self._printer = _Printer(spec.out)
-        self._feed_seq: dict[int, int] = {}
-        self.lost_batches = 0
+        self._feed_seen: dict[int, set[int]] = {}
         ar = view.execute(cell, silent=False, block=False)
         children = list(ar._children)
         for rank, fut in zip(ranks, children):
@@ -374,6 +373,16 @@ class EngineStrategy(Strategy):
     def _listen(self, fut, rank: int, inbox: queue.SimpleQueue) -> None:
         """Forward the engine's IOPub messages for ``fut`` to ``inbox`` (from the client's IO thread)."""
         md = fut.output.metadata
+        lock = threading.Lock()
+        catch_up: dict[int, Any] | None = {}  # displays forwarded while catching up, by id
+
+        def forward(kind, content):
+            with lock:  # the IO thread and the catch-up below may both see a display
+                if kind == "display_data" and catch_up is not None:
+                    if id(content) in catch_up:
+                        return
+                    catch_up[id(content)] = content  # kept alive, so its id stays its own
+                inbox.put((rank, kind, content))
 
         def callback(msg):
             kind, content = msg["header"]["msg_type"], msg["content"]
@@ -383,9 +392,15 @@ class EngineStrategy(Strategy):
                 outputs = md.get("outputs") or []
                 if outputs and outputs[-1] is content:
                     outputs.pop()
-            inbox.put((rank, kind, content))
+            forward(kind, content)
 
         fut.iopub_callbacks.append(callback)
+        # displays that arrived before the callback was there (the first telemetry batch
+        # is published as the cell starts, often before execute() has returned here)
+        for content in list(md.get("outputs") or []):
+            forward("display_data", content)
+        with lock:
+            catch_up = None
         for name in ("stdout", "stderr"):  # anything that arrived before we listened
             if md.get(name):
                 inbox.put((rank, "stream", {"name": name, "text": md[name]}))
@@ -415,17 +430,20 @@ class EngineStrategy(Strategy):
             elif kind == "execute_result" and rank == 0:
                 result = content
 
+    @property
+    def lost_batches(self) -> int:
+        """Telemetry batches of the last run that never arrived (gaps in the ranks' numbering)."""
+        return sum(max(seen) - len(seen) for seen in self._feed_seen.values() if seen)
+
     def _feed(self, rank: int, content: dict, record) -> None:
         payload = content.get("data", {}).get(FEED_MIME)
         if not payload:
             return
         seq = payload.get("seq", 0)
-        last = self._feed_seq.get(rank, 0)
-        if seq <= last:
+        seen = self._feed_seen.setdefault(rank, set())
+        if seq in seen:
             return  # already delivered (seen live and again in the final drain)
-        if seq != last + 1:
-            self.lost_batches += seq - last - 1
-        self._feed_seq[rank] = seq
+        seen.add(seq)
         for kind, row in payload.get("rows", []):
             try:
                 record.add(kind, row)
