@@ -180,6 +180,26 @@ def end(flush: bool = True) -> dict[str, Any]:
     return {"seq": feed.seq}
 
 
+def _atomic_checkpoint(path: str):
+    """A Keras callback saving the model to ``path`` after each epoch, atomically: it writes
+    a temporary ``.keras`` file and renames it, so a Stop (SIGINT) in the middle of a save
+    leaves the previous epoch's checkpoint intact instead of a truncated archive."""
+    import keras
+
+    class AtomicCheckpoint(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            tmp = f"{path[:-len('.keras')]}.saving-{os.getpid()}.keras"
+            try:
+                self.model.save(tmp)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+                raise
+
+    return AtomicCheckpoint()
+
+
 @contextlib.contextmanager
 def _checkpointing(directory: str):
     """Every ``fit`` inside saves the model to ``directory/last.keras`` after each epoch."""
@@ -190,7 +210,7 @@ def _checkpointing(directory: str):
 
     def fit(model, *args, **kwargs):
         callbacks = list(kwargs.pop("callbacks", None) or [])
-        callbacks.append(keras.callbacks.ModelCheckpoint(os.path.join(directory, "last.keras")))
+        callbacks.append(_atomic_checkpoint(os.path.join(directory, "last.keras")))
         return original(model, *args, callbacks=callbacks, **kwargs)
 
     fit.__wrapped__ = original
