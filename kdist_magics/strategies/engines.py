@@ -54,7 +54,8 @@ from ..engine import FEED_MIME
 from ..errors import CellFailed, KDistError, RankDied, RankFailed, RunTimedOut
 from .base import RunContext, Strategy
 
-POLL = 0.05  # seconds between supervision checks
+POLL = 0.05  # seconds between supervision checks (output, results, timeout)
+DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
 
 
 def default_np() -> int:
@@ -309,6 +310,7 @@ class EngineStrategy(Strategy):
         timeout = spec.timeout if spec.timeout is not None else getattr(ctx.config, "timeout", None)
         grace = float(getattr(ctx.config, "stop_grace", 5.0) or 5.0)
         started = time.monotonic()
+        next_death_check = started
         failures: dict[int, Any] = {}
         first_failure = None
         result_content = None
@@ -336,7 +338,10 @@ class EngineStrategy(Strategy):
                         first_failure = first_failure or time.monotonic()
                 if done:
                     break
-                deaths = cluster.dead()
+                deaths = {}
+                if time.monotonic() >= next_death_check:
+                    deaths = cluster.dead()
+                    next_death_check = time.monotonic() + DEATH_CHECK
                 if deaths:
                     by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
                     deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items()}
