@@ -273,7 +273,7 @@ class EngineCluster:
             # End every process we started, by pid (engines hold no state worth a slow
             # goodbye, and nannies would otherwise outlive stop_cluster by ~30 s), then
             # let ipyparallel tidy its files and bookkeeping (quick: nothing left to wait for).
-            self._kill_pids(set(tree) | self._pids_started, grace=1.0)
+            kill_pids(set(tree) | self._pids_started, grace=1.0)
             try:
                 cluster.stop_cluster_sync()
             except Exception as exc:
@@ -316,28 +316,6 @@ class EngineCluster:
                 pass
         return sorted(pids)
 
-    @staticmethod
-    def _kill_pids(pids: Iterable[int], grace: float = 3.0) -> None:
-        import psutil
-
-        procs = []
-        for pid in pids:
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.Error:
-                pass
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=grace)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=grace)
 
     # -- watching and signalling ---------------------------------------------
     def _local(self, engine: EngineInfo) -> bool:
@@ -416,3 +394,27 @@ class EngineCluster:
             return {"engines": "not started"}
         return {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
                 "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}
+
+
+def kill_pids(pids: Iterable[int], grace: float = 3.0) -> None:
+    """End these processes (and only these): SIGTERM, then SIGKILL after ``grace`` s."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)

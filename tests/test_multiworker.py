@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import kdist_magics
+from kdist_magics.cluster import kill_pids
 from kdist_magics.errors import KDistError, RankFailed, RunTimedOut
 from kdist_magics.strategies import multiworker as mw
 
@@ -288,20 +289,7 @@ def user_cluster(tmp_path):
             cluster.stop_cluster_sync()
         except Exception:
             pass
-        procs = []
-        for pid in tree:  # nannies may linger ~30 s after stop_cluster: end ours by pid
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.Error:
-                pass
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=5)
-        for p in alive:
-            p.kill()
+        kill_pids(tree, grace=5)  # nannies may linger ~30 s after stop_cluster: end ours by pid
 
 
 @pytest.mark.engines

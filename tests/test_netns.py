@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 
 import kdist_magics
+from kdist_magics.cluster import kill_pids
 from conftest import ROOT
 
 pytestmark = [pytest.mark.netns, pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -223,25 +224,7 @@ def _tree(pids: set[int]) -> set[int]:
 
 
 def _kill(pids: set[int]) -> None:
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=5)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    kill_pids(pids, grace=5)
 
 
 @pytest.fixture(scope="module")
