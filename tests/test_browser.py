@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -164,12 +165,15 @@ def _open_and_run(lab, name: str, source: str):
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
     # wait until the kernel is idle, then run the three cells (Shift+Enter each)
     page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=180_000)
-    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell .jp-InputArea-editor").first.click()
-    page.keyboard.press("Escape")
-    for _ in range(3):
-        page.keyboard.press("Shift+Enter")
-        time.sleep(0.3)
+    _run_all_cells(page)
     return page
+
+
+def _run_all_cells(page) -> None:
+    """Run > Run All Cells from the menu bar (JupyterLab 4 and Notebook 7 share it): unlike
+    Shift+Enter keystrokes, it does not depend on which cell has the focus."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()
 
 
 @pytest.mark.timeout(900)
@@ -282,11 +286,7 @@ def test_dashboard_in_notebook7(lab, test_output):
         page.wait_for_function(
             "() => [...document.querySelectorAll('[title]')].some(e => /Kernel (is )?Idle/i.test(e.title)"
             " || /idle/i.test(e.getAttribute('data-status') || ''))", timeout=180_000)
-        page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first.click()
-        page.keyboard.press("Escape")
-        for _ in range(3):
-            page.keyboard.press("Shift+Enter")
-            time.sleep(0.3)
+        _run_all_cells(page)
         page.wait_for_selector(".kdist-dashboard[data-status='done']", timeout=400_000)
         dash = page.locator(".kdist-dashboard").first
         assert _points(dash) > 0 and dash.locator(".kdist-chart-loss polyline").count() == 1
