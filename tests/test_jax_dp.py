@@ -4,39 +4,16 @@ Each scenario runs in a fresh process with ``KERAS_BACKEND=jax`` (JAX, like TF,
 fixes its devices when its backend starts).
 """
 
-import json
-import os
-import subprocess
 import sys
-import textwrap
 
 import pytest
 
-PRELUDE = """
-import json
-from IPython.core.interactiveshell import InteractiveShell
-import kdist_magics
-ip = InteractiveShell.instance()
-ip.run_line_magic("load_ext", "kdist_magics")
-out = {}
-def attempt(line, cell):
-    try:
-        return ip.run_cell_magic("kdist", line, cell), None
-    except Exception as exc:
-        return None, exc
-"""
+from conftest import run_in_fresh_shell
 
 
 def run_script(body: str, **env) -> dict:
-    code = PRELUDE + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n"
-    full = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    full.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", **env)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400, env=full)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
-    result["_stdout"] = proc.stdout
-    return result
+    return run_in_fresh_shell(body, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+                                         TF_CPP_MIN_LOG_LEVEL="2", **env), unset=("XLA_FLAGS",))
 
 
 TRAIN = '''

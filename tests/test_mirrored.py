@@ -5,40 +5,14 @@ other kernel tests have started it already, so every scenario runs an IPython
 shell script in a subprocess and reports back as JSON.
 """
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-PRELUDE = """
-import json, sys
-from IPython.core.interactiveshell import InteractiveShell
-import kdist_magics
-ip = InteractiveShell.instance()
-ip.run_line_magic("load_ext", "kdist_magics")
-out = {}
-def attempt(line, cell):
-    try:
-        return ip.run_cell_magic("kdist", line, cell), None
-    except Exception as exc:
-        return None, exc
-"""
+from conftest import run_in_fresh_shell
 
 
 def run_script(body: str, **env) -> dict:
-    """Run PRELUDE + body in a fresh Python; the body fills ``out``, printed as JSON."""
-    code = PRELUDE + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n"
-    full_env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", **env)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=400, env=full_env)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
-    result["_stdout"] = proc.stdout
-    return result
+    """Run the body in a fresh Python; it fills ``out``, returned as a dict."""
+    return run_in_fresh_shell(body, dict(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", **env))
 
 
 TRAIN = '''
