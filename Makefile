@@ -8,8 +8,10 @@ PYTEST_ARGS ?=
 setup:
 	@bash scripts/setup.sh
 
+# Loopback only; as root (containers, CI boxes) Jupyter needs --allow-root to start at all.
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 $(LAB_ARGS) \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test:
 	@bash scripts/setup.sh --browser
