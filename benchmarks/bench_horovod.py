@@ -6,6 +6,8 @@ cell and under ``horovodrun -np 2 --gloo``. Per repeat, in a rotating order:
 
   K  ``%%kdist --strategy horovod --np 2`` with kdist's defaults (threads, dashboard, telemetry)
   D  the same with ``--no-dashboard`` (the dashboard's cost on an engine strategy)
+  Q  the same with ``--no-telemetry`` (no callback, feed or sampler on the engines either;
+     only with --variants ...,Q)
   S  horovodrun with the thread variables kdist set on its engines (read back from the engines)
   T  horovodrun hand-tuned: ``TF_NUM_INTRAOP_THREADS=1`` per rank
   N  horovodrun as is (TensorFlow's default threads), for reference (only with --variants ...,N)
@@ -36,14 +38,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (isolates IPython/Jupyter dirs on import)
 from harness import fmt, log, median  # noqa: E402
 
-VARIANTS = ("K", "D", "S", "T", "N")
+VARIANTS = ("K", "D", "Q", "S", "T", "N")
 DESCRIBE = {
     "K": "%%kdist --strategy horovod --np 2 (defaults)",
     "D": "%%kdist --strategy horovod --np 2 --no-dashboard",
+    "Q": "%%kdist --strategy horovod --np 2 --no-telemetry",
     "S": "horovodrun -np 2 --gloo, kdist's thread variables",
     "T": "horovodrun -np 2 --gloo, TF_NUM_INTRAOP_THREADS=1",
     "N": "horovodrun -np 2 --gloo, TF default threads",
 }
+
+KDIST_OPTIONS = {"K": "", "D": "--no-dashboard", "Q": "--no-telemetry"}
 
 
 def main(argv=None) -> dict:
@@ -80,9 +85,8 @@ def main(argv=None) -> dict:
             order = variants[i % len(variants):] + variants[:i % len(variants)]
             for v in order:
                 tag = f"{v}{i}"
-                if v in ("K", "D"):
-                    run = harness.kdist_run(kernel, args.steps, out, tag,
-                                            "--no-dashboard" if v == "D" else "", np=args.np)
+                if v in ("K", "D", "Q"):
+                    run = harness.kdist_run(kernel, args.steps, out, tag, KDIST_OPTIONS[v], np=args.np)
                     run["to_first_step"] = run["ranks"][0]["step_ends"][0] - run["submitted"]
                 else:
                     run = harness.horovodrun(args.steps, out, tag, envs[v], np=args.np)

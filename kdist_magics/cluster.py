@@ -63,9 +63,29 @@ def _watch_kernel(kernel_pid: int, kernel_started: float, controller_pid: int | 
         except psutil.Error:
             return False
 
-    def watch():
+    def wait_for_exit():
+        # Linux: a pidfd turns readable when the process ends, so the thread sleeps
+        # without waking at all while the kernel lives; elsewhere, look every ``every`` s
+        try:
+            import select
+
+            fd = os.pidfd_open(kernel_pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            try:
+                if alive(kernel_pid, kernel_started):  # the fd is the kernel, not a reused pid
+                    select.select([fd], [], [])
+                return
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
         while alive(kernel_pid, kernel_started):
             threading.Event().wait(every)
+
+    def watch():
+        wait_for_exit()
         procs = []
         if controller_pid and alive(controller_pid, controller_started):
             controller = psutil.Process(controller_pid)

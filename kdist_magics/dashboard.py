@@ -240,6 +240,7 @@ class Dashboard:
             "status": rec.status, "strategy": rec.strategy, "size": len(ranks),
             "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
+            "lost_batches": rec.lost_batches,
             "progress": {"fraction": _round(fraction), "step": done, "total_steps": total,
                          "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
                          "steps_per_epoch": progress.get("steps_per_epoch"),
@@ -337,6 +338,8 @@ class Dashboard:
                  f'{state["size"]} rank(s) &middot; {state["elapsed"]:.1f} s']
         if state["error"]:
             lines.append(f'<div style="color:#c62828">{esc(state["error"])}</div>')
+        if state["lost_batches"]:
+            lines.append(f'<div style="color:#666">{esc(lost_note(state["lost_batches"]))}</div>')
         name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
         if name:
             lines.append(svg_curves(curves["series"][name], title=name))
@@ -348,6 +351,12 @@ class Dashboard:
         lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
                      f'<th>last loss</th></tr>{rows}</table></div>')
         return "\n".join(lines)
+
+
+def lost_note(count: int) -> str:
+    """The words the dashboard shows when telemetry batches went missing."""
+    return (f"telemetry: {count} batch{'es' if count != 1 else ''} lost in transit; "
+            f"curves and last_run() have gaps there (training was not affected)")
 
 
 def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,

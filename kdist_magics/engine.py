@@ -327,13 +327,14 @@ def unpack(packed) -> Any:
 
 
 # -- Horovod ----------------------------------------------------------------------
-def hvd_init(env: dict[str, str]) -> dict[str, Any]:
+def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[str, Any]:
     """Set this rank's HOROVOD_*/Gloo variables, (re)initialise Horovod, bind ``hvd``.
 
     ``hvd`` is kdist's Keras-3 Horovod binding (``keras_horovod``, installed so
     ``import horovod.tensorflow.keras as hvd`` resolves to it) when Keras 3 is the
     active Keras; with Keras 2 / tf_keras (``install()`` returns False) it is
-    Horovod's own ``horovod.tensorflow.keras``, which works there.
+    Horovod's own ``horovod.tensorflow.keras``, which works there. ``abort``: the
+    kernel's abort line for this run, ``(address, port)`` (see ``_watch_abort``).
     """
     from IPython import get_ipython
 
@@ -352,7 +353,9 @@ def hvd_init(env: dict[str, str]) -> dict[str, Any]:
     else:
         import horovod.tensorflow.keras as hvd  # Keras 2 / tf_keras: Horovod's own module
     hvd.init()
-    _watch_abort(env)
+    _stop_abort_watch()
+    if abort is not None:
+        _watch_abort(*abort)
     shell = get_ipython()
     if shell is not None:
         shell.user_ns["hvd"] = hvd
@@ -383,49 +386,50 @@ def route_iface(address: str) -> str:
     raise RuntimeError(f"no network interface carries {local}, the route to {address}")
 
 
-ABORT_SCOPE, ABORT_KEY = "kdist", "abort"
-
-
-def _watch_abort(env: dict[str, str]) -> None:
-    """Watch the run's rendezvous for the kernel's abort request; on it, shut Horovod down.
+def _watch_abort(address: str, port: int) -> None:
+    """Wait on the kernel's abort line (``rendezvous.AbortLine``); on "abort", shut Horovod down.
 
     A rank blocked in a collective whose peer raised or was interrupted never returns
     to Python, so neither an exception nor SIGINT reaches it. Horovod's shutdown is
     coordinated by the background threads of all ranks (still alive), and ends every
     pending collective with an error: the cell fails on this rank and the engine stays
-    warm. The kernel requests it by PUT ``/kdist/abort`` on the rendezvous server.
+    warm. The watcher blocks in ``recv`` (no polling while training runs); the kernel
+    hanging up, or :func:`_stop_abort_watch`, ends it.
     """
-    import urllib.error
-    import urllib.request
+    import socket
 
     _stop_abort_watch()
-    url = (f"http://{env['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{env['HOROVOD_GLOO_RENDEZVOUS_PORT']}"
-           f"/{ABORT_SCOPE}/{ABORT_KEY}")
+    sock = socket.create_connection((address, port), timeout=30)
+    sock.settimeout(None)
     stop = threading.Event()
 
     def watch():
-        while not stop.wait(0.2):
-            try:
-                urllib.request.urlopen(url, timeout=2).read()
-            except urllib.error.HTTPError:
-                continue  # 404: no abort requested
-            except OSError:
-                continue  # server gone: the run is over
-            if not stop.is_set():
-                hvd_shutdown(_from_watch=True)
-            return
+        try:
+            told = sock.recv(1)
+        except OSError:
+            told = b""
+        if told and not stop.is_set():
+            hvd_shutdown(_from_watch=True)
 
     thread = threading.Thread(target=watch, name="kdist-abort-watch", daemon=True)
-    _run_hvd["abort"] = (stop, thread)
+    _run_hvd["abort"] = (stop, thread, sock)
     thread.start()
 
 
 def _stop_abort_watch() -> None:
-    stop, thread = _run_hvd.pop("abort", (None, None))
-    if stop is not None:
-        stop.set()
-        if thread is not threading.current_thread():
-            thread.join(timeout=2)
+    import socket
+
+    stop, thread, sock = _run_hvd.pop("abort", (None, None, None))
+    if stop is None:
+        return
+    stop.set()
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked recv
+    except OSError:
+        pass
+    sock.close()
+    if thread is not threading.current_thread():
+        thread.join(timeout=2)
 
 
 _run_hvd: dict[str, Any] = {}

@@ -43,6 +43,9 @@ class RunRecord:
         self.metrics: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []
         self.progress: dict[str, Any] = {}  # epochs, steps per epoch, current step, ...
+        # telemetry batches the ranks sent that never arrived: their rows are missing from
+        # ``metrics``/``samples`` (the curves have gaps there); training itself is unaffected
+        self.lost_batches = 0
         self._lock = threading.RLock()
         self._listeners: list[Callable[[str, Any], None]] = []
 
@@ -77,6 +80,12 @@ class RunRecord:
                 setattr(state, key, value)
             self.size = max(self.size, len(self.ranks))
         self._notify("rank", state)
+
+    def note_lost_batches(self, count: int) -> None:
+        """Say how many telemetry batches of this run never arrived."""
+        with self._lock:
+            self.lost_batches = max(0, int(count))
+        self._notify("telemetry", {"lost_batches": self.lost_batches})
 
     def finish(self, status: str, error: str | None = None) -> None:
         with self._lock:
@@ -113,8 +122,10 @@ class RunRecord:
         done = sum(1 for s in self.ranks.values() if s.state == "done")
         last = self.metrics[-1] if self.metrics else {}
         loss = f", last loss {last['loss']:.4g}" if isinstance(last.get("loss"), (int, float)) else ""
+        lost = (f", {self.lost_batches} telemetry batch{'es' if self.lost_batches != 1 else ''} "
+                f"lost (gaps in metrics/samples)" if self.lost_batches else "")
         return (f"{self.strategy}: {self.status} in {self.duration:.1f} s, "
-                f"{done}/{len(self.ranks)} ranks done{loss}")
+                f"{done}/{len(self.ranks)} ranks done{loss}{lost}")
 
     def __repr__(self) -> str:
         return f"<RunRecord {self.summary()}>"

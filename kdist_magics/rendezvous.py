@@ -10,6 +10,7 @@ host share a local-rank space exactly as under ``horovodrun``.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import OrderedDict
 from typing import Sequence
@@ -43,6 +44,7 @@ class Rendezvous:
         self._httpd = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
+        self.abort_line: AbortLine | None = None
 
     def start(self) -> int:
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
@@ -53,6 +55,7 @@ class Rendezvous:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="kdist-rendezvous",
                                         daemon=True)
         self._thread.start()
+        self.abort_line = AbortLine(self.address)
         return self.port
 
     def env(self, index: int, iface: str | None = None) -> dict[str, str]:
@@ -76,6 +79,9 @@ class Rendezvous:
         }
 
     def stop(self) -> None:
+        if self.abort_line is not None:
+            self.abort_line.close()
+            self.abort_line = None
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -90,3 +96,59 @@ class Rendezvous:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class AbortLine:
+    """A one-way line from the kernel to every rank of a run, for "abort your collectives".
+
+    A rank blocked in a collective whose peer failed never returns to Python; a thread
+    on each rank (``engine._watch_abort``) connects here before the cell starts and
+    blocks reading: it costs nothing while training runs (no polling, no wake-ups).
+    :meth:`abort` writes one byte to every rank; :meth:`close` hangs up, which ends
+    the watchers. The kernel side has no thread: connections wait in the listen
+    backlog until :meth:`abort` or :meth:`close` accepts them.
+    """
+
+    def __init__(self, address: str = "127.0.0.1"):
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.bind((address, 0))
+        self._sock.listen(256)
+        self._sock.setblocking(False)
+        self.address = address
+        self.port: int = self._sock.getsockname()[1]
+        self._conns: list[socket.socket] = []
+
+    def _accept_waiting(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # BlockingIOError: nobody else is waiting
+                return
+            conn.setblocking(True)
+            self._conns.append(conn)
+
+    def abort(self) -> int:
+        """Tell every connected rank to abort; returns how many were told."""
+        self._accept_waiting()
+        told = 0
+        for conn in self._conns:
+            try:
+                conn.sendall(b"!")
+                told += 1
+            except OSError:  # that rank is gone already
+                pass
+        return told
+
+    def close(self) -> None:
+        if self._sock is None:
+            return
+        self._accept_waiting()
+        for conn in self._conns:
+            try:
+                conn.close()
+            except OSError:
+                pass
+        self._conns = []
+        self._sock.close()
+        self._sock = None

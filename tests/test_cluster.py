@@ -345,3 +345,16 @@ def test_late_batches_still_count_and_the_first_batch_is_not_lost_before_listeni
     while not inbox.empty():
         got.append(inbox.get())
     assert got == [(0, "display_data", early), (0, "display_data", late)]
+
+
+def test_lost_batches_reach_the_run_record_when_the_engines_finish():
+    from types import SimpleNamespace
+
+    strategy = EngineStrategy()
+    record = RunRecord("horovod", size=2)
+    strategy._feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1}]]), record)
+    strategy._feed(0, _batch(0, 4, [["metric", {"rank": 0, "step": 9}]]), record)
+    strategy._finish_engines(SimpleNamespace(running=False), SimpleNamespace(record=record),
+                             [0, 1], ok=True)
+    assert record.lost_batches == 2
+    assert "2 telemetry batches lost" in record.summary()

@@ -7,6 +7,7 @@ import json
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -143,6 +144,21 @@ def test_failed_and_stopped_states_carry_the_error_line(status):
     else:
         assert state["error"] == f"{status} after 3 s"
     assert status in dash.html()
+
+
+def test_lost_telemetry_is_said_in_the_widget_the_static_summary_and_the_record():
+    rec = RunRecord("horovod", size=2)
+    dash = Dashboard(rec, interval=None)
+    rec.add("metric", {"rank": 0, "epoch": 0, "step": 1, "time": 1.0, "kind": "step", "loss": 1.0})
+    assert Dashboard(rec, interval=None).snapshot()[0]["lost_batches"] == 0
+    assert "lost" not in dash.html() and "lost" not in rec.summary()
+    rec.note_lost_batches(3)
+    rec.finish("done")
+    assert dash.widget.state["lost_batches"] == 3
+    assert "telemetry: 3 batches lost in transit" in dash.html()
+    assert "3 telemetry batches lost" in rec.summary()
+    js = (Path(kdist_magics.__file__).parent / "static" / "dashboard.js").read_text()
+    assert "st.lost_batches" in js and "lost in transit" in js
 
 
 def test_in_kernel_replicas_share_the_process_sample():

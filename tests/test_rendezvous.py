@@ -42,3 +42,52 @@ def test_server_listens_on_loopback_only_and_serves_horovod_protocol():
         if not other.startswith("127."):
             with pytest.raises(OSError):
                 socket.create_connection((other, rdv.port), timeout=2).close()
+
+
+def _watching(monkeypatch, line):
+    """Start engine._watch_abort on ``line``, with Horovod's shutdown replaced by an event."""
+    import threading
+
+    from kdist_magics import engine
+
+    called = threading.Event()
+    monkeypatch.setattr(engine, "hvd_shutdown", lambda _from_watch=False: called.set())
+    engine._watch_abort(line.address, line.port)
+    _, thread, _ = engine._run_hvd["abort"]
+    return engine, thread, called
+
+
+def test_abort_line_listens_on_loopback_and_tells_every_watching_rank(monkeypatch):
+    with Rendezvous(["a", "a"]) as rdv:
+        line = rdv.abort_line
+        assert line._sock.getsockname()[0] == "127.0.0.1"
+        engine, thread, called = _watching(monkeypatch, line)
+        # a second watcher, like the other rank (raw socket: the engine module holds one)
+        peer = socket.create_connection((line.address, line.port), timeout=5)
+        assert not called.is_set()
+        assert line.abort() == 2
+        assert called.wait(5), "the watcher did not shut Horovod down on abort"
+        thread.join(5)
+        assert not thread.is_alive()
+        assert peer.recv(1) == b"!"
+        peer.close()
+        engine._stop_abort_watch()
+    assert rdv.abort_line is None
+
+
+def test_abort_watch_ends_quietly_on_hang_up_and_on_stop(monkeypatch):
+    from kdist_magics.rendezvous import AbortLine
+
+    line = AbortLine("127.0.0.1")
+    engine, thread, called = _watching(monkeypatch, line)
+    line.close()  # the run is over: the kernel hangs up
+    thread.join(5)
+    assert not thread.is_alive() and not called.is_set()
+    engine._stop_abort_watch()
+
+    line = AbortLine("127.0.0.1")
+    engine, thread, called = _watching(monkeypatch, line)
+    engine._stop_abort_watch()  # Horovod shut down on the rank first: the watcher just ends
+    assert not thread.is_alive() and not called.is_set()
+    assert "abort" not in engine._run_hvd
+    line.close()

@@ -54,8 +54,10 @@ from ..engine import FEED_MIME
 from ..errors import CellFailed, KDistError, RankDied, RankFailed, RunTimedOut
 from .base import RunContext, Strategy
 
-POLL = 0.05  # seconds between supervision checks (output, results, timeout)
+POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
 DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
+# While a cell runs the supervision loop sleeps on its inbox: output, telemetry and
+# "a rank finished" wake it at once; otherwise it wakes for the next death check.
 
 
 def default_np() -> int:
@@ -281,6 +283,8 @@ class EngineStrategy(Strategy):
                     self._drain_outputs(ar, ctx, ranks)
             except Exception:
                 pass
+        if self.lost_batches:
+            ctx.record.note_lost_batches(self.lost_batches)
         try:
             self.after_cell(cluster, ctx, ok and self.needs_restart is None)
         except Exception:
@@ -305,6 +309,7 @@ class EngineStrategy(Strategy):
         children = list(ar._children)
         for rank, fut in zip(ranks, children):
             self._listen(fut, rank, inbox)
+            fut.add_done_callback(lambda _f, _r=rank: inbox.put((_r, "finished", None)))
         for rank in ranks:
             record.set_rank(rank, state="running")
         timeout = spec.timeout if spec.timeout is not None else getattr(ctx.config, "timeout", None)
@@ -314,9 +319,10 @@ class EngineStrategy(Strategy):
         failures: dict[int, Any] = {}
         first_failure = None
         result_content = None
+        wait = 0.0
         try:
             while True:
-                result_content = self._drain(inbox, printer, record) or result_content
+                result_content = self._drain(inbox, printer, record, wait) or result_content
                 done = True
                 for rank, fut in zip(ranks, children):
                     if not fut.done():
@@ -359,7 +365,13 @@ class EngineStrategy(Strategy):
                     self._stop(cluster, ranks, children, record, grace)
                     self._drain(inbox, printer, record)
                     raise RunTimedOut(timeout, busy)
-                time.sleep(POLL)
+                now = time.monotonic()
+                wake = [next_death_check]
+                if first_failure:
+                    wake.append(first_failure + min(1.0, grace))
+                if timeout:
+                    wake.append(started + timeout)
+                wait = min(max(0.0, min(wake) - now), DEATH_CHECK)
         except KeyboardInterrupt:
             print("\nkdist: interrupted; stopping every rank...", file=sys.stderr)
             self._stop(cluster, ranks, children, record, grace)
@@ -416,11 +428,17 @@ class EngineStrategy(Strategy):
             for content in fut.output.metadata.get("outputs", []):
                 self._feed(rank, content, ctx.record)
 
-    def _drain(self, inbox: queue.SimpleQueue, printer: _Printer, record) -> dict | None:
+    def _drain(self, inbox: queue.SimpleQueue, printer: _Printer, record,
+               wait: float = 0.0) -> dict | None:
+        """Handle everything in ``inbox``; with ``wait``, first sleep up to that long for a message."""
         result = None
         while True:
             try:
-                rank, kind, content = inbox.get_nowait()
+                if wait > 0:
+                    rank, kind, content = inbox.get(timeout=wait)
+                    wait = 0.0
+                else:
+                    rank, kind, content = inbox.get_nowait()
             except queue.Empty:
                 return result
             if kind == "stream":
@@ -438,7 +456,8 @@ class EngineStrategy(Strategy):
     @property
     def lost_batches(self) -> int:
         """Telemetry batches of the last run that never arrived (gaps in the ranks' numbering)."""
-        return sum(max(seen) - len(seen) for seen in self._feed_seen.values() if seen)
+        seen_by_rank = getattr(self, "_feed_seen", {})
+        return sum(max(seen) - len(seen) for seen in seen_by_rank.values() if seen)
 
     def _feed(self, rank: int, content: dict, record) -> None:
         payload = content.get("data", {}).get(FEED_MIME)

@@ -71,8 +71,9 @@ class HorovodStrategy(EngineStrategy):
         else:  # each engine names its own interface towards the rendezvous
             ifaces = cluster.view().apply_sync(engine.route_iface, address)
         self.rendezvous.start()
+        abort = (self.rendezvous.address, self.rendezvous.abort_line.port)
         ars = [cluster.client[e.engine_id].apply_async(engine.hvd_init,
-                                                       self.rendezvous.env(i, iface=ifaces[i]))
+                                                       self.rendezvous.env(i, iface=ifaces[i]), abort)
                for i, e in enumerate(cluster.engines)]
         for ar in ars:
             ar.wait(timeout=120)
@@ -91,15 +92,9 @@ class HorovodStrategy(EngineStrategy):
 
     def abort_collectives(self, cluster: EngineCluster, ranks: list[int]) -> None:
         """Ask every rank's abort watcher (see ``engine._watch_abort``) to shut Horovod down."""
-        import urllib.request
-
-        from ..engine import ABORT_KEY, ABORT_SCOPE
-
         rdv = self.rendezvous
-        if rdv is None or rdv.port is None:
-            return
-        url = f"http://{rdv.address}:{rdv.port}/{ABORT_SCOPE}/{ABORT_KEY}"
-        urllib.request.urlopen(urllib.request.Request(url, data=b"1", method="PUT"), timeout=5).read()
+        if rdv is not None and rdv.abort_line is not None:
+            rdv.abort_line.abort()
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
         from .. import engine
