@@ -49,6 +49,10 @@ class KDist(Magics):
                                   "address to route towards").tag(config=True)
     threads_per_rank = Integer(None, allow_none=True,
                                help="intra-op threads per rank (None: cores / ranks)").tag(config=True)
+    freeze_gc = Bool(True, help="engine strategies: during a run, Python's cyclic GC skips the "
+                                "objects each rank held before it (gc.freeze), so no full "
+                                "collection stalls every rank at the next allreduce; cyclic "
+                                "garbage among them is collected after the run").tag(config=True)
     stop_grace = Float(5.0, help="seconds ranks get to stop after an interrupt (SIGINT) before "
                                  "they are killed and the engines restarted").tag(config=True)
 

@@ -358,3 +358,24 @@ def test_lost_batches_reach_the_run_record_when_the_engines_finish():
                              [0, 1], ok=True)
     assert record.lost_batches == 2
     assert "2 telemetry batches lost" in record.summary()
+
+
+def test_gc_frozen_hides_earlier_objects_from_the_collector_then_gives_them_back():
+    import gc
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle made before the block
+    import weakref
+
+    gone = weakref.ref(a)
+    with engine.gc_frozen():
+        assert gc.get_freeze_count() > 0
+        del a, b
+        gc.collect()
+        assert gone() is not None  # frozen: not collected during the run
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert gone() is None  # collected once the run is over

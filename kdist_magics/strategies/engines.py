@@ -297,8 +297,9 @@ class EngineStrategy(Strategy):
 
         spec, record = ctx.spec, ctx.record
         view = cluster.view()
+        freeze_gc = bool(getattr(ctx.config, "freeze_gc", True))
         begun = [cluster.client[e.engine_id].apply_async(engine.begin, rank, spec.telemetry, 0.25,
-                                                         spec.checkpoint)
+                                                         spec.checkpoint, freeze_gc)
                  for e, rank in zip(cluster.engines, ranks)]
         for b in begun:
             b.get(timeout=60)
