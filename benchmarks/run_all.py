@@ -104,6 +104,9 @@ def main(argv=None) -> int:
         print(f"{'P3':<5} {'samples/s, %%kdist default + dashboard':<46} "
               f"{'samples/s, --no-telemetry (no dashboard)':<44} "
               f"{median(dashboard['B_samples_per_s']):>8.0f} {median(dashboard['A_samples_per_s']):>8.0f}")
+        print(f"P3 is the median of {len(dashboard['pair_ratios'])} paired B/A ratios "
+              f"(ratio of the medians {dashboard['ratio_of_medians']:.3f}; per kernel CPU-second "
+              f"{dashboard['P3_cpu']:.3f})")
     if horovod:
         g = horovod["goals"]
         print("per CPU-second of every process involved (steadier on a shared machine): " + ", ".join(

@@ -56,6 +56,7 @@ from .base import RunContext, Strategy
 
 POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
 DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
+FEED_INTERVAL = 0.5  # seconds between a rank's telemetry batches (the dashboard redraws at 2/s)
 # While a cell runs the supervision loop sleeps on its inbox: output, telemetry and
 # "a rank finished" wake it at once; otherwise it wakes for the next death check.
 
@@ -298,7 +299,7 @@ class EngineStrategy(Strategy):
         spec, record = ctx.spec, ctx.record
         view = cluster.view()
         freeze_gc = bool(getattr(ctx.config, "freeze_gc", True))
-        begun = [cluster.client[e.engine_id].apply_async(engine.begin, rank, spec.telemetry, 0.25,
+        begun = [cluster.client[e.engine_id].apply_async(engine.begin, rank, spec.telemetry, FEED_INTERVAL,
                                                          spec.checkpoint, freeze_gc)
                  for e, rank in zip(cluster.engines, ranks)]
         for b in begun:
