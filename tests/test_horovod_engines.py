@@ -109,7 +109,9 @@ def test_ranks_run_with_earlier_objects_out_of_the_collectors_sight_unless_confi
     # stall every rank at the next allreduce, so they are frozen for the run...
     assert all(n > 1000 for n in engine_values("kd_frozen")), engine_values("kd_frozen")
     # ...and given back to the collector afterwards (nothing is leaked)
-    assert strategy().cluster.view().apply_sync(lambda: __import__("gc").get_freeze_count()) == [0, 0]
+    import gc
+
+    assert strategy().cluster.view().apply_sync(gc.get_freeze_count) == [0, 0]
     hip.run_line_magic("config", "KDist.freeze_gc = False")
     try:
         kdist(hip, "", cell)
