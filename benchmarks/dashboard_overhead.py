@@ -15,7 +15,10 @@ how many slow runs each side drew), each pair's ratio so the noise is visible, t
 ratio of the medians;
 also samples per CPU-second of the kernel process (every thread: TensorFlow's,
 the sampler's, the dashboard's), which other load on a shared machine disturbs
-far less than wall time; and each piece of the overhead timed in isolation::
+far less than wall time; the CPU that the dashboard's and the sampler's own threads
+(and the IOPub thread, beyond its use in A) spent during B's fits, as a share of the
+process's CPU, read from per-thread CPU clocks (a direct measure, steady from run to
+run); and each piece of the overhead timed in isolation::
 
     P3 <ratio> (goal >= 0.99)
 
@@ -53,10 +56,30 @@ rates = []
 """
 
 CELL = """%%kdist --strategy {strategy} {options}
+_k0 = _kb_thread_cpu()
 _t0, _c0 = time.perf_counter(), time.process_time()
 model.fit(x, y, batch_size={batch}, epochs={epochs}, verbose=0)
+_c1, _k1 = time.process_time(), _kb_thread_cpu()
 rates.append(({tag!r}, {n} * {epochs} / (time.perf_counter() - _t0),
-              {n} * {epochs} / (time.process_time() - _c0)))
+              {n} * {epochs} / (_c1 - _c0), _c1 - _c0,
+              {{k: _k1[k] - _k0[k] for k in _k1 if k in _k0}}))
+"""
+
+# CPU of the threads that exist only for telemetry and the dashboard, and of the kernel's
+# IOPub thread (which sends the dashboard's comm messages), read from each thread's own
+# CPU clock (nanoseconds, unlike /proc's 10 ms ticks) at the start and end of ``fit``
+THREAD_CPU = """
+import threading as _kb_threading
+
+def _kb_thread_cpu():
+    out = {}
+    for t in _kb_threading.enumerate():
+        if t.name == "IOPub" or t.name.startswith(("kdist-dashboard", "kdist-sampler")):
+            try:
+                out[t.name] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except (OSError, AttributeError):
+                pass
+    return out
 """
 
 
@@ -108,6 +131,23 @@ def costs(steps_per_s: float) -> dict:
             "flushes_per_s": flushes_per_s, "sample_ms": sample * 1e3, "ratio": 1 / (1 + overhead)}
 
 
+def direct_share(rates: list) -> dict:
+    """Share of the kernel process's CPU during B's fits used by kdist's own threads
+    (dashboard updater, sampler) and by the IOPub thread beyond what it used in A."""
+    def total(tag, prefix):
+        return sum(v for t, *_, threads in rates if t == tag
+                   for k, v in threads.items() if k.startswith(prefix))
+
+    cpu_b = sum(c for t, _, _, c, _ in rates if t == "B")
+    runs_a = sum(1 for t, *_ in rates if t == "A") or 1
+    runs_b = sum(1 for t, *_ in rates if t == "B") or 1
+    dash, sampler = total("B", "kdist-dashboard"), total("B", "kdist-sampler")
+    iopub_extra = max(0.0, total("B", "IOPub") - total("A", "IOPub") * runs_b / runs_a)
+    share = (dash + sampler + iopub_extra) / cpu_b if cpu_b else float("nan")
+    return {"dashboard": dash / cpu_b, "sampler": sampler / cpu_b,
+            "iopub_extra": iopub_extra / cpu_b, "share": share, "ratio": 1 - share}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=8, help="A/B pairs (ABBA order)")
@@ -121,7 +161,7 @@ def main(argv=None) -> dict:
     n = args.batch * max(1, args.steps // epochs)
     kernel = harness.Kernel()
     try:
-        kernel.run(SETUP.format(n=n, batch=args.batch), timeout=600)
+        kernel.run(SETUP.format(n=n, batch=args.batch) + THREAD_CPU, timeout=600)
         for tag in ("A", "B"):  # warm-up, not counted: first kdist cell, first dashboard import
             kernel.run(CELL.format(strategy=args.strategy, options="--no-telemetry" if tag == "A"
                                    else "", batch=args.batch, epochs=epochs, n=n, tag="warm"),
@@ -143,11 +183,13 @@ def main(argv=None) -> dict:
         left = kernel.close()
         if left:
             log(f"bench: killed leftover processes {left}")
-    est = costs(median([r for t, r, _ in rates if t == "A"]) / args.batch)
-    a = [r for t, r, _ in rates if t == "A"]
-    b = [r for t, r, _ in rates if t == "B"]
-    a_cpu = [c for t, _, c in rates if t == "A"]
-    b_cpu = [c for t, _, c in rates if t == "B"]
+    rates = [r for r in rates if r[0] in ("A", "B")]
+    est = costs(median([r for t, r, *_ in rates if t == "A"]) / args.batch)
+    a = [r for t, r, *_ in rates if t == "A"]
+    b = [r for t, r, *_ in rates if t == "B"]
+    a_cpu = [c for t, _, c, *_ in rates if t == "A"]
+    b_cpu = [c for t, _, c, *_ in rates if t == "B"]
+    direct = direct_share(rates)
     pairs = [rb / ra for ra, rb in zip(a, b)]
     cpu_pairs = [rb / ra for ra, rb in zip(a_cpu, b_cpu)]
     ratio = median(pairs)
@@ -164,6 +206,11 @@ def main(argv=None) -> dict:
         f"median A {median(b) / median(a):.3f}); last B run: {summary}, "
         f"{metrics} metric rows, {samples} samples")
     result["estimate"] = est
+    result["direct"] = direct
+    log(f"CPU of the dashboard's and telemetry's own threads during fit (B), over the kernel "
+        f"process's CPU: dashboard {direct['dashboard']:.4%}, sampler {direct['sampler']:.4%}, "
+        f"IOPub thread beyond A's {direct['iopub_extra']:.4%}: {direct['share']:.3%} in all "
+        f"(the callback runs on Keras's own threads: see the pieces below)")
     log(f"costs measured in isolation: callback {est['callback_us_per_step']:.1f} us/step "
         f"(step {est['step_us']:.0f} us), dashboard update {est['flush_ms']:.2f} ms x "
         f"{est['flushes_per_s']}/s, sample {est['sample_ms']:.2f} ms x 1/s "

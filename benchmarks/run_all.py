@@ -107,6 +107,11 @@ def main(argv=None) -> int:
         print(f"P3 is the median of {len(dashboard['pair_ratios'])} paired B/A ratios "
               f"(ratio of the medians {dashboard['ratio_of_medians']:.3f}; per kernel CPU-second "
               f"{dashboard['P3_cpu']:.3f})")
+        direct = dashboard.get("direct")
+        if direct:
+            print(f"P3 direct: the dashboard's and telemetry's threads used {direct['share']:.2%} of "
+                  f"the training process's CPU (ratio {direct['ratio']:.4f}); the pieces timed "
+                  f"alone give {dashboard['estimate']['ratio']:.4f}")
     if horovod:
         g = horovod["goals"]
         print("per CPU-second of every process involved (steadier on a shared machine): " + ", ".join(
