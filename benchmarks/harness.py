@@ -34,16 +34,14 @@ sys.path.insert(0, str(BENCH))
 
 import workload  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests"))
+from kernel_driver import isolated_env  # noqa: E402  (the tests' isolation, shared)
+
 HOME = Path(tempfile.mkdtemp(prefix="kdist-bench-"))
-for _var, _sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
-                   ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
-                   ("MPLCONFIGDIR", "mpl")):
-    os.environ[_var] = str(HOME / _sub)
-    (HOME / _sub).mkdir(parents=True, exist_ok=True)
 for _var in workload.THREAD_VARS:
     os.environ.pop(_var, None)
-os.environ.update(TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", PYTHONHASHSEED="0",
-                  PYTHONWARNINGS="ignore")
+isolated_env(HOME, env=os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
+             PYTHONHASHSEED="0", PYTHONWARNINGS="ignore")
 LOOPBACK = ("127.0.0.1", "::1")
 
 

@@ -10,14 +10,11 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_driver import isolated_env  # noqa: E402
+
 _HOME = Path(tempfile.mkdtemp(prefix="kdist-tests-"))
-for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
-                 ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
-                 ("MPLCONFIGDIR", "mpl")):
-    os.environ[var] = str(_HOME / sub)
-    (_HOME / sub).mkdir(parents=True, exist_ok=True)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+isolated_env(_HOME, env=os.environ)  # this process: before anything reads these variables
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = Path(os.environ.get("KDIST_TEST_OUTPUT", ROOT / "test-output"))

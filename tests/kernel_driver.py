@@ -1,7 +1,8 @@
 """A real IPython kernel driven over ZMQ by jupyter_client, as a notebook front end drives it.
 
 Shared by ``tests/test_failures_kernel.py`` and ``benchmarks/soak.py`` /
-``benchmarks/failure_times.py``. Every IOPub message the kernel sends is kept
+``benchmarks/failure_times.py``; its :func:`isolated_env` is the one place every test
+tier and benchmark gets fresh IPython/Jupyter folders from. Every IOPub message the kernel sends is kept
 (``messages``), so a test can look at exactly what the notebook would show.
 Processes are found and ended by pid only (the kernel's own tree).
 """
@@ -21,18 +22,35 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LOOPBACK = ("127.0.0.1", "::1")
 
 
-def isolated_env(home: Path | None = None) -> dict[str, str]:
-    """os.environ with IPython/Jupyter state in fresh temp folders (never the user's)."""
+#: per-user state that tests, notebooks and benchmarks must never read or write
+STATE_DIRS = (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
+              ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
+              ("MPLCONFIGDIR", "mpl"))
+_KEEP = object()
+
+
+def isolated_env(home: Path | None = None, *, env: dict | None = None,
+                 keras_backend: str | None | object = "tensorflow", **extra: str) -> dict[str, str]:
+    """``env`` (default: a copy of os.environ) with IPython, Jupyter and matplotlib state in
+    fresh folders under ``home`` (default: a new temp folder), never the user's.
+
+    The one place tests, the notebook and browser tiers and the benchmarks get their
+    isolation from. ``keras_backend``: a default for ``KERAS_BACKEND`` (kept when already
+    set), ``None`` to remove it (notebooks choose their own backend). ``extra``: variables to
+    set on top (``PYTHONWARNINGS="ignore"``, ...). Pass ``env=os.environ`` to isolate this
+    process itself (before anything reads those variables).
+    """
     home = Path(home or tempfile.mkdtemp(prefix="kdist-kernel-"))
-    env = dict(os.environ)
-    for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
-                     ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
-                     ("MPLCONFIGDIR", "mpl")):
+    env = dict(os.environ) if env is None else env
+    for var, sub in STATE_DIRS:
         (home / sub).mkdir(parents=True, exist_ok=True)
         env[var] = str(home / sub)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("KERAS_BACKEND", "tensorflow")
-    env["PYTHONWARNINGS"] = "ignore"
+    if keras_backend is None:
+        env.pop("KERAS_BACKEND", None)
+    elif keras_backend is not _KEEP:
+        env.setdefault("KERAS_BACKEND", keras_backend)
+    env.update(extra)
     return env
 
 
@@ -107,7 +125,8 @@ class Kernel:
                  startup_timeout: float = 180, load: bool = True):
         from jupyter_client import KernelManager
 
-        self.env = env or isolated_env()
+        self.env = dict(env or isolated_env())
+        self.env.setdefault("PYTHONWARNINGS", "ignore")  # output is asserted on: no warning noise
         self.km = KernelManager(kernel_name="python3")
         self.km.start_kernel(env=self.env, cwd=str(cwd or os.getcwd()))
         self.kc = self.km.client()

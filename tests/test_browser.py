@@ -88,16 +88,13 @@ def lab():
         pytest.skip(f"{CHROMIUM} is missing: run scripts/setup.sh --browser (make test does)")
     pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
     pytest.importorskip("jupyterlab", reason="jupyterlab is in the test extra")
+    from kernel_driver import isolated_env
+
     home = Path(tempfile.mkdtemp(prefix="kdist-lab-"))
-    env = dict(os.environ)
-    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
-                     ("MPLCONFIGDIR", "mpl")):
-        (home / sub).mkdir()
-        env[var] = str(home / sub)
+    env = isolated_env(home, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
+                       PYTHONUNBUFFERED="1")
     root = home / "notebooks"
     root.mkdir()
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", PYTHONUNBUFFERED="1")
     port, token = _free_port(), secrets.token_hex(16)
     log = open(home / "lab.log", "wb")
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",

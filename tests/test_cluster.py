@@ -50,9 +50,12 @@ def test_all_mode_prefixes_every_line_across_chunks_and_progress_bars(capsys):
     p.write(1, "stdout", "x\n")
     p.write(0, "stdout", "c\n\r1/2\r2/2")  # Keras-style progress bar: \r then the bar
     p.write(1, "stdout", "half a line")
-    assert capsys.readouterr().out == "[rank 0] a\n[rank 1] x\n[rank 0] bc\n\r[rank 0] 1/2\r"
+    # the bar's latest redraw is shown at once (not one update late); a half line waits
+    assert capsys.readouterr().out == "[rank 0] a\n[rank 1] x\n[rank 0] bc\n\r[rank 0] 1/2\r[rank 0] 2/2"
+    p.write(0, "stdout", "\r3/3\n")
+    assert capsys.readouterr().out == "\r[rank 0] 3/3\n"
     p.flush()
-    assert capsys.readouterr().out.splitlines() == ["[rank 0] 2/2", "[rank 1] half a line"]
+    assert capsys.readouterr().out.splitlines() == ["[rank 1] half a line"]
 
 
 def test_none_mode_hides_everything(capsys):

@@ -209,6 +209,18 @@ model.fit(X, X.sum(1), batch_size=8, epochs=10000, verbose=0,
 """
 
 
+def assert_interrupted(kern, res, epochs: int) -> None:
+    """What a notebook sees after Stop: one KeyboardInterrupt, every rank stopped, and the
+    record keeps at least ``epochs`` finished epochs."""
+    err = one_error(res)
+    assert err["ename"] == "KeyboardInterrupt", err
+    assert "interrupted; stopping every rank" in res.stderr
+    assert kern.eval("kdist_magics.last_run().status") == "interrupted"
+    assert kern.eval("sorted({r.state for r in kdist_magics.last_run().ranks.values()})") == ["stopped"]
+    done = kern.eval("len([m for m in kdist_magics.last_run().metrics if m.get('kind') == 'epoch'])")
+    assert done >= epochs, done
+
+
 def test_kernel_interrupt_stops_all_ranks_keeps_history_and_checkpoint(kern, tmp_path):
     kern.check("%config KDist.stop_grace = 30.0")  # a loaded test machine may be slow to stop
     asked = {}  # interrupt once rank 0 ends its 3rd epoch: epochs 1-2 are then fully recorded
@@ -227,12 +239,7 @@ def test_kernel_interrupt_stops_all_ranks_keeps_history_and_checkpoint(kern, tmp
     finally:
         kern.check("%config KDist.stop_grace = 5.0")
     assert "at" in asked, res.text[-2000:]
-    err = one_error(res)
-    assert err["ename"] == "KeyboardInterrupt", err
-    assert "interrupted; stopping every rank" in res.stderr
-    assert kern.eval("kdist_magics.last_run().status") == "interrupted"
-    assert kern.eval("sorted({r.state for r in kdist_magics.last_run().ranks.values()})") == ["stopped"]
-    assert kern.eval("len([m for m in kdist_magics.last_run().metrics if m.get('kind') == 'epoch'])") >= 2
+    assert_interrupted(kern, res, epochs=2)
     assert (tmp_path / "last.keras").exists()
     import keras
 
@@ -241,6 +248,46 @@ def test_kernel_interrupt_stops_all_ranks_keeps_history_and_checkpoint(kern, tmp
     res = kern.check(f"{HVD} --pull model\nlen(model.history.history['loss'])")
     assert int(res.value()) >= 2
     assert kern.eval("type(model).__name__") == "Sequential"
+
+
+MW = "%%kdist --strategy multiworker --np 2 --no-dashboard"
+MW_INTERRUPTED_FIT = """
+import numpy as np, keras
+X = np.random.default_rng(0).normal(size=(256, 8)).astype('float32')
+class Mark(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if strategy.cluster_resolver.task_id == 0:
+            print(f'kd-mw-epoch {epoch + 1}', flush=True)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss='mse')
+model.fit(X, X.sum(1), batch_size=16, epochs=10000, verbose=0, callbacks=[Mark()])
+"""
+
+
+def test_kernel_interrupt_stops_every_multiworker_worker_and_the_next_cell_runs(kern):
+    # MultiWorkerMirroredStrategy's collectives ignore SIGINT: the workers must still stop
+    # (killed after the grace time, engines restarted for the next cell), never keep training
+    asked = {}
+
+    def on_message(msg, res):
+        if "at" not in asked and msg["header"]["msg_type"] == "stream" and "kd-mw-epoch 2" in msg["content"]["text"]:
+            asked["at"] = True
+            kern.interrupt()
+
+    res = kern.execute(f"{MW}\n{MW_INTERRUPTED_FIT}", timeout=300, on_message=on_message)
+    assert "at" in asked, res.text[-2000:]
+    assert_interrupted(kern, res, epochs=1)
+    # nothing keeps training: every engine process of that run is gone or idle
+    workers = kern.eval("[e.pid for e in kdist_magics._extension._strategies['multiworker'].cluster.engines]")
+    for pid in workers:
+        try:
+            cpu = psutil.Process(pid).cpu_percent(interval=1.0)
+        except psutil.NoSuchProcess:
+            continue
+        assert cpu < 50, f"worker {pid} still busy ({cpu:.0f} % CPU) after the interrupt"
+    res = kern.check(f"{MW}\nstrategy.cluster_resolver.task_id")
+    assert res.value() == "0"
 
 
 # -- 2. a rank dies ------------------------------------------------------------------------

@@ -259,19 +259,13 @@ def test_readme_links_binder():
 # -- notebook tier: execute every notebook ---------------------------------------
 
 def _kernel_env(home: Path, variant: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
-    for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
-                     ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
-                     ("MPLCONFIGDIR", "mpl")):
-        (home / sub).mkdir(parents=True, exist_ok=True)
-        env[var] = str(home / sub)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.pop("KERAS_BACKEND", None)  # a notebook chooses its own backend
-    env["PYTHONUNBUFFERED"] = "1"
-    # the kernel is the venv's python, also when the test runs from an activated shell
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.update(variant)
-    return env
+    from kernel_driver import isolated_env
+
+    # a notebook chooses its own backend; the kernel is the venv's python, also when the
+    # test runs from an activated shell
+    return isolated_env(home, keras_backend=None, PYTHONUNBUFFERED="1",
+                        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                        **variant)
 
 
 def _execute(path: Path, out_dir: Path, variant: dict[str, str] | None = None,

@@ -34,3 +34,20 @@ def test_ci_calls_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make test" in ci and "make test" in readme and "make lab" in readme
+
+
+def test_every_tier_isolates_ipython_and_jupyter_state_with_one_helper(tmp_path, monkeypatch):
+    from kernel_driver import STATE_DIRS, isolated_env
+
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    env = isolated_env(tmp_path / "a", PYTHONUNBUFFERED="1")
+    for var, sub in STATE_DIRS:
+        assert env[var] == str(tmp_path / "a" / sub) and (tmp_path / "a" / sub).is_dir()
+    assert env["KERAS_BACKEND"] == "jax" and env["PYTHONUNBUFFERED"] == "1"  # a default, kept
+    assert "KERAS_BACKEND" not in isolated_env(tmp_path / "b", keras_backend=None)  # notebooks
+    monkeypatch.delenv("KERAS_BACKEND")
+    assert isolated_env(tmp_path / "c")["KERAS_BACKEND"] == "tensorflow"
+    target = {"HOME": "/nowhere"}
+    assert isolated_env(tmp_path / "d", env=target) is target and target["IPYTHONDIR"].startswith(str(tmp_path))
+    # and this very test process runs isolated (conftest used the same helper)
+    assert not os.environ["IPYTHONDIR"].startswith(os.path.expanduser("~/.ipython"))

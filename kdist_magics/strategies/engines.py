@@ -83,7 +83,9 @@ class _Printer:
 
     With ``all``, output is written a whole line at a time (a line ends at ``\n``
     or at a progress bar's ``\r``), each prefixed ``[rank N]``, so ranks never
-    interleave inside a line; :meth:`flush` writes what is left at the end.
+    interleave inside a line; :meth:`flush` writes what is left at the end. A progress
+    bar's redraw (text after a ``\r``) is shown at once, not held until the next redraw:
+    the next one starts with ``\r`` and overwrites it anyway.
     """
 
     def __init__(self, mode: str):
@@ -104,6 +106,9 @@ class _Printer:
         buf = self.pending.pop((rank, name), "") + text
         pieces = re.split(r"(?<=[\r\n])", buf)
         rest = "" if final else pieces.pop()
+        if rest and pieces and pieces[-1].endswith("\r"):  # a progress bar's redraw: show it now
+            pieces.append(rest)
+            rest = ""
         if rest:
             self.pending[(rank, name)] = rest
         tag = f"[rank {rank}] "
