@@ -222,7 +222,10 @@ class EngineCluster:
                 asyncio.set_event_loop(asyncio.new_event_loop())
                 loop = IOLoop.current()
                 box.put(loop)
-                loop.start()
+                try:
+                    loop.start()
+                finally:  # stopped by stop(): release its selector and wake-up pipe
+                    loop.close()
 
             threading.Thread(target=run, name="kdist-engine-exits", daemon=True).start()
             self._loop = box.get(timeout=10)
@@ -300,6 +303,7 @@ class EngineCluster:
                 import logging
 
                 logging.getLogger("kdist_magics").debug("stop_cluster: %r", exc)
+            _end_sync_thread(cluster)
         self._pids_started = set()
         self.engines = []
         loop, self._loop = getattr(self, "_loop", None), None
@@ -414,6 +418,22 @@ class EngineCluster:
             return {"engines": "not started"}
         return {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
                 "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}
+
+
+def _end_sync_thread(obj) -> None:
+    """End the IOLoop thread ipyparallel starts for ``*_sync`` calls made inside a running
+    event loop (a notebook kernel) and never ends: each cluster would otherwise keep a
+    thread, a selector and a wake-up socket pair for the rest of the session."""
+    loop, thread = getattr(obj, "_thread_loop", None), getattr(obj, "_async_thread", None)
+    if loop is None or thread is None:
+        return
+    try:
+        loop.add_callback(loop.stop)
+        thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
+    except Exception:
+        pass
 
 
 def kill_pids(pids: Iterable[int], grace: float = 3.0) -> None:

@@ -305,6 +305,19 @@ def test_a_dying_rank_is_rankdied_with_its_status_and_the_next_cell_gets_fresh_e
 
 
 # -- 4. nothing left behind ---------------------------------------------------------------
+def test_restarting_the_engines_leaves_the_kernels_open_files_flat(kern):
+    # every restart used to leave ipyparallel's sync-call thread (selector, wake-up socket
+    # pair) and kdist's exit-watch loop open in the kernel: 3-7 file descriptors each
+    kern.check("%kdist restart", timeout=300)
+    kern.check(f"{HVD}\nkd_x = 1", timeout=300)
+    before = psutil.Process(kern.pid).num_fds()
+    for _ in range(2):
+        kern.check("%kdist restart", timeout=300)
+        kern.check(f"{HVD}\nkd_x = 1", timeout=300)
+    assert psutil.Process(kern.pid).num_fds() == before
+
+
+
 def test_kdist_stop_ends_every_process_and_the_next_cell_starts_again(kern):
     pids = set(kern.children())
     assert len(pids) >= 3  # controller and two engines (+ nannies)

@@ -56,6 +56,7 @@ from .base import RunContext, Strategy
 
 POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
 DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
+RESEND_SIGINT = 1.0  # seconds between interrupts to ranks that have not stopped yet
 FEED_INTERVAL = 0.5  # seconds between a rank's telemetry batches (the dashboard redraws at 2/s)
 # While a cell runs the supervision loop sleeps on its inbox: output, telemetry and
 # "a rank finished" wake it at once; otherwise it wakes for the next death check.
@@ -428,6 +429,8 @@ class EngineStrategy(Strategy):
         for name in ("stdout", "stderr"):  # anything that arrived before we listened
             if md.get(name):
                 inbox.put((rank, "stream", {"name": name, "text": md[name]}))
+        if md.get("execute_result"):  # a quick cell's value may have come already, too
+            inbox.put((rank, "execute_result", md["execute_result"]))
 
     def _drain_outputs(self, ar, ctx: RunContext, ranks: list[int]) -> None:
         """Feed rows published during an apply (``engine.end``'s final flush) into the record."""
@@ -498,8 +501,14 @@ class EngineStrategy(Strategy):
                 pass
             cluster.signal(signal.SIGINT, [e.engine_id for _, e, _ in busy])
             deadline = time.monotonic() + grace
+            resend = time.monotonic() + RESEND_SIGINT
             while time.monotonic() < deadline and any(not f.done() for _, _, f in busy):
                 time.sleep(POLL)
+                if time.monotonic() >= resend:
+                    # a SIGINT that reached an engine before it began running the cell
+                    # is dropped by ipykernel; ask again those still running it
+                    cluster.signal(signal.SIGINT, [e.engine_id for _, e, f in busy if not f.done()])
+                    resend = time.monotonic() + RESEND_SIGINT
         stuck = [(r, e) for r, e, f in busy if not f.done()]
         if stuck or hard:
             if cluster.owned:
