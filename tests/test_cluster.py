@@ -382,3 +382,22 @@ def test_gc_frozen_hides_earlier_objects_from_the_collector_then_gives_them_back
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert gone() is None  # collected once the run is over
+
+
+def test_what_a_quick_rank_sent_before_kdist_listened_is_not_lost():
+    import queue
+    from types import SimpleNamespace
+
+    strategy = EngineStrategy()
+    value = {"data": {"text/plain": "42"}, "execution_count": 3}
+    md = {"outputs": [], "execute_input": "x = 42\nx", "execute_result": value}
+    fut = SimpleNamespace(output=SimpleNamespace(metadata=md), iopub_callbacks=[])
+    inbox = queue.SimpleQueue()
+    strategy._listen(fut, 0, inbox)
+    assert inbox.get_nowait() == (0, "execute_result", value)  # the cell's value
+    assert strategy._started == {0}  # it has begun: an interrupt may be sent to it
+    fut1 = SimpleNamespace(output=SimpleNamespace(metadata={"outputs": []}), iopub_callbacks=[])
+    strategy._listen(fut1, 1, inbox)
+    assert strategy._started == {0}  # rank 1 has not begun: no SIGINT yet (it would be lost)
+    fut1.iopub_callbacks[0]({"header": {"msg_type": "execute_input"}, "content": {"code": ""}})
+    assert strategy._started == {0, 1}

@@ -56,7 +56,6 @@ from .base import RunContext, Strategy
 
 POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
 DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
-RESEND_SIGINT = 1.0  # seconds between interrupts to ranks that have not stopped yet
 FEED_INTERVAL = 0.5  # seconds between a rank's telemetry batches (the dashboard redraws at 2/s)
 # While a cell runs the supervision loop sleeps on its inbox: output, telemetry and
 # "a rank finished" wake it at once; otherwise it wakes for the next death check.
@@ -135,6 +134,7 @@ class EngineStrategy(Strategy):
         self.needs_restart: str | None = None  # why the next run must restart the engines
         self.last_timing: dict[str, float] = {}
         self._feed_seen: dict[int, set[int]] = {}
+        self._started: set[int] = set()  # ranks whose engine has begun the current cell
 
     # -- hooks ---------------------------------------------------------------
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
@@ -311,6 +311,7 @@ class EngineStrategy(Strategy):
         for b in begun:
             b.get(timeout=60)
         inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._started = set()
         printer = self._printer = _Printer(spec.out)
         self._feed_seen: dict[int, set[int]] = {}
         ar = view.execute(cell, silent=False, block=False)
@@ -398,6 +399,7 @@ class EngineStrategy(Strategy):
     def _listen(self, fut, rank: int, inbox: queue.SimpleQueue) -> None:
         """Forward the engine's IOPub messages for ``fut`` to ``inbox`` (from the client's IO thread)."""
         md = fut.output.metadata
+        started = self._started
         lock = threading.Lock()
         catch_up: dict[int, Any] | None = {}  # displays forwarded while catching up, by id
 
@@ -411,6 +413,8 @@ class EngineStrategy(Strategy):
 
         def callback(msg):
             kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "execute_input":
+                started.add(rank)
             if kind == "display_data" and FEED_MIME in content.get("data", {}):
                 # the client keeps every display output of a request; telemetry batches
                 # are delivered here, so do not let a long run pile them up there
@@ -420,6 +424,8 @@ class EngineStrategy(Strategy):
             forward(kind, content)
 
         fut.iopub_callbacks.append(callback)
+        if md.get("execute_input") is not None:  # it began before we listened
+            started.add(rank)
         # displays that arrived before the callback was there (the first telemetry batch
         # is published as the cell starts, often before execute() has returned here)
         for content in list(md.get("outputs") or []):
@@ -499,16 +505,22 @@ class EngineStrategy(Strategy):
                 self.abort_collectives(cluster, [r for r, _, _ in busy])
             except Exception:
                 pass
-            cluster.signal(signal.SIGINT, [e.engine_id for _, e, _ in busy])
+            # SIGINT only reaches a cell that is running: one that lands while the engine
+            # is still receiving the request is dropped, or breaks the request so that no
+            # reply ever comes. So each rank is interrupted once it has begun the cell
+            # (its execute_input was seen), at once or as soon as it begins.
+            started = self._started
+            signalled: set[int] = set()
             deadline = time.monotonic() + grace
-            resend = time.monotonic() + RESEND_SIGINT
-            while time.monotonic() < deadline and any(not f.done() for _, _, f in busy):
+            while True:
+                ready = [(r, e) for r, e, f in busy if not f.done() and r not in signalled
+                         and r in started]
+                if ready:
+                    cluster.signal(signal.SIGINT, [e.engine_id for _, e in ready])
+                    signalled |= {r for r, _ in ready}
+                if time.monotonic() >= deadline or all(f.done() for _, _, f in busy):
+                    break
                 time.sleep(POLL)
-                if time.monotonic() >= resend:
-                    # a SIGINT that reached an engine before it began running the cell
-                    # is dropped by ipykernel; ask again those still running it
-                    cluster.signal(signal.SIGINT, [e.engine_id for _, e, f in busy if not f.done()])
-                    resend = time.monotonic() + RESEND_SIGINT
         stuck = [(r, e) for r, e, f in busy if not f.done()]
         if stuck or hard:
             if cluster.owned:
