@@ -375,9 +375,10 @@ def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[
     else:
         import horovod.tensorflow.keras as hvd  # Keras 2 / tf_keras: Horovod's own module
     hvd.init()
-    _stop_abort_watch()
     if abort is not None:
-        _watch_abort(*abort)
+        _watch_abort(*abort)  # replaces the previous run's watcher
+    else:
+        _stop_abort_watch()
     shell = get_ipython()
     if shell is not None:
         shell.user_ns["hvd"] = hvd

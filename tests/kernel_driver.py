@@ -26,11 +26,10 @@ LOOPBACK = ("127.0.0.1", "::1")
 STATE_DIRS = (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
               ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
               ("MPLCONFIGDIR", "mpl"))
-_KEEP = object()
 
 
 def isolated_env(home: Path | None = None, *, env: dict | None = None,
-                 keras_backend: str | None | object = "tensorflow", **extra: str) -> dict[str, str]:
+                 keras_backend: str | None = "tensorflow", **extra: str) -> dict[str, str]:
     """``env`` (default: a copy of os.environ) with IPython, Jupyter and matplotlib state in
     fresh folders under ``home`` (default: a new temp folder), never the user's.
 
@@ -48,7 +47,7 @@ def isolated_env(home: Path | None = None, *, env: dict | None = None,
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if keras_backend is None:
         env.pop("KERAS_BACKEND", None)
-    elif keras_backend is not _KEEP:
+    else:
         env.setdefault("KERAS_BACKEND", keras_backend)
     env.update(extra)
     return env

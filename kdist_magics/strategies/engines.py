@@ -472,8 +472,7 @@ class EngineStrategy(Strategy):
     @property
     def lost_batches(self) -> int:
         """Telemetry batches of the last run that never arrived (gaps in the ranks' numbering)."""
-        seen_by_rank = getattr(self, "_feed_seen", {})
-        return sum(max(seen) - len(seen) for seen in seen_by_rank.values() if seen)
+        return sum(max(seen) - len(seen) for seen in self._feed_seen.values() if seen)
 
     def _feed(self, rank: int, content: dict, record) -> None:
         payload = content.get("data", {}).get(FEED_MIME)
@@ -509,12 +508,11 @@ class EngineStrategy(Strategy):
             # is still receiving the request is dropped, or breaks the request so that no
             # reply ever comes. So each rank is interrupted once it has begun the cell
             # (its execute_input was seen), at once or as soon as it begins.
-            started = self._started
             signalled: set[int] = set()
             deadline = time.monotonic() + grace
             while True:
                 ready = [(r, e) for r, e, f in busy if not f.done() and r not in signalled
-                         and r in started]
+                         and r in self._started]
                 if ready:
                     cluster.signal(signal.SIGINT, [e.engine_id for _, e in ready])
                     signalled |= {r for r, _ in ready}
