@@ -136,8 +136,12 @@ class Feed:
 
 
 def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
-          checkpoint: str | None = None, freeze_gc: bool = True) -> dict[str, Any]:
-    """Before the cell: telemetry around ``fit``, a checkpoint callback on rank 0."""
+          checkpoint: str | None = None, freeze_gc: bool = True,
+          tf_info_logs: bool = False) -> dict[str, Any]:
+    """Before the cell: telemetry around ``fit``, a checkpoint callback on rank 0, TF's INFO
+    lines quiet (see :mod:`kdist_magics.tf_logs`)."""
+    from .tf_logs import quiet_info
+
     from IPython import get_ipython
 
     end(flush=False)  # a previous run that was interrupted before its end()
@@ -145,6 +149,7 @@ def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
     stack = contextlib.ExitStack()
     if freeze_gc:
         stack.enter_context(gc_frozen())
+    stack.enter_context(quiet_info(not tf_info_logs))
     feed = Feed(rank, interval)
     _run.update(stack=stack, feed=feed, rank=rank)
     if shell is not None:

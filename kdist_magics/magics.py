@@ -53,6 +53,8 @@ class KDist(Magics):
                                 "objects each rank held before it (gc.freeze), so no full "
                                 "collection stalls every rank at the next allreduce; cyclic "
                                 "garbage among them is collected after the run").tag(config=True)
+    tf_info_logs = Bool(False, help="show TensorFlow's Python INFO log lines (\"Reduce to ... then "
+                                    "broadcast to ...\") inside kdist cells").tag(config=True)
     stop_grace = Float(5.0, help="seconds ranks get to stop after an interrupt (SIGINT) before "
                                  "they are killed and the engines restarted").tag(config=True)
 

@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
-# One-command set-up: .venv with kdist_magics, TensorFlow, Horovod (Gloo) and the test tools.
-# Idempotent: a second run with an unchanged pyproject.toml only checks and returns.
-# Usage: scripts/setup.sh [--browser]   (--browser also makes sure Debian's chromium is present)
+# One-command set-up of a virtual environment with kdist_magics. Idempotent: a second run with
+# unchanged pyproject.toml and pins only checks and returns.
+#
+#   scripts/setup.sh [--browser]     .venv: the current stack (TensorFlow 2.21, Keras, JAX, JupyterLab,
+#                                    test tools) on the newest Python 3.11+ found, 3.13 first, and
+#                                    Horovod 0.28.1 built with Gloo against that TensorFlow (cached)
+#   scripts/setup.sh --env colab     .venv-colab: Colab's published stack (envs/colab-2026-08.txt as pip
+#                                    constraints: Python 3.13, TF 2.20, IPython 7.34, ipywidgets 7.7,
+#                                    ipyparallel 8.8, Notebook 6.5), no Horovod
+#
+# --browser also makes sure Debian's chromium is present (the widget tests drive it). Set
+# KDIST_REQUIRE_HOROVOD=1 (make test does) to fail when Horovod cannot be built; otherwise
+# set-up goes on without it and `--strategy horovod` says what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV=${VENV:-.venv}
-PYTHON=${PYTHON:-python3}
 want_browser=0
-[ "${1:-}" = "--browser" ] && want_browser=1
+env_name=main
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --browser) want_browser=1 ;;
+    --env) env_name=$2; shift ;;
+    *) echo "usage: scripts/setup.sh [--browser] [--env main|colab]" >&2; exit 2 ;;
+  esac
+  shift
+done
 
 say() { printf 'kdist setup: %s\n' "$*"; }
 die() { printf 'kdist setup: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -26,18 +42,76 @@ apt_install() {  # install Debian packages when we may, otherwise say exactly wh
   fi
 }
 
-# 1. Python 3.11+
+# A working interpreter of version $1 (3.13, ...): on PATH, or under pyenv's versions folder.
+find_python() {
+  local v=$1 c
+  for c in "python$v" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v".*/bin/python"$v"; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys, venv' >/dev/null 2>&1; then
+      command -v "$c"; return 0
+    fi
+  done
+  return 1
+}
+
+make_venv() {  # make_venv DIR PYTHON: a venv at DIR on PYTHON (kept when it already is one)
+  local dir=$1 py=$2
+  if [ -x "$dir/bin/python" ]; then
+    local have want
+    have=$("$dir/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    want=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    [ "$have" = "$want" ] && return 0
+    say "$dir has Python $have; making it anew on $want"
+    rm -rf "$dir"
+  fi
+  say "creating $dir ($("$py" -V 2>&1))"
+  "$py" -m venv "$dir"
+}
+
+if [ "$env_name" = colab ]; then
+  # Colab's runtime is Python 3.13 (envs/colab-2026-08.txt); nothing else stands in for it.
+  VENV=${VENV:-.venv-colab}
+  PYTHON=${PYTHON:-$(find_python 3.13 || true)}
+  [ -n "$PYTHON" ] || die "the Colab-pinned environment needs Python 3.13 (none on PATH or under pyenv); set PYTHON=/path/to/python3.13"
+  make_venv "$VENV" "$PYTHON"
+  PY="$VENV/bin/python"
+  stamp="$VENV/.kdist-installed"
+  want="$(cat pyproject.toml envs/colab-2026-08.txt | sha256sum | cut -c1-16) colab"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing kdist_magics[tensorflow,jax] into $VENV under Colab's pins"
+    # pip itself stays as venv made it: Colab's pip (24.1.2) is older than Python 3.13's ensurepip
+    "$PY" -m pip install -q -c envs/colab-2026-08.txt -e ".[tensorflow,jax]" \
+      ipykernel notebook nbclient nbformat pandas scikit-learn pytest pytest-timeout playwright
+    echo "$want" > "$stamp"
+  else
+    say "$VENV is up to date"
+  fi
+  say "ready: $VENV ($("$PY" -c 'import sys, tensorflow as tf, keras, IPython, ipywidgets, ipyparallel; print(f"Python {sys.version.split()[0]}, TF {tf.__version__}, Keras {keras.__version__}, IPython {IPython.__version__}, ipywidgets {ipywidgets.__version__}, ipyparallel {ipyparallel.__version__}")' 2>/dev/null))"
+  exit 0
+fi
+
+[ "$env_name" = main ] || die "unknown environment '$env_name' (main or colab)"
+VENV=${VENV:-.venv}
+
+# 1. Python: $PYTHON, else the newest of 3.13, 3.12, 3.11 found
+if [ -z "${PYTHON:-}" ]; then
+  for v in 3.13 3.12 3.11; do PYTHON=$(find_python $v || true); [ -n "$PYTHON" ] && break; done
+fi
+[ -n "${PYTHON:-}" ] || PYTHON=python3
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-  || die "Python 3.11 or newer is needed ($PYTHON is $("$PYTHON" -V 2>&1)); set PYTHON=/path/to/python3.11"
+  || die "Python 3.11 or newer is needed ($PYTHON is $("$PYTHON" -V 2>&1)); set PYTHON=/path/to/python3.13"
 
 # 2. Build tools for Horovod
 missing=()
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
-[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+command -v patch >/dev/null || missing+=(patch)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then apt_install "${missing[@]}"
+  else say "not found: ${missing[*]} (needed to build Horovod; install them for --strategy horovod)"; fi
+fi
 
 # 3. The virtual environment and the package with its extras
-[ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+make_venv "$VENV" "$PYTHON"
 PY="$VENV/bin/python"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then tf_extra=tensorflow; else tf_extra=tensorflow-cpu; fi
 extras="$tf_extra,jax,lab,test"
@@ -52,18 +126,17 @@ else
   say "$VENV is up to date"
 fi
 
-# 4. Horovod 0.28.1 with Gloo, compiled against the TensorFlow just installed.
-#    pip keeps the built wheel in its cache, so a fresh .venv reuses it in seconds.
+# 4. Horovod 0.28.1 with Gloo, built against the TensorFlow just installed (patched: see
+#    kdist_magics/patches/); the wheel is cached under ~/.cache/kdist_magics, so a fresh .venv
+#    reuses it in seconds.
 if ! "$PY" -c 'import horovod.tensorflow' >/dev/null 2>&1; then
-  say "building Horovod 0.28.1 with Gloo against TensorFlow (first time: a few minutes)"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-    "$PY" -m pip install -q --no-build-isolation "horovod==0.28.1" \
-    || die "Horovod failed to build; see pip's output above (needs cmake, g++, TensorFlow <= 2.18.1)"
-  "$PY" -c 'import horovod.tensorflow' || die "Horovod installed but does not import"
+  if ! "$PY" -m kdist_magics.horovod_build; then
+    [ "${KDIST_REQUIRE_HOROVOD:-0}" = 1 ] && die "Horovod is required here (KDIST_REQUIRE_HOROVOD=1) but could not be built"
+    say "going on without Horovod: every strategy but horovod works"
+  fi
 fi
 
-# 5. A browser for the JupyterLab widget tests (Debian's chromium; Playwright drives it)
+# 5. A browser for the widget tests (Debian's chromium; Playwright drives it)
 if [ $want_browser = 1 ] && [ ! -x /usr/bin/chromium ]; then
   apt_install chromium
 fi
@@ -75,4 +148,10 @@ if [ $want_browser = 1 ] && [ "$(id -u)" = 0 ]; then
   command -v unshare >/dev/null || missing+=(util-linux)
   [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 fi
-say "ready: $VENV ($("$PY" -c 'import tensorflow as tf, keras, horovod; print(f"TF {tf.__version__}, Keras {keras.__version__}, Horovod {horovod.__version__}")' 2>/dev/null))"
+say "ready: $VENV ($("$PY" -c '
+import sys, tensorflow as tf, keras
+try:
+    import horovod; hvd = f"Horovod {horovod.__version__}"
+except ImportError:
+    hvd = "no Horovod"
+print(f"Python {sys.version.split()[0]}, TF {tf.__version__}, Keras {keras.__version__}, {hvd}")' 2>/dev/null))"

@@ -174,11 +174,11 @@ def test_binder_files_present():
     assert not (BINDER / "environment.yml").exists()
 
 
-def test_binder_runtime_pins_python_311():
+def test_binder_runtime_pins_a_supported_python():
     # repo2docker: runtime.txt "python-X.Y" picks the Python version (with requirements.txt)
-    assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
-    req = _pyproject()["project"]["requires-python"]
-    assert req == ">=3.11"
+    runtime = (BINDER / "runtime.txt").read_text().strip()
+    assert re.fullmatch(r"python-3\.1[1-3]", runtime), runtime
+    assert _pyproject()["project"]["requires-python"] == ">=3.11"
 
 
 def test_binder_postbuild_is_executable_and_stops_on_errors():
@@ -189,14 +189,9 @@ def test_binder_postbuild_is_executable_and_stops_on_errors():
     assert lines[0].startswith("#!") and "bash" in lines[0]
     body = [ln.strip() for ln in lines[1:] if ln.strip() and not ln.strip().startswith("#")]
     assert body and re.match(r"set -[a-z]*e", body[0]), "postBuild must start with set -e"
-    text = post.read_text()
-    for flag in ("HOROVOD_WITH_TENSORFLOW=1", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITHOUT_MPI=1",
-                 "HOROVOD_WITHOUT_PYTORCH=1", "HOROVOD_WITHOUT_MXNET=1"):
-        assert flag in text, f"postBuild does not set {flag}"
-    assert "--no-build-isolation" in text
-    horovod = _pyproject()["project"]["optional-dependencies"]["horovod"]
-    assert f"horovod{_pin(horovod, 'horovod')}" in text.replace(" ", ""), \
-        "postBuild builds a different Horovod than pyproject.toml pins"
+    # the same builder as scripts/setup.sh (patched sdist, Gloo, no MPI), in the kernel's Python
+    assert '-m kdist_magics.horovod_build --python "$PY"' in post.read_text()
+    assert "-m kdist_magics.horovod_build" in (ROOT / "scripts" / "setup.sh").read_text()
 
 
 def test_binder_apt_has_build_tools():
@@ -211,7 +206,8 @@ def test_binder_requirements_match_pyproject_pins():
     lines = [ln.split("#")[0].strip() for ln in (BINDER / "requirements.txt").read_text().splitlines()]
     lines = [ln for ln in lines if ln]
     extras = _pyproject()["project"]["optional-dependencies"]
-    assert _pin(lines, "tensorflow-cpu") == _pin(extras["tensorflow-cpu"], "tensorflow-cpu")
+    tf = _pin(lines, "tensorflow-cpu")
+    assert tf is not None and re.match(r"==2\.(2\d|19)\.", tf), "binder must pin a current TensorFlow (>= 2.19)"
     keras = _pin(lines, "keras")
     assert keras is not None and re.match(r"(==|>=)3\.", keras), "binder must install Keras 3"
     for name in ("ipyparallel", "ipywidgets", "anywidget", "jupyterlab", "scikit-learn", "pandas"):

@@ -305,8 +305,9 @@ class EngineStrategy(Strategy):
         spec, record = ctx.spec, ctx.record
         view = cluster.view()
         freeze_gc = bool(getattr(ctx.config, "freeze_gc", True))
+        tf_info = bool(getattr(ctx.config, "tf_info_logs", False))
         begun = [cluster.client[e.engine_id].apply_async(engine.begin, rank, spec.telemetry, FEED_INTERVAL,
-                                                         spec.checkpoint, freeze_gc)
+                                                         spec.checkpoint, freeze_gc, tf_info)
                  for e, rank in zip(cluster.engines, ranks)]
         for b in begun:
             b.get(timeout=60)

@@ -42,8 +42,9 @@ class HorovodStrategy(EngineStrategy):
             import horovod.runner.http.http_server  # noqa: F401  (server side, no TF import)
         except ImportError as exc:
             raise StrategyUnavailable(
-                "--strategy horovod needs Horovod built with TensorFlow and Gloo "
-                "(scripts/setup.sh builds it: HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1)"
+                "--strategy horovod needs Horovod, which is not installed here; build it against "
+                "this TensorFlow with: python -m kdist_magics.horovod_build (needs cmake and g++; "
+                "every other strategy works without it)"
             ) from exc
         self.rendezvous = None
 
