@@ -90,6 +90,8 @@ class Listeners:
     def sample(self) -> None:
         import psutil
 
+        from kdist_magics.compat import net_connections
+
         try:
             root = psutil.Process(self.pid)
             procs = [root] + root.children(recursive=True)
@@ -97,7 +99,7 @@ class Listeners:
             return
         for proc in procs:
             try:
-                conns = proc.net_connections(kind="tcp")
+                conns = net_connections(proc, "tcp")
                 name = " ".join(proc.cmdline()[:3])
                 times = proc.cpu_times()
             except psutil.Error:

@@ -174,7 +174,7 @@ def facts_for(hw: Hardware, spec=None, user_ns: Mapping[str, Any] | None = None,
         "devices_given": "devices" in given, "devices": getattr(spec, "devices", None),
         "engine_opts": " ".join(engine_opts),
         "device_memory": hw.device_memory_bytes,
-        "device_word": "TPU core" if hw.tpu else ("GPU" if hw.gpus else "host"),
+        "device_word": f"TPU {hw.tpu.unit}" if hw.tpu else ("GPU" if hw.gpus else "host"),
     }
     f["model"] = model
     f["params"] = model["params"] if model else None
@@ -262,9 +262,22 @@ RULES: tuple[Rule, ...] = (
          "an engine strategy: horovod if importable, else multiworker",
          pick=ENGINE, rule_out=("default", "mirrored", "tpu")),
     # hardware
-    Rule("hardware", lambda f: f["tpu"],
+    Rule("hardware", lambda f: f["tpu"] and f["hw"].tpu.cores == 1 and f["backend"] == "jax",
          lambda f: f"{f['hardware']}, found by {f['hw'].tpu.found_by or 'description'}",
-         "TPUStrategy replicates the model on every core; the fastest path for large models and data",
+         "one TPU device (Colab's v5e-1): data parallelism over one device gains nothing, and "
+         "Keras on JAX already runs the cell on the chip: default",
+         pick=("default",), rule_out=("tpu", "mirrored")),
+    Rule("hardware", lambda f: f["tpu"] and f["hw"].tpu.cores == 1 and f["backend"] != "jax",
+         lambda f: f"{f['hardware']}, found by {f['hw'].tpu.found_by or 'description'}",
+         "one TPU device: TPUStrategy with a single replica only places the cell on the chip "
+         "(TensorFlow uses a TPU only through it); no data parallelism",
+         pick=("tpu",)),
+    Rule("hardware", lambda f: f["tpu"] and f["hw"].tpu.cores > 1,
+         lambda f: f"{f['hardware']}, found by {f['hw'].tpu.found_by or 'description'}",
+         lambda f: (f"TPUStrategy replicates the model on every {f['hw'].tpu.unit}; the fastest "
+                    "path for large models and data" if f["backend"] != "jax" else
+                    f"keras.distribution.DataParallel over the {f['hw'].tpu.cores} TPU devices; "
+                    "the fastest path for large models and data"),
          pick=("tpu",)),
     Rule("hardware", lambda f: not f["tpu"],
          f"no TPU (looked for {TPU_PLACES})",

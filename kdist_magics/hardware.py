@@ -32,6 +32,12 @@ GiB = 1024 ** 3
 TPU_MEMORY_PER_CORE = {"v2": 8 * GiB, "v3": 16 * GiB, "v4": 32 * GiB, "v5e": 16 * GiB,
                        "v5litepod": 16 * GiB, "v5p": 95 * GiB, "v6e": 32 * GiB}
 
+#: the names Google's runtimes give some generations, as people say them
+TPU_GENERATION_NAMES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e"}
+
+#: generations with one TensorFlow replica (and one JAX device) per chip
+TPU_ONE_REPLICA_PER_CHIP = ("v4", "v5e", "v5p", "v6e")
+
 #: where :func:`detect_tpu` looks, in the words the error messages use
 TPU_PLACES = "COLAB_TPU_ADDR, TPU_NAME, TPU_ACCELERATOR_TYPE, /dev/accel*, /dev/vfio"
 
@@ -53,6 +59,17 @@ class TPU:
     target: str = "local"
     #: what revealed it, e.g. "COLAB_TPU_ADDR" or "/dev/accel0"
     found_by: str = ""
+
+    @property
+    def name(self) -> str:
+        """The kind as people say it: 'v5e-1' for Google's 'v5litepod-1'."""
+        generation, sep, count = self.kind.partition("-")
+        return TPU_GENERATION_NAMES.get(generation, generation) + sep + count
+
+    @property
+    def unit(self) -> str:
+        """'chip' where each chip is one replica (v4 and later), else 'core'."""
+        return "chip" if self.name.partition("-")[0] in TPU_ONE_REPLICA_PER_CHIP else "core"
 
 
 @dataclass(frozen=True)
@@ -85,7 +102,8 @@ class Hardware:
     def describe(self) -> str:
         """Short words for the hardware: '2 cores, no GPU', '2 hosts x 4 A100 (80 GiB)'."""
         if self.tpu is not None:
-            return f"TPU {self.tpu.kind} ({self.tpu.cores} cores, {gib(self.tpu.memory_per_core_bytes)} each)"
+            t = self.tpu
+            return f"TPU {t.name} ({t.cores} {t.unit}{'s' if t.cores != 1 else ''}, {gib(t.memory_per_core_bytes)} each)"
         if self.gpus:
             names = sorted({g.name for g in self.gpus})
             gpu = f"{len(self.gpus)} {'/'.join(names)} GPU{'s' if len(self.gpus) > 1 else ''} ({gib(self.gpu_memory_bytes)})"
@@ -121,6 +139,7 @@ def tpu_from_kind(kind: str, target: str = "local", found_by: str = "") -> TPU:
     """A TPU description from an accelerator type such as 'v2-8' or 'v5litepod-8'."""
     generation, _, count = kind.partition("-")
     cores = int(count) if count.isdigit() else 8
+    generation = TPU_GENERATION_NAMES.get(generation, generation)
     memory = TPU_MEMORY_PER_CORE.get(generation, 8 * GiB)
     return TPU(kind=kind, cores=cores, memory_per_core_bytes=memory, target=target, found_by=found_by)
 

@@ -207,10 +207,12 @@ class Kernel:
         """(pid, ip, port) of every listening TCP socket of the kernel's process tree."""
         import psutil
 
+        from kdist_magics.compat import net_connections
+
         out = []
         for pid in self.tree():
             try:
-                conns = psutil.Process(pid).net_connections("inet")
+                conns = net_connections(psutil.Process(pid), "inet")
             except psutil.Error:
                 continue
             out += [(pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]

@@ -42,6 +42,10 @@ CASES = {
                          BIG_DATA, "horovod", ["2 hosts x 4 V100 GPUs", "ring-allreduce spans the hosts"]),
     "tpu v2-8": (dict(cpu_cores=96, tpu="v2-8"), MID_MODEL, BIG_DATA, "tpu",
                  ["TPU v2-8 (8 cores, 8 GiB each)", "TPUStrategy"]),
+    "tpu v5e-8 (Kaggle)": (dict(cpu_cores=96, tpu="v5litepod-8"), MID_MODEL, BIG_DATA, "tpu",
+                           ["TPU v5e-8 (8 chips, 16 GiB each)", "TPUStrategy replicates the model on every chip"]),
+    "tpu v5e-1 (Colab), tensorflow": (dict(cpu_cores=44, tpu="v5litepod-1"), MID_MODEL, BIG_DATA, "tpu",
+                                      ["TPU v5e-1 (1 chip, 16 GiB each)", "single replica", "no data parallelism"]),
     "model too big": (dict(cpu_cores=64, gpus=gpus(8), horovod=True), HUGE_MODEL, None, "mirrored",
                       ["warning", "3B parameters", "45 GiB", "16 GiB", "out-of-memory"]),
 }
@@ -66,6 +70,15 @@ def test_each_simulated_machine(case):
     # the table covers the seed's criteria
     criteria = {r.criterion for r in advice.rows}
     assert {"hardware", "model size", "set-up cost"} <= criteria
+
+
+def test_colab_v5e_1_under_jax_runs_the_cell_as_it_is():
+    """Colab's TPU runtime: one v5e chip and JAX. One device: nothing to parallelise over."""
+    advice = advice_for(dict(cpu_cores=44, tpu="v5litepod-1"), MID_MODEL, BIG_DATA, backend="jax")
+    assert advice.strategy == "default", advice
+    assert "TPU v5e-1 (1 chip" in advice.reason and "gains nothing" in advice.reason
+    eight = advice_for(dict(cpu_cores=96, tpu="v5litepod-8"), MID_MODEL, BIG_DATA, backend="jax")
+    assert eight.strategy == "tpu" and "DataParallel over the 8 TPU devices" in eight.reason
 
 
 def test_laptop_reason_names_the_deciding_observations():

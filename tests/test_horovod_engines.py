@@ -20,6 +20,7 @@ pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make test
 pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
 
 import kdist_magics  # noqa: E402
+from kdist_magics.compat import net_connections  # noqa: E402
 from conftest import run_cell  # noqa: E402
 from kdist_magics.errors import CellFailed, KDistError, RankDied, RankFailed, RunTimedOut  # noqa: E402
 
@@ -87,17 +88,18 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
     listening = []
     for pid in strategy().cluster._process_tree_pids():
         try:
-            listening += [c.laddr.ip for c in psutil.Process(pid).net_connections("inet")
+            listening += [c.laddr.ip for c in net_connections(psutil.Process(pid), "inet")
                           if c.status == psutil.CONN_LISTEN]
         except psutil.Error:
             pass
     assert listening and all(ip in ("127.0.0.1", "::1") for ip in listening), listening
     # and so does every socket of the ranks while Horovod (Gloo) is initialised and talking
     kdist(hip, "", "import psutil, tensorflow as tf, horovod.tensorflow as hcore\n"
+                   "from kdist_magics.compat import net_connections\n"
                    "hcore.allreduce(tf.ones(2))\n"
-                   "kd_listen = [c.laddr.ip for c in psutil.Process().net_connections('inet')\n"
+                   "kd_listen = [c.laddr.ip for c in net_connections(psutil.Process(), 'inet')\n"
                    "             if c.status == psutil.CONN_LISTEN]\n"
-                   "kd_peers = [c.raddr.ip for c in psutil.Process().net_connections('inet') if c.raddr]")
+                   "kd_peers = [c.raddr.ip for c in net_connections(psutil.Process(), 'inet') if c.raddr]")
     for listen, peers in zip(engine_values("kd_listen"), engine_values("kd_peers")):
         assert all(ip in ("127.0.0.1", "::1") for ip in listen + peers), (listen, peers)
 

@@ -73,6 +73,7 @@ def test_data_parallel_over_forced_host_devices():
             out["raw"] = "ok"
         except Exception as exc:
             out["raw"] = type(exc).__name__
+            out["raw_msg"] = str(exc)[:400]
         out["restored"] = [keras.Model.fit, keras.Model.evaluate, keras.Model.predict] == before
 
         # more devices than JAX started with
@@ -95,7 +96,8 @@ def test_data_parallel_over_forced_host_devices():
     assert "kdist: leaving out the last 1 of 63 evaluation samples" in stdout
     assert all(b[0] == 2 and b[1][0] * 2 in (32, 14, 16, 30) for b in r["odd_batches"])
     assert r["odd_val"] is True and r["pred"] == [63, 1]  # predict pads and cuts: every row
-    assert r["raw"] == "IndivisibleError"
+    # XLA's IndivisibleError (jax >= 0.8), a ValueError saying "divisible" on jax 0.7 (Colab's)
+    assert r["raw"] == "IndivisibleError" or (r["raw"] == "ValueError" and "divisible" in r["raw_msg"]), r
     assert r["restored"] is True
     kind, message = r["fixed"]
     assert kind == "DevicesFixed" and "JAX in this kernel has 2 CPU devices" in message

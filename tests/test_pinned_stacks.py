@@ -18,7 +18,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.stacks, pytest.mark.slow, pytest.mark.timeout(900)]
 
 #: what kdist's core requires, by the names the stacks install them under
 CORE = ["ipython", "ipykernel", "traitlets", "ipyparallel", "ipywidgets", "anywidget", "psutil",

@@ -27,7 +27,17 @@ def test_make_lab_sets_up_then_serves_notebooks_on_loopback():
 
 def test_make_test_sets_up_with_the_browser_then_runs_pytest():
     commands = dry_run("test")
-    assert "scripts/setup.sh --browser" in commands and "-m pytest" in commands
+    assert "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in commands and "-m pytest" in commands
+
+
+def test_make_test_runs_again_on_colabs_stack():
+    lines = dry_run("test").splitlines()
+    colab = [i for i, ln in enumerate(lines) if "scripts/setup.sh --env colab" in ln]
+    runs = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
+    assert colab and runs and colab[0] < runs[0], lines
+    # the classic-Notebook (ipywidgets 7) browser test runs there, and no Horovod test
+    assert "or classic" in lines[runs[0]] and "not horovod" in lines[runs[0]]
+    assert "test-output/colab" in lines[runs[0]]  # its artefacts beside, not over, the main run's
 
 
 def test_ci_calls_the_readme_test_command():

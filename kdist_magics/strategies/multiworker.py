@@ -43,6 +43,7 @@ import sys
 from typing import Any
 
 from ..cluster import EngineCluster
+from ..compat import net_connections
 from ..errors import KDistError
 from .base import RunContext
 from .engines import EngineStrategy
@@ -300,7 +301,7 @@ def _controller_side_address() -> str:
     """The local address of this engine's established TCP connections (to the controller)."""
     import psutil
 
-    conns = [c for c in psutil.Process().net_connections("tcp")
+    conns = [c for c in net_connections(psutil.Process(), "tcp")
              if c.status == psutil.CONN_ESTABLISHED and c.raddr]
     controller = _controller_ip()
     towards = [c.laddr.ip for c in conns if controller and c.raddr.ip == controller]

@@ -1,0 +1,69 @@
+"""TensorFlow's Python INFO lines are quiet inside kdist cells, unless KDist.tf_info_logs.
+
+Fast tier: the filter on the ``tensorflow`` logger (no TensorFlow needed). Kernel tier: through
+``%%kdist``, with the logger set up as TF sets it in an interactive session (level INFO, its
+own handler), a real TF INFO record from inside the cell is dropped, a warning kept, and the
+setting brings INFO back.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kdist_magics.tf_logs import quiet_info
+
+
+class Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.seen: list[tuple[str, str]] = []
+
+    def emit(self, record):
+        self.seen.append((record.levelname, record.getMessage()))
+
+
+@pytest.fixture
+def tf_logger():
+    """The ``tensorflow`` logger as TF leaves it in an interactive session: INFO, own handler."""
+    logger = logging.getLogger("tensorflow")
+    level, handler = logger.level, Collect()
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_info_dropped_inside_warnings_kept_and_all_back_after(tf_logger):
+    log = logging.getLogger("tensorflow")
+    with quiet_info():
+        log.info("Reduce to /job:localhost/replica:0/task:0/device:CPU:0 then broadcast to (...)")
+        log.warning("a real warning")
+        log.setLevel(logging.INFO)  # TF sets its level at its first log call, maybe in the cell
+        log.info("still dropped")
+    log.info("after the cell")
+    assert tf_logger.seen == [("WARNING", "a real warning"), ("INFO", "after the cell")]
+
+
+def test_asked_for_info_stays(tf_logger):
+    with quiet_info(quiet=False):
+        logging.getLogger("tensorflow").info("kept")
+    assert tf_logger.seen == [("INFO", "kept")]
+
+
+CELL = """
+import tensorflow as tf
+tf.get_logger().info("Reduce to /job:localhost/replica:0/task:0/device:CPU:0 then broadcast to (x)")
+tf.get_logger().warning("kdist-test warning")
+"""
+
+
+@pytest.mark.kernel
+def test_through_the_magic_and_the_setting(ip, tf_logger):
+    ip.run_cell_magic("kdist", "--strategy default --no-dashboard", CELL)
+    assert [lvl for lvl, _ in tf_logger.seen] == ["WARNING"]
+    ip.run_line_magic("config", "KDist.tf_info_logs = True")
+    ip.run_cell_magic("kdist", "--strategy default --no-dashboard", CELL)
+    assert [lvl for lvl, _ in tf_logger.seen] == ["WARNING", "INFO", "WARNING"]
