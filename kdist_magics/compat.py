@@ -17,3 +17,41 @@ def net_connections(process: Any, kind: str = "inet") -> list:
     """
     method = getattr(process, "net_connections", None) or process.connections
     return method(kind)
+
+
+def widget_survives_display_update() -> bool:
+    """Whether updating a display that holds a widget view keeps the widget on screen.
+
+    With ipywidgets 8 (JupyterLab 4, Notebook 7) an ``update_display_data`` carrying the same
+    widget view re-renders it. With ipywidgets 7 in the classic Notebook 6.5 (Colab's
+    generation: widgetsnbextension 3.6) the view vanished from the output and nothing took its
+    place (seen here by tests/test_browser_classic.py). There the live widget already shows the
+    final state, so kdist leaves that output alone.
+    """
+    try:
+        import ipywidgets
+    except ImportError:  # pragma: no cover - a dependency
+        return True
+    return int(ipywidgets.__version__.split(".")[0]) >= 8
+
+
+def jax_state() -> dict:
+    """Whether JAX's backends have started in this process, and its ``jax.distributed`` state.
+
+    Reads ``jax._src.xla_bridge.backends_are_initialized`` and ``jax._src.distributed.global_state``
+    (checked against jax 0.7.2, Colab's, and 0.12.0): ``jax.distributed.initialize`` must run
+    before any other JAX use and only once per process (jax-ml/jax#9582), and neither fact has
+    a public accessor in 0.7. Nothing is imported when JAX is not loaded yet.
+    """
+    import sys
+
+    if "jax" not in sys.modules:
+        return {"started": False, "distributed": None}
+    from jax._src import distributed, xla_bridge
+
+    state = distributed.global_state
+    dist = None
+    if getattr(state, "client", None) is not None:
+        dist = {"coordinator": state.coordinator_address, "processes": state.num_processes,
+                "process": state.process_id}
+    return {"started": bool(xla_bridge.backends_are_initialized()), "distributed": dist}

@@ -16,6 +16,7 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 from . import spec as specmod
 from .errors import CellFailed, KDistError
 from .record import RunRecord
+from .tf_logs import quiet_info
 
 LINE_COMMANDS = ("status", "stop", "restart", "advise")
 
@@ -115,7 +116,8 @@ class KDist(Magics):
 
         ctx = RunContext(shell=self.shell, spec=spec, record=record, config=self)
         try:
-            value = strategy.run(cell, ctx)
+            with quiet_info(not self.tf_info_logs):  # the strategy's set-up logs too
+                value = strategy.run(cell, ctx)
         except CellFailed as exc:
             if strategy.in_kernel:
                 for rank in record.ranks:

@@ -92,7 +92,7 @@ def attempt(line, cell):
 def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = ()) -> dict:
     """Run ``body`` after :data:`FRESH_SHELL_PRELUDE` in a new Python (for frameworks that fix
     their devices at start-up); the body fills ``out``, which comes back as a dict (plus
-    ``_stdout``)."""
+    ``_stdout`` and ``_stderr``)."""
     import json
     import subprocess
     import textwrap
@@ -106,4 +106,5 @@ def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = ()) -> dic
     assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     result = json.loads(lines[-1][len("RESULT "):])
     result["_stdout"] = proc.stdout
+    result["_stderr"] = proc.stderr
     return result

@@ -73,7 +73,7 @@ def test_worker_addresses_by_mode():
 def test_multiworker_is_registered_and_imports_without_tensorflow():
     from kdist_magics.strategies import REGISTRY
 
-    assert REGISTRY["multiworker"] == ".multiworker:MultiWorkerStrategy"
+    assert REGISTRY["multiworker"] == ".multiworker:for_backend"  # TF or JAX, by the Keras backend
     out = subprocess.run([sys.executable, "-c",
                           "import sys, kdist_magics.strategies.multiworker, kdist_magics.keras_mwms\n"
                           "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"],

@@ -60,6 +60,26 @@ tf.get_logger().warning("kdist-test warning")
 """
 
 
+class SetsUpLoudly:
+    """A strategy whose set-up logs at INFO before any cell runs (as MirroredStrategy's
+    "Using MirroredStrategy with devices ..." does)."""
+    in_kernel = True
+
+    def run(self, cell, ctx):
+        logging.getLogger("tensorflow").info("Using MirroredStrategy with devices (...)")
+        return "ran"
+
+
+def test_the_filter_covers_the_strategys_set_up(ip, tf_logger):
+    import kdist_magics
+    from kdist_magics.record import RunRecord
+
+    ext = kdist_magics._extension
+    spec = ext.parse("--strategy default --no-dashboard")
+    assert ext.execute(SetsUpLoudly(), "", spec, RunRecord("default", size=1, spec=spec)) == "ran"
+    assert tf_logger.seen == []
+
+
 @pytest.mark.kernel
 def test_through_the_magic_and_the_setting(ip, tf_logger):
     ip.run_cell_magic("kdist", "--strategy default --no-dashboard", CELL)

@@ -15,7 +15,7 @@ REGISTRY: dict[str, str] = {
     "mirrored": ".mirrored:MirroredStrategy",
     "tpu": ".tpu:TPUStrategy",
     "horovod": ".horovod:HorovodStrategy",
-    "multiworker": ".multiworker:MultiWorkerStrategy",
+    "multiworker": ".multiworker:for_backend",  # TF or JAX, by the Keras backend
 }
 
 

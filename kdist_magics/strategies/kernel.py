@@ -6,7 +6,6 @@ import contextlib
 from typing import Any, ContextManager
 
 from ..errors import CellFailed
-from ..tf_logs import quiet_info
 from .base import RunContext
 
 
@@ -24,7 +23,6 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
     if bind:
         shell.user_ns.update(bind)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(quiet_info(not getattr(ctx.config, "tf_info_logs", False)))
         if scope is not None:
             stack.enter_context(scope)
         if ctx.spec.telemetry:

@@ -51,6 +51,18 @@ from .engines import EngineStrategy
 SETUP_TIMEOUT = 120.0  # seconds for every worker to create the strategy (they wait for each other)
 
 
+def for_backend() -> EngineStrategy:
+    """``--strategy multiworker`` follows the kernel's Keras backend (read without importing
+    Keras): JAX processes under ``jax``, MultiWorkerMirroredStrategy otherwise."""
+    from ..advisor import keras_backend
+
+    if keras_backend() == "jax":
+        from .multiworker_jax import JaxMultiWorkerStrategy
+
+        return JaxMultiWorkerStrategy()
+    return MultiWorkerStrategy()
+
+
 class MultiWorkerStrategy(EngineStrategy):
     name = "multiworker"
     bound_names = ("strategy",)

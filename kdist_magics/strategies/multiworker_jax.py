@@ -1,0 +1,344 @@
+"""``--strategy multiworker`` under ``KERAS_BACKEND=jax``: one JAX process per engine.
+
+Keras 3's own answer for more than one process: every engine joins ``jax.distributed``
+(coordinator on rank 0) and the cell runs under a ``keras.distribution.DataParallel`` over
+every process's devices, so it is ordinary Keras (``model.fit(x, y)``) and every process
+ends with the same weights. Per run:
+
+1. **Plan** (:meth:`JaxMultiWorkerStrategy._cluster`): each engine reports whether JAX is
+   installed, whether its backends started and its ``jax.distributed`` state. JAX missing is
+   a one-line error before any engine runs the cell. Engines already in kdist's process
+   group for exactly these ranks are reused (warm). An engine where JAX already started any
+   other way cannot join (``jax.distributed.initialize`` runs once, before other JAX use), so
+   an owned cluster restarts and kdist says why; an attached one is the user's to restart.
+   The coordinator listens on loopback for a cluster kdist started (``coordinator_bind_address``
+   too, never every interface), on rank 0's address towards the others (``KDist.worker_network``)
+   for an attached one; the port is chosen free by rank 0.
+2. **Before the cell** (:func:`_setup`, on every engine at once): ``jax.distributed.initialize``
+   (once per process), ``DataParallel(devices=jax.devices(), auto_shard_dataset=False)``, and
+   ``strategy`` bound to a :class:`~kdist_magics.strategies.jax_dp.DataParallelStrategy`.
+3. **Data** (:func:`process_shards`): Keras (<= 3.15) takes a NumPy array given to ``fit`` as
+   this process's own data, so the same full array on every engine would train each sample
+   once per process per epoch. While the cell runs, ``fit``/``evaluate`` given in-memory arrays
+   take this process's contiguous 1/N of them (equal sizes, so every process makes the same
+   number of steps; a remainder of fewer than N samples is left out and said once), and
+   ``validation_split``/``validation_data`` likewise. ``batch_size`` is per process (global
+   batch = ``batch_size`` x processes, as under Horovod). Datasets and generators are passed
+   through: give each process its own part (``ds.shard(strategy.num_processes,
+   strategy.process_index)``). ``predict`` inside the cell raises a clear error (its output
+   spans every process); ``--pull model`` and predict in the kernel.
+4. **After the cell**: the patches go; the process group stays for the next cell. A run
+   stopped mid-way may leave collectives out of step: an owned cluster restarts before the
+   next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from typing import Any
+
+from ..cluster import EngineCluster
+from ..errors import KDistError
+from .base import RunContext
+from .engines import EngineStrategy
+from .jax_dp import DataParallelStrategy, _arrays, _map, _rows
+from .multiworker import engine_address, free_port, host_grouped_ranks
+
+SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
+
+
+class JaxMultiWorkerStrategy(EngineStrategy):
+    name = "multiworker"
+    bound_names = ("strategy",)
+    backend = "jax"
+
+    def __init__(self):
+        super().__init__()
+        self._ranks: list[int] = []
+        self.coordinator = ""
+        self._bind = ""
+
+    # -- plan ------------------------------------------------------------------
+    def _cluster(self, ctx: RunContext) -> EngineCluster:
+        cluster = super()._cluster(ctx)
+        reason = self._plan(cluster, ctx)
+        if reason:
+            if not cluster.owned:
+                raise KDistError(f"{reason}. jax.distributed.initialize runs once per process, "
+                                 f"before any other JAX use, so these engines cannot join: restart "
+                                 f"them (e.g. client.shutdown(restart=True)) and run the cell again")
+            print(f"kdist: restarting the engines ({reason}; jax.distributed must start before "
+                  f"any other JAX use in each process)", file=sys.stderr)
+            cluster.restart()
+            reason = self._plan(cluster, ctx)
+            if reason:  # pragma: no cover - a fresh engine that starts JAX at start-up
+                raise KDistError(f"{reason} even on freshly started engines")
+        return cluster
+
+    def _plan(self, cluster: EngineCluster, ctx: RunContext) -> str:
+        """Choose ranks and the coordinator; '' when ready, else why the engines must restart."""
+        mode = "loopback" if cluster.owned else (getattr(ctx.config, "worker_network", "") or "")
+        ars = [cluster.client[e.engine_id].apply_async(_probe, mode) for e in cluster.engines]
+        infos = [ar.get(timeout=60) for ar in ars]
+        ranks = host_grouped_ranks([e.hostname for e in cluster.engines])
+        self._ranks = ranks
+        missing = sorted(r for r, i in zip(ranks, infos) if not i["jax"])
+        if missing:
+            raise KDistError(f"KERAS_BACKEND=jax: JAX is not installed on rank "
+                             f"{', '.join(map(str, missing))} (pip install 'jax[cpu]' in the "
+                             f"engines' environment). The cell did not run.")
+        other = sorted(r for r, i in zip(ranks, infos) if i["keras"] not in (None, "jax"))
+        if other:
+            return f"Keras already runs on {infos[ranks.index(other[0])]['keras']} on rank {other[0]}"
+        n = len(ranks)
+        dists = [i["distributed"] for i in infos]
+        if all(dists) and len({d["coordinator"] for d in dists}) == 1 and all(
+                d["processes"] == n and d["process"] == r for d, r in zip(dists, ranks)):
+            self.coordinator = dists[0]["coordinator"]
+            return ""
+        started = sorted(r for r, i in zip(ranks, infos) if i["started"] or i["distributed"])
+        if started:
+            return f"JAX already started on rank {', '.join(map(str, started))}"
+        bad = [f"rank {r}: {i['error']}" for r, i in zip(ranks, infos) if i.get("error")]
+        if bad:
+            raise KDistError("no coordinator address: " + "; ".join(bad))
+        first = infos[ranks.index(0)]
+        if first["address"].startswith("127.") and len({e.hostname for e in cluster.engines}) > 1:
+            raise KDistError("the engines run on several hosts but rank 0 would listen on loopback "
+                             "for JAX's coordinator; set %config KDist.worker_network = '<interface, "
+                             "network or address every engine reaches>'")
+        address = f"[{first['address']}]" if ":" in first["address"] else first["address"]
+        self.coordinator = f"{address}:{first['port']}"
+        self._bind = self.coordinator  # the coordinator binds this address only, never [::]
+        return ""
+
+    # -- hooks -----------------------------------------------------------------
+    def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
+        return list(self._ranks) or host_grouped_ranks([e.hostname for e in cluster.engines])
+
+    def engine_env(self, cluster: EngineCluster, ctx: RunContext) -> list[dict[str, str]]:
+        return [{"KERAS_BACKEND": "jax"} for _ in cluster.engines]
+
+    def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
+        n = len(ranks)
+        ars = [cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind)
+               for e, rank in zip(cluster.engines, ranks)]
+        for ar in ars:
+            ar.wait(timeout=SETUP_TIMEOUT)
+        failures = []
+        for ar, rank in zip(ars, ranks):
+            if not ar.ready():
+                self.needs_restart = "jax.distributed did not start"
+                raise KDistError(f"jax.distributed did not start on rank {rank} within "
+                                 f"{SETUP_TIMEOUT:g} s: can every engine reach {self.coordinator}?")
+            try:
+                info = ar.get()
+            except Exception as exc:
+                failures.append(f"rank {rank}: {getattr(exc, 'ename', type(exc).__name__)}: "
+                                f"{getattr(exc, 'evalue', exc)}")
+                continue
+            if info["process"] != rank or info["processes"] != n:  # pragma: no cover - defensive
+                raise KDistError(f"engine became JAX process {info['process']} of {info['processes']}, "
+                                 f"expected {rank} of {n}")
+        if failures:
+            self.needs_restart = "jax.distributed failed to start"
+            raise KDistError("joining jax.distributed failed: " + "; ".join(failures))
+
+    def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
+        if not ok and self.needs_restart is None:
+            states = {r.state for r in ctx.record.ranks.values()}
+            if states - {"failed", "done"}:  # stopped mid-way: collectives may be out of step
+                if cluster.owned:
+                    self.needs_restart = "the previous run stopped mid-way"
+                else:
+                    print("kdist: the run stopped mid-way; the JAX processes' collectives may be "
+                          "out of step. If the next cell hangs, restart the cluster's engines.",
+                          file=sys.stderr)
+        if cluster.running and self.needs_restart is None:
+            try:
+                cluster.view().apply_async(_leave).wait(timeout=10)
+            except Exception:
+                pass
+
+    def teardown(self) -> None:
+        self._ranks, self.coordinator, self._bind = [], "", ""
+        super().teardown()
+
+    def status(self) -> dict[str, Any]:
+        facts = super().status()
+        if self.coordinator and self.cluster is not None and self.cluster.running:
+            facts["jax coordinator"] = self.coordinator
+        return facts
+
+
+# -- engine side -----------------------------------------------------------------------
+_run: dict[str, Any] = {}  # on an engine: the patches of the current cell
+
+
+def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
+    """JAX installed?, started?, its distributed state, Keras' backend, an address and free port."""
+    import importlib.util
+    import socket
+
+    from ..compat import jax_state
+
+    keras = sys.modules.get("keras")
+    out: dict[str, Any] = {"host": socket.gethostname(), "jax": importlib.util.find_spec("jax") is not None,
+                           "keras": keras.backend.backend() if keras is not None else None,
+                           "address": "", "port": 0, **jax_state()}
+    try:
+        out["address"] = engine_address(mode)
+        out["port"] = free_port(out["address"])
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _setup(coordinator: str, processes: int, process: int, bind: str) -> dict[str, Any]:  # on an engine
+    """Join ``jax.distributed`` (once per process), bind ``strategy``, shard array inputs."""
+    import os
+
+    from IPython import get_ipython
+
+    from ..compat import jax_state
+
+    _leave()  # a previous run interrupted before its end
+    os.environ["KERAS_BACKEND"] = "jax"
+    import jax
+
+    if jax_state()["distributed"] is None:
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=processes,
+                                   process_id=process, coordinator_bind_address=bind or None,
+                                   initialization_timeout=int(SETUP_TIMEOUT))
+    import keras
+
+    devices = jax.devices()
+    distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
+    keras.distribution.set_distribution(distribution)
+    strategy = ProcessesStrategy(distribution, devices, jax.process_index(), jax.process_count())
+    stack = contextlib.ExitStack()
+    stack.enter_context(process_shards(strategy.process_index, strategy.num_processes,
+                                       say=print if strategy.process_index == 0 else (lambda m: None)))
+    local = jax.local_device_count()
+    if local > 1:  # several devices per process: each process's batches must split over them
+        from .jax_dp import divisible_batches
+
+        stack.enter_context(divisible_batches(local))
+    _run["stack"] = stack
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns["strategy"] = strategy
+    return {"process": jax.process_index(), "processes": jax.process_count(),
+            "devices": len(devices), "local_devices": local}
+
+
+def _leave() -> None:  # runs on an engine
+    """Undo the cell's patches (idempotent); the process group stays."""
+    stack = _run.pop("stack", None)
+    if stack is not None:
+        stack.close()
+
+
+class ProcessesStrategy(DataParallelStrategy):
+    """``strategy`` on a JAX process: DataParallel over every process's devices."""
+
+    def __init__(self, distribution, devices, process_index: int, num_processes: int):
+        super().__init__(distribution, devices)
+        self.process_index = process_index
+        self.num_processes = num_processes
+
+    def __repr__(self) -> str:
+        return (f"<DataParallelStrategy {len(self.devices)} devices over {self.num_processes} "
+                f"JAX processes (this is process {self.process_index})>")
+
+
+# -- this process's part of the data ---------------------------------------------------------
+
+def _shard(parts: dict[str, Any], rank: int, n: int, what: str, say) -> dict[str, Any]:
+    rows = _rows(parts["x"])
+    each = rows // n
+    if each == 0:
+        raise ValueError(f"kdist: {rows} {what} samples cannot be shared by {n} processes; give at least {n}")
+    if rows % n:
+        say(f"kdist: leaving out the last {rows % n} of {rows} {what} samples so every process gets "
+            f"{each} (the same number of steps on each)")
+    lo, hi = rank * each, (rank + 1) * each
+    return {k: _map(lambda a: a[lo:hi], v) for k, v in parts.items()}
+
+
+@contextlib.contextmanager
+def process_shards(rank: int, n: int, say=print):
+    """While open, ``fit``/``evaluate`` given in-memory arrays use process ``rank``'s 1/``n``."""
+    import keras
+    import numpy as np
+
+    originals = {name: getattr(keras.Model, name) for name in ("fit", "evaluate", "predict")}
+    said: set[str] = set()
+
+    class FromProcessZero(keras.callbacks.Callback):
+        """At the start of ``fit`` every process takes process 0's weights (as Horovod's
+        broadcast callback does): a model built with a different seed on each process would
+        otherwise train diverging replicas that JAX believes identical."""
+
+        def on_train_begin(self, logs=None):
+            from jax.experimental import multihost_utils
+
+            variables = list(self.model.variables)
+            local = [np.asarray(v.value.addressable_data(0)) for v in variables]
+            for v, value in zip(variables, multihost_utils.broadcast_one_to_all(local)):
+                v.assign(np.asarray(value))
+
+    def once(message: str):
+        if message not in said:
+            said.add(message)
+            say(message)
+
+    def wrap(name: str):
+        original = originals[name]
+        signature = inspect.signature(original)
+
+        def method(model, *args, **kwargs):
+            if name == "predict" and n > 1:
+                raise RuntimeError(
+                    "kdist: predict() inside a multiworker JAX cell would return an array spread over "
+                    f"{n} processes; --pull the model and predict in the notebook instead")
+            try:
+                bound = signature.bind(model, *args, **kwargs)
+            except TypeError:
+                return original(model, *args, **kwargs)
+            a = bound.arguments
+            if name == "fit" and n > 1:
+                a["callbacks"] = list(a.get("callbacks") or []) + [FromProcessZero()]
+            x, y, sw = a.get("x"), a.get("y"), a.get("sample_weight")
+            if n == 1 or not _arrays(x, y, sw) or a.get("steps") or a.get("steps_per_epoch"):
+                return original(*bound.args, **bound.kwargs)
+            if name == "fit":
+                split = float(a.get("validation_split") or 0.0)
+                if split and a.get("validation_data") is None:  # Keras' split, then shard both parts
+                    at = int(_rows(x) * (1.0 - split))
+                    a["validation_data"] = tuple(_map(lambda v: v[at:], p) for p in (x, y, sw) if p is not None)
+                    x, y, sw = (_map(lambda v: v[:at], p) for p in (x, y, sw))
+                    a["validation_split"] = 0.0
+                val = a.get("validation_data")
+                if isinstance(val, tuple) and _arrays(*val):
+                    keys = ("x", "y", "sample_weight")[:len(val)]
+                    part = _shard(dict(zip(keys, val)), rank, n, "validation", once)
+                    a["validation_data"] = tuple(part[k] for k in keys)
+            part = _shard({"x": x, "y": y, "sample_weight": sw}, rank, n,
+                          "training" if name == "fit" else "evaluation", once)
+            a.update({k: v for k, v in part.items() if k in a or v is not None})
+            return original(*bound.args, **bound.kwargs)
+
+        method.__wrapped__ = original
+        method.__doc__ = original.__doc__
+        return method
+
+    for name in originals:
+        setattr(keras.Model, name, wrap(name))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(keras.Model, name, original)

@@ -1,0 +1,143 @@
+"""``%%kdist --strategy multiworker`` under ``KERAS_BACKEND=jax``: one JAX process per engine.
+
+Fast tier: each process's part of in-memory arrays (no JAX processes). Engines tier: a fresh
+kernel-like process (``KERAS_BACKEND=jax`` must hold before Keras starts) runs the cells
+through IPython on 2 engines it starts: identical weights from different seeds, a falling
+loss, each sample used once per epoch, ``--pull`` of a model that predicts in the kernel, the
+coordinator on loopback only, warm reuse, and a restart (with its reason) of engines where JAX
+had already started.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import run_in_fresh_shell
+from kdist_magics.strategies.multiworker_jax import _shard
+
+
+def test_each_process_gets_an_equal_contiguous_part():
+    x, y = np.arange(10)[:, None], np.arange(10)
+    said = []
+    parts = [_shard({"x": x, "y": y, "sample_weight": None}, r, 3, "training", said.append) for r in range(3)]
+    assert [p["x"][:, 0].tolist() for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert [p["y"].tolist() for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert all(p["sample_weight"] is None for p in parts)
+    assert said[0] == ("kdist: leaving out the last 1 of 10 training samples so every process gets 3 "
+                       "(the same number of steps on each)")
+    dicts = _shard({"x": {"a": x, "b": x * 2}, "y": y, "sample_weight": None}, 1, 2, "training", said.append)
+    assert dicts["x"]["b"][:, 0].tolist() == [10, 12, 14, 16, 18]
+    with pytest.raises(ValueError, match="cannot be shared by 3 processes"):
+        _shard({"x": x[:2], "y": y[:2]}, 0, 3, "training", said.append)
+
+
+def test_multiworker_follows_the_keras_backend(monkeypatch):
+    import sys
+
+    from kdist_magics.strategies import multiworker
+
+    monkeypatch.delitem(sys.modules, "keras", raising=False)
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    assert type(multiworker.for_backend()).__name__ == "JaxMultiWorkerStrategy"
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    assert type(multiworker.for_backend()).__name__ == "MultiWorkerStrategy"
+
+
+TRAIN = """
+import numpy as np, keras
+rng = np.random.default_rng(0)
+x = rng.normal(size=(257, 4)).astype("float32")   # 257: one sample left out, 128 per process
+y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
+keras.utils.set_random_seed(10 + strategy.process_index)   # different initial weights per process
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+class Seen(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.steps = 0
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+seen = Seen()
+history = model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[seen])
+kd_weights = [w.tolist() for w in model.get_weights()]
+kd_loss = history.history["loss"]
+kd_steps = seen.steps
+kd_replicas = strategy.num_replicas_in_sync
+kd_eval = float(model.evaluate(x, y, batch_size=16, verbose=0))
+"""
+
+BODY = f'''
+import numpy as np, psutil
+import kdist_magics
+from kdist_magics.compat import net_connections
+TRAIN = {TRAIN!r}
+value, err = attempt("--strategy multiworker --np 2 --no-dashboard --pull model,history", TRAIN)
+out["err"] = repr(err) if err is not None else None
+s = kdist_magics._extension._strategies["multiworker"]
+out["cls"] = type(s).__name__
+out["coordinator"] = s.coordinator
+ranks = s.ranks(s.cluster, None)
+def by_rank(name):
+    return [v for _, v in sorted(zip(ranks, s.cluster.view().pull(name, block=True)))]
+for name in ("kd_weights", "kd_loss", "kd_steps", "kd_replicas", "kd_eval"):
+    out[name] = by_rank(name)
+model = ip.user_ns["model"]
+out["pulled"] = [w.tolist() for w in model.get_weights()]
+out["kernel_pred"] = np.asarray(model.predict(np.ones((3, 4), "float32"), verbose=0)).shape
+listening = []
+for pid in s.cluster._process_tree_pids():
+    try:
+        listening += [(c.laddr.ip, c.laddr.port) for c in net_connections(psutil.Process(pid), "inet")
+                      if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        pass
+out["listening"] = listening
+pids = {{e.pid for e in s.cluster.engines}}
+value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "kd_again = (strategy.process_index, strategy.num_processes)")
+out["again_err"] = repr(err) if err is not None else None
+out["again"] = by_rank("kd_again")
+out["warm"] = pids == {{e.pid for e in s.cluster.engines}}
+value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "model.predict(np.ones((4, 4)))")
+out["predict_err"] = str(err)
+# an engine where JAX started outside kdist (simulated: a new engine process that used JAX)
+s.cluster.restart()
+s.cluster.view().execute("import jax.numpy as jnp; _ = jnp.ones(2) + 1", block=True)
+pids = {{e.pid for e in s.cluster.engines}}
+value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "kd_after = strategy.process_index")
+out["restart_err"] = repr(err) if err is not None else None
+out["after"] = by_rank("kd_after")
+out["restarted"] = not (pids & {{e.pid for e in s.cluster.engines}})
+ip.run_line_magic("kdist", "stop")
+'''
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_keras_on_jax_across_two_engine_processes():
+    pytest.importorskip("jax", reason="JAX is in the jax extra (make test installs it)")
+    r = run_in_fresh_shell(BODY, env={"KERAS_BACKEND": "jax"})
+    assert r["err"] is None, r["_stdout"][-3000:]
+    assert r["cls"] == "JaxMultiWorkerStrategy"
+    w0, w1 = r["kd_weights"]
+    for a, b in zip(w0, w1):  # seeded differently, trained as one model
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    loss0, loss1 = r["kd_loss"]
+    assert loss0 == loss1 and loss0[-1] < loss0[0] / 2, loss0
+    # each process trained on its 128 samples: 8 steps of 16 per epoch, not 17 (the whole array)
+    assert r["kd_steps"] == [8 * 4, 8 * 4] and r["kd_replicas"] == [2, 2]
+    assert r["kd_eval"][0] == r["kd_eval"][1]
+    assert "leaving out the last 1 of 257 training samples" in r["_stdout"]
+    for got, want in zip(r["pulled"], w0):  # --pull brought rank 0's model; it predicts here
+        np.testing.assert_allclose(np.array(got), np.array(want))
+    assert r["kernel_pred"] == [3, 1]
+    # JAX's coordinator listens on loopback only (coordinator_bind_address), at the planned port
+    host, port = r["coordinator"].rsplit(":", 1)
+    assert host == "127.0.0.1" and ["127.0.0.1", int(port)] in r["listening"], r["listening"]
+    assert not [l for l in r["listening"] if l[1] == int(port) and l[0] != "127.0.0.1"]
+    # warm engines keep their process group
+    assert r["again_err"] is None and r["again"] == [[0, 2], [1, 2]] and r["warm"]
+    assert "predict() inside a multiworker JAX cell" in r["predict_err"]
+    # JAX already started on the engines: restarted first, and kdist says why
+    assert r["restart_err"] is None and r["after"] == [0, 1] and r["restarted"]
+    assert "restarting the engines (JAX already started on rank 0, 1" in r["_stdout"] + r["_stderr"]
