@@ -302,10 +302,11 @@ RULES: tuple[Rule, ...] = (
          rule_out=("horovod",)),
     Rule("hardware", lambda f: f["backend"] != "tensorflow",
          "Keras backend is {backend}",
-         lambda f: ("horovod and multiworker drive TensorFlow; mirrored and tpu use "
-                    "keras.distribution.DataParallel" if f["backend"] == "jax" else
+         lambda f: ("horovod drives TensorFlow; multiworker runs one JAX process per engine, "
+                    "mirrored and tpu use keras.distribution.DataParallel in the kernel"
+                    if f["backend"] == "jax" else
                     "kdist's strategies drive TensorFlow or JAX: only default fits"),
-         rule_out=lambda f: ENGINE if f["backend"] == "jax" else ENGINE + ("mirrored", "tpu")),
+         rule_out=lambda f: ("horovod",) if f["backend"] == "jax" else ENGINE + ("mirrored", "tpu")),
     # model size
     Rule("model size", lambda f: f["fits"] is False,
          lambda f: f"{_model_words(f)}, more than one {f['device_word']}'s {gib(f['device_memory'])}",

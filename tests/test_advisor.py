@@ -140,13 +140,17 @@ def test_two_hosts_without_horovod_pick_multiworker():
     assert advice_for(hw, MID_MODEL, BIG_DATA).strategy == "multiworker"
 
 
-def test_jax_backend_never_picks_engine_strategies():
+def test_jax_backend_uses_jax_processes_across_hosts_never_horovod():
     hw, model, data, *_ = CASES["2 hosts x 4 gpus"]
     advice = advice_for(hw, model, data, backend="jax")
-    assert advice.strategy == "mirrored"
-    assert any("Keras backend is jax" in r.observation for r in advice.rows)
+    assert advice.strategy == "multiworker"
+    assert any("Keras backend is jax" in r.observation and "one JAX process per engine" in r.consequence
+               for r in advice.rows)
+    assert advice_for(hw, line="--np 2", backend="jax").strategy == "multiworker"
+    one_host = dict(hw, hosts=1, engines=0)  # one host's GPUs: DataParallel in the kernel
+    assert advice_for(one_host, model, data, backend="jax").strategy == "mirrored"
     with pytest.raises(StrategyUnavailable) as info:
-        advice_for(hw, line="--np 2", backend="jax")
+        advice_for(hw, line="--np 2", backend="torch")
     assert "TensorFlow" in str(info.value)
 
 

@@ -188,7 +188,18 @@ def test_display_bundle_has_widget_and_static_fallback(monkeypatch):
         displayed.append(("display", obj))
         return Handle()
 
+    import kdist_magics.dashboard as dashboard_module
+
     monkeypatch.setattr(IPython.display, "display", fake_display)
+    # ipywidgets 7 (the classic Notebook): the display is left as first shown
+    monkeypatch.setattr(dashboard_module, "widget_survives_display_update", lambda: False)
+    rec7 = RunRecord("default")
+    Dashboard(rec7, interval=None).display()
+    rec7.finish("done")
+    assert [kind for kind, _ in displayed] == ["display"]
+    displayed.clear()
+    # ipywidgets 8: updated in place at the end with the final static summary
+    monkeypatch.setattr(dashboard_module, "widget_survives_display_update", lambda: True)
     rec = RunRecord("default")
     dash = Dashboard(rec, interval=None).display()
     feed(rec, 0, 20)

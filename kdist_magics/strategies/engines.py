@@ -128,6 +128,8 @@ class EngineStrategy(Strategy):
     name = "engines"
     in_kernel = False
     bound_names: tuple[str, ...] = ()
+    #: --pull and the cell's value run on every rank, not rank 0 alone (see _from_rank0)
+    collective_values = False
 
     def __init__(self):
         self.cluster: EngineCluster | None = None
@@ -532,6 +534,19 @@ class EngineStrategy(Strategy):
         return [r for r, _, _ in busy]
 
     # -- results back ------------------------------------------------------------
+    def _from_rank0(self, cluster: EngineCluster, by_rank, fn, *args) -> Any:
+        """``fn(*args)`` on rank 0, its result. With :attr:`collective_values` every rank runs it
+        too (results dropped): saving a model whose variables span the processes is a
+        collective under JAX, which rank 0 alone would wait on forever."""
+        if not self.collective_values:
+            return cluster.client[by_rank[0].engine_id].apply_sync(fn, *args)
+        ars = {rank: cluster.client[e.engine_id].apply_async(fn, *args) for rank, e in by_rank.items()}
+        try:
+            return ars[0].get()
+        finally:
+            for ar in ars.values():
+                ar.wait(timeout=60)
+
     def _pull(self, cluster: EngineCluster, ctx: RunContext, by_rank, result_content) -> Any:
         from .. import engine
         from ipyparallel.error import RemoteError
@@ -539,7 +554,7 @@ class EngineStrategy(Strategy):
         zero = cluster.client[by_rank[0].engine_id]
         if ctx.spec.pull:
             try:
-                packed = zero.apply_sync(engine.fetch, list(ctx.spec.pull))
+                packed = self._from_rank0(cluster, by_rank, engine.fetch, list(ctx.spec.pull))
             except RemoteError as exc:
                 raise KDistError(f"--pull: {exc.evalue.strip(chr(34)).strip(chr(39))}") from None
             for name, item in packed.items():
@@ -547,7 +562,8 @@ class EngineStrategy(Strategy):
         if result_content is None:
             return None
         try:
-            return engine.unpack(zero.apply_sync(engine.last_value, result_content.get("execution_count")))
+            return engine.unpack(self._from_rank0(cluster, by_rank, engine.last_value,
+                                                  result_content.get("execution_count")))
         except Exception:
             # not picklable: show rank 0's rendering of it instead
             from IPython.display import publish_display_data

@@ -15,8 +15,9 @@ ends with the same weights. Per run:
    too, never every interface), on rank 0's address towards the others (``KDist.worker_network``)
    for an attached one; the port is chosen free by rank 0.
 2. **Before the cell** (:func:`_setup`, on every engine at once): ``jax.distributed.initialize``
-   (once per process), ``DataParallel(devices=jax.devices(), auto_shard_dataset=False)``, and
-   ``strategy`` bound to a :class:`~kdist_magics.strategies.jax_dp.DataParallelStrategy`.
+   (once per process), one random seed for the run on every process (a variable's initial
+   value must be the same everywhere), ``DataParallel(devices=jax.devices(),
+   auto_shard_dataset=False)``, and ``strategy`` bound to a :class:`ProcessesStrategy`.
 3. **Data** (:func:`process_shards`): Keras (<= 3.15) takes a NumPy array given to ``fit`` as
    this process's own data, so the same full array on every engine would train each sample
    once per process per epoch. While the cell runs, ``fit``/``evaluate`` given in-memory arrays
@@ -53,6 +54,7 @@ class JaxMultiWorkerStrategy(EngineStrategy):
     name = "multiworker"
     bound_names = ("strategy",)
     backend = "jax"
+    collective_values = True  # saving a model whose variables span the processes is collective
 
     def __init__(self):
         super().__init__()
@@ -122,8 +124,11 @@ class JaxMultiWorkerStrategy(EngineStrategy):
         return [{"KERAS_BACKEND": "jax"} for _ in cluster.engines]
 
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
+        import secrets
+
         n = len(ranks)
-        ars = [cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind)
+        seed = secrets.randbelow(2 ** 31)  # one per run, the same on every process
+        ars = [cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind, seed)
                for e, rank in zip(cluster.engines, ranks)]
         for ar in ars:
             ar.wait(timeout=SETUP_TIMEOUT)
@@ -196,8 +201,9 @@ def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
     return out
 
 
-def _setup(coordinator: str, processes: int, process: int, bind: str) -> dict[str, Any]:  # on an engine
-    """Join ``jax.distributed`` (once per process), bind ``strategy``, shard array inputs."""
+def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int) -> dict[str, Any]:
+    """On an engine: join ``jax.distributed`` (once per process), seed Keras alike on every
+    process, bind ``strategy``, shard array inputs."""
     import os
 
     from IPython import get_ipython
@@ -214,6 +220,9 @@ def _setup(coordinator: str, processes: int, process: int, bind: str) -> dict[st
                                    initialization_timeout=int(SETUP_TIMEOUT))
     import keras
 
+    # A variable's initial value must be the same on every process (jax checks it in
+    # device_put, and older versions silently keep diverging replicas): same seed everywhere.
+    keras.utils.set_random_seed(seed)
     devices = jax.devices()
     distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
     keras.distribution.set_distribution(distribution)
