@@ -199,6 +199,13 @@ def detect_gpus(env: Mapping[str, str] | None = None) -> tuple[GPU, ...]:
     return tuple(found)
 
 
+def nvidia_gpu_present(root: str = "/") -> bool:
+    """Whether the NVIDIA driver shows a GPU here (its device files or /proc entries), without
+    NVML: tells "CPU only" apart from "there is a GPU, but NVML cannot read it"."""
+    places = ("dev/nvidia[0-9]*", "proc/driver/nvidia/gpus/*")
+    return any(glob.glob(os.path.join(root, p)) for p in places)
+
+
 def detect_tpu(env: Mapping[str, str] | None = None, root: str = "/") -> TPU | None:
     """A TPU from the environment or device files, or None. Cheap: no TF, no network.
 

@@ -384,6 +384,10 @@ def _tensorflow_tpu_probe() -> list[dict[str, Any]] | None:
     return out
 
 
+#: the device line of a rank with neither GPU nor TPU
+CPU_ONLY = "CPU only"
+
+
 class Sampler:
     """Samples one process (and its accelerators) into ``sink`` from a daemon thread.
 
@@ -391,12 +395,15 @@ class Sampler:
     ``nvml``: the ``pynvml`` module, a fake, ``None`` to import ``pynvml`` when
     present, or ``False`` to skip GPUs. ``tpu_probe``: a callable returning a
     list of TPU dicts or None (default: TensorFlow's, when TF is imported).
+    ``gpu_present``: whether an NVIDIA GPU exists (default: the driver's files); without
+    one the device line is "CPU only", with one that NVML cannot read, NVML's reason.
     """
 
     def __init__(self, sink: Sink, rank: int = 0, interval: float = SAMPLE_INTERVAL, *,
                  psutil=None, nvml=None, tpu_probe: Callable[[], Any] | None = None,
                  pid: int | None = None, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 gpu_present: Callable[[], bool] | None = None):
         self.sink = sink
         self.monotonic = monotonic
         self.rank = rank
@@ -430,6 +437,11 @@ class Sampler:
                     self.gpu = None
         else:
             self.note = "not available: GPU sampling disabled"
+        if self.gpu is None and nvml is not False:
+            from .hardware import nvidia_gpu_present
+
+            if not (gpu_present or nvidia_gpu_present)():
+                self.note = CPU_ONLY  # no NVIDIA GPU here: NVML's absence is no news
         self.tpu_probe = tpu_probe if tpu_probe is not None else _tpu_probe
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -474,7 +486,7 @@ class Sampler:
             row["tpus"] = tpus
         else:
             row["accelerator"] = None
-            row["accelerator_note"] = self.note or "not available: no GPU or TPU found"
+            row["accelerator_note"] = self.note or CPU_ONLY
         return row
 
     def _loop(self) -> None:

@@ -132,9 +132,9 @@ def test_all_visible_gpus_before_this_process_has_a_context(monkeypatch):
     assert [g["index"] for g in s.sample()["gpus"]] == [1]
 
 
-def test_no_nvml_means_not_available_with_the_reason():
+def test_gpu_that_nvml_cannot_read_says_why():
     s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(fail_init=True),
-                          tpu_probe=no_tpu)
+                          tpu_probe=no_tpu, gpu_present=lambda: True)
     row = s.sample()
     assert row["accelerator"] is None and row["gpus"] == []
     assert row["accelerator_note"].startswith("not available")
@@ -142,15 +142,37 @@ def test_no_nvml_means_not_available_with_the_reason():
     assert "gpu_util_percent" not in row
 
 
-def test_real_machine_without_gpu_says_not_available():
-    # This machine has no GPU driver: pynvml (if installed) fails to initialise.
+def test_no_gpu_at_all_is_cpu_only_whatever_nvml_says():
+    for nvml in (FakeNvml(fail_init=True), None):
+        s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=nvml,
+                              tpu_probe=no_tpu, gpu_present=lambda: False)
+        assert s.sample()["accelerator_note"] == "CPU only"
+
+
+def test_real_machine_without_gpu_says_cpu_only():
+    # This machine has no GPU (no NVIDIA driver files), with or without pynvml installed.
+    from kdist_magics.hardware import nvidia_gpu_present
+
+    if nvidia_gpu_present():
+        pytest.skip("this machine has an NVIDIA GPU")
     sampler = telemetry.Sampler(lambda k, r: None, interval=0.2, tpu_probe=no_tpu)
     import time
 
     time.sleep(0.1)
     row = sampler.sample()
     assert row["cpu_percent"] is not None and row["rss_bytes"] > 0
-    assert row["accelerator"] is None and row["accelerator_note"].startswith("not available")
+    assert row["accelerator"] is None and row["accelerator_note"] == "CPU only"
+
+
+def test_nvidia_gpu_present_reads_the_driver_files(tmp_path):
+    from kdist_magics.hardware import nvidia_gpu_present
+
+    assert not nvidia_gpu_present(root=str(tmp_path))
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidiactl").write_text("")  # the control node alone is no GPU
+    assert not nvidia_gpu_present(root=str(tmp_path))
+    (tmp_path / "dev" / "nvidia0").write_text("")
+    assert nvidia_gpu_present(root=str(tmp_path))
 
 
 def test_tpu_probe_is_used_when_there_is_no_gpu():
