@@ -236,6 +236,7 @@ def _checkpointing(directory: str):
     original = keras.Model.fit
 
     def fit(model, *args, **kwargs):
+        __tracebackhide__ = True  # not in the user's traceback
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks.append(_atomic_checkpoint(os.path.join(directory, "last.keras")))
         return original(model, *args, callbacks=callbacks, **kwargs)

@@ -229,6 +229,7 @@ def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL):
     done = {"steps": 0, "fits": 0}  # over the fits of this block (one cell)
 
     def fit(model, *args, **kwargs):
+        __tracebackhide__ = True  # IPython leaves kdist's wrapper out of the user's traceback
         enabled = kwargs.pop("kdist", True)
         callbacks = list(kwargs.pop("callbacks", None) or [])
         cb = None

@@ -62,6 +62,27 @@ def test_user_error_is_the_users_traceback(ip, capsys):
     assert ip.run_cell_magic("kdist", "-s default --no-dashboard", "1 + 1") == 2
 
 
+FAILS_IN_FIT = """
+import numpy as np, keras
+class Boom(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        raise ValueError("bad batch")
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=1, verbose=0, callbacks=[Boom()])
+"""
+
+
+def test_a_failure_inside_fit_shows_no_kdist_frame(ip, capsys):
+    """kdist wraps ``fit`` (telemetry); its frame is hidden (``__tracebackhide__``)."""
+    with pytest.raises(CellFailed):
+        ip.run_cell_magic("kdist", "-s default --no-dashboard", FAILS_IN_FIT)
+    shown = capsys.readouterr()
+    text = shown.out + shown.err
+    assert "bad batch" in text and "on_train_batch_end" in text
+    assert "kdist_magics" not in text, text[-2000:]
+
+
 def test_fit_is_restored_after_the_cell(ip):
     import keras
 

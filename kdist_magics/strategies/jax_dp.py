@@ -149,6 +149,7 @@ def divisible_batches(n: int, say: Callable[[str], None] = print):
         signature = inspect.signature(original)
 
         def method(model, *args, **kwargs):
+            __tracebackhide__ = True  # not in the user's traceback
             try:
                 bound = signature.bind(model, *args, **kwargs)
             except TypeError:

@@ -309,6 +309,7 @@ def process_shards(rank: int, n: int, say=print):
         signature = inspect.signature(original)
 
         def method(model, *args, **kwargs):
+            __tracebackhide__ = True  # not in the user's traceback
             if name == "predict" and n > 1:
                 raise RuntimeError(
                     "kdist: predict() inside a multiworker JAX cell would return an array spread over "
