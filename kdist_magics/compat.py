@@ -19,22 +19,6 @@ def net_connections(process: Any, kind: str = "inet") -> list:
     return method(kind)
 
 
-def widget_survives_display_update() -> bool:
-    """Whether updating a display that holds a widget view keeps the widget on screen.
-
-    With ipywidgets 8 (JupyterLab 4, Notebook 7) an ``update_display_data`` carrying the same
-    widget view re-renders it. With ipywidgets 7 in the classic Notebook 6.5 (Colab's
-    generation: widgetsnbextension 3.6) the view vanished from the output and nothing took its
-    place (seen here by tests/test_browser_classic.py). There the live widget already shows the
-    final state, so kdist leaves that output alone.
-    """
-    try:
-        import ipywidgets
-    except ImportError:  # pragma: no cover - a dependency
-        return True
-    return int(ipywidgets.__version__.split(".")[0]) >= 8
-
-
 def jax_state() -> dict:
     """Whether JAX's backends have started in this process, and its ``jax.distributed`` state.
 

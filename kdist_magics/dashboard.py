@@ -31,7 +31,6 @@ from typing import Any
 import anywidget
 import traitlets
 
-from .compat import widget_survives_display_update
 from .record import RunRecord
 
 STATIC = Path(__file__).parent / "static"
@@ -308,8 +307,7 @@ class Dashboard:
         return self
 
     def finish(self) -> None:
-        """Stop the update thread, send the final state, refresh the static fallback (not
-        with ipywidgets 7, see :func:`~kdist_magics.compat.widget_survives_display_update`)."""
+        """Stop the update thread, send the final state, refresh the static fallback."""
         if self._finished:
             return
         self._finished = True
@@ -321,7 +319,7 @@ class Dashboard:
             self.flush()
         except Exception:
             pass
-        if self.handle is not None and widget_survives_display_update():
+        if self.handle is not None:
             try:
                 self.handle.update(self.bundle(), raw=True)
             except Exception:

@@ -111,6 +111,16 @@ def classic_run(classic, test_output):
         page.goto(f"{classic['base']}/notebooks/{name}?token={classic['token']}", timeout=120_000)
         page.wait_for_function("() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel"
                                " && Jupyter.notebook.kernel.is_connected()", timeout=180_000)
+        # widgetsnbextension restores the kernel's existing widgets once the page has connected
+        # (with ipywidgets 7.7.1 by its fallback, one comm at a time) and clears what it
+        # restores into: a widget made by a cell run before that finished vanished when the
+        # cell ended (jupyter-widgets/ipywidgets#3770; seen here with a plain Label as well).
+        # A person opens the notebook and then runs it; so does this test.
+        deadline = time.time() + 60
+        while not any("fetching individual model state" in c or "update_states" in c
+                      for c in seen["console"]) and time.time() < deadline:
+            time.sleep(0.25)
+        time.sleep(3)
         page.evaluate("() => Jupyter.notebook.execute_cells([0, 1])")  # load_ext, training
         dash = page.locator(".kdist-dashboard").first
         dash.wait_for(timeout=300_000)
@@ -160,10 +170,6 @@ def test_live_dashboard_renders_and_grows_in_classic_notebook(classic_run):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(strict=True, reason=(
-    "open: in the classic Notebook 6.5.7 with ipywidgets 7.7.1 / widgetsnbextension 3.6.10 and "
-    "anywidget 0.9.21 the live view is removed from the output (its subarea set to display:none) "
-    "as the run ends, although the kernel sends the final 'done' state and closes no comm "
-    "(checked on IOPub); JupyterLab 4 and Notebook 7 keep it (tests/test_browser.py)"))
-def test_classic_notebook_keeps_the_final_done_view(classic_run):
+def test_classic_notebook_ends_with_the_done_view(classic_run):
+    assert classic_run["done"], "the dashboard never showed 'done' while the page watched"
     assert classic_run["final"] == 1 and classic_run["final_status"] == 1

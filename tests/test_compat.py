@@ -18,13 +18,3 @@ def test_net_connections_on_both_psutils():
     assert net_connections(OldPsutil(), "tcp") == [("old", "tcp")]
     assert net_connections(OldPsutil()) == [("old", "inet")]
 
-
-def test_widget_display_update_only_with_ipywidgets_8(monkeypatch):
-    import ipywidgets
-
-    from kdist_magics.compat import widget_survives_display_update
-
-    monkeypatch.setattr(ipywidgets, "__version__", "7.7.1")
-    assert widget_survives_display_update() is False
-    monkeypatch.setattr(ipywidgets, "__version__", "8.1.5")
-    assert widget_survives_display_update() is True

@@ -188,18 +188,7 @@ def test_display_bundle_has_widget_and_static_fallback(monkeypatch):
         displayed.append(("display", obj))
         return Handle()
 
-    import kdist_magics.dashboard as dashboard_module
-
     monkeypatch.setattr(IPython.display, "display", fake_display)
-    # ipywidgets 7 (the classic Notebook): the display is left as first shown
-    monkeypatch.setattr(dashboard_module, "widget_survives_display_update", lambda: False)
-    rec7 = RunRecord("default")
-    Dashboard(rec7, interval=None).display()
-    rec7.finish("done")
-    assert [kind for kind, _ in displayed] == ["display"]
-    displayed.clear()
-    # ipywidgets 8: updated in place at the end with the final static summary
-    monkeypatch.setattr(dashboard_module, "widget_survives_display_update", lambda: True)
     rec = RunRecord("default")
     dash = Dashboard(rec, interval=None).display()
     feed(rec, 0, 20)
@@ -357,13 +346,7 @@ def test_saved_notebook_shows_static_summary_without_widget_state(tmp_path, test
     dash = [o for o in outputs if WIDGET_MIME in o["data"]]
     assert len(dash) == 1  # one display, updated in place at the end of the run
     html = dash[0]["data"]["text/html"]
-    from kdist_magics.compat import widget_survives_display_update
-
-    if widget_survives_display_update():  # ipywidgets 8: the fallback is the final summary
-        assert "done" in html and "<svg" in html and "<polyline" in html
-    else:  # ipywidgets 7 (classic Notebook): the display is left as shown when the run began
-        assert "running" in html and "kdist-static" in html
+    assert "done" in html and "<svg" in html and "<polyline" in html
     assert "widgets" not in nb.metadata or not nb.metadata["widgets"]
     body, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
-    assert "kdist-static" in body  # nbconvert falls back to the HTML
-    assert "<polyline" in body or not widget_survives_display_update()
+    assert "kdist-static" in body and "<polyline" in body  # nbconvert falls back to the HTML
