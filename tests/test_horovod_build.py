@@ -65,3 +65,27 @@ def test_no_tensorflow_is_one_clear_line(tmp_path, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert out == ["kdist horovod: cannot build Horovod: TensorFlow is not importable here; "
                    "install it first (pip install 'kdist_magics[tensorflow-cpu]')"]
+
+
+def test_without_horovod_the_strategy_says_how_in_one_line(monkeypatch):
+    import sys
+
+    from kdist_magics.errors import StrategyUnavailable
+    from kdist_magics.strategies import create
+
+    monkeypatch.setitem(sys.modules, "horovod.runner.http.http_server", None)  # import fails
+    with pytest.raises(StrategyUnavailable) as info:
+        create("horovod")
+    message = str(info.value)
+    assert "\n" not in message and "python -m kdist_magics.horovod_build" in message
+    assert "every other strategy works without it" in message
+
+
+def test_auto_never_picks_horovod_when_it_is_not_importable():
+    from kdist_magics.advisor import decide, facts_for
+    from kdist_magics.hardware import Hardware
+    from kdist_magics.spec import parse_line
+
+    hw = Hardware.from_dict({"cpu_cores": 64, "hosts": 2, "engines": 8, "horovod": False})
+    advice = decide(facts_for(hw, parse_line("--np 8"), {}, backend="tensorflow"))
+    assert advice.strategy == "multiworker"
