@@ -37,7 +37,7 @@ def find_python(version: str) -> str | None:
 
 
 def pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", *args, "-q"],
+    out = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", *args],
                          capture_output=True, text=True, timeout=800)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -51,11 +51,11 @@ def test_installing_kdist_changes_nothing_the_stack_has(stack, tmp_path):
         pytest.skip(f"{stack}'s stack runs Python {version}, which is not on this machine")
     venv = tmp_path / stack
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
-    pip(venv, "install", "-c", str(pins), *CORE)
+    pip(venv, "install", "-q", "-c", str(pins), *CORE)
     before = {p["name"].lower().replace("_", "-"): p["version"]
               for p in json.loads(pip(venv, "list", "--format", "json").stdout)}
     report = tmp_path / "report.json"
-    pip(venv, "install", "--dry-run", "--report", str(report), str(ROOT))
+    pip(venv, "install", "-q", "--dry-run", "--report", str(report), str(ROOT))
     planned = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
                for i in json.loads(report.read_text())["install"]}
     assert "kdist-magics" in planned
