@@ -387,5 +387,10 @@ def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,
 
 
 def show(record: RunRecord, **kwargs: Any) -> Dashboard:
-    """Create and display a dashboard for ``record`` (what ``%%kdist`` does)."""
+    """Create and display a dashboard for ``record`` (what ``%%kdist`` does). On Colab, the
+    first one turns on Colab's custom widget manager, which third-party widgets need there."""
+    from .compat import colab_widgets_enabled
+
+    if colab_widgets_enabled():
+        print("kdist: enabled Colab's custom widget manager (the dashboard is a third-party widget)")
     return Dashboard(record, **kwargs).display()
