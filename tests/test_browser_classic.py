@@ -148,6 +148,9 @@ def classic_run(classic, test_output):
                                         "o => [o.output_type, Object.keys(o.data || {})])")
         page.evaluate("() => Jupyter.notebook.execute_cells([2])")  # %kdist stop
         page.wait_for_function("() => Jupyter.notebook.get_cell(2).input_prompt_number === 3", timeout=120_000)
+        time.sleep(2)
+        seen["after_next_cell"] = page.locator(".kdist-dashboard[data-status='done']").count()
+        page.screenshot(path=str(test_output / "dashboard-classic.png"))
         yield seen
     finally:
         try:
@@ -173,3 +176,4 @@ def test_live_dashboard_renders_and_grows_in_classic_notebook(classic_run):
 def test_classic_notebook_ends_with_the_done_view(classic_run):
     assert classic_run["done"], "the dashboard never showed 'done' while the page watched"
     assert classic_run["final"] == 1 and classic_run["final_status"] == 1
+    assert classic_run["after_next_cell"] == 1  # still there once %kdist stop has run
