@@ -159,6 +159,47 @@ class EngineStrategy(Strategy):
         engines stay warm. Default: nothing (stuck ranks are killed after ``stop_grace``).
         """
 
+    # -- for subclasses whose set-up runs on every engine at once ----------------
+    def _setup_results(self, ars, ranks: list[int], what: str, reach: str, timeout: float,
+                       failed: str) -> dict[int, Any]:
+        """Wait for a set-up call made on every engine at once (the ranks wait for each
+        other); ``{rank: result}``. One that does not finish, or any that raise, mark the
+        engines for a restart and raise :class:`KDistError` naming the ranks. ``what`` is
+        what starts ("jax.distributed"), ``reach`` the addresses every engine must reach,
+        ``failed`` the words before the per-rank errors."""
+        for ar in ars:
+            ar.wait(timeout=timeout)
+        results: dict[int, Any] = {}
+        failures = []
+        for ar, rank in zip(ars, ranks):
+            if not ar.ready():
+                self.needs_restart = f"{what} did not start"
+                raise KDistError(f"{what} did not start on rank {rank} within {timeout:g} s: "
+                                 f"can every engine reach {reach}?")
+            try:
+                results[rank] = ar.get()
+            except Exception as exc:
+                failures.append(f"rank {rank}: {getattr(exc, 'ename', type(exc).__name__)}: "
+                                f"{getattr(exc, 'evalue', exc)}")
+        if failures:
+            self.needs_restart = f"{what} failed to start"
+            raise KDistError(f"{failed}: " + "; ".join(failures))
+        return results
+
+    def _note_stopped_mid_way(self, cluster: EngineCluster, ctx: RunContext, what: str) -> None:
+        """After a failed run: if some rank neither finished nor raised (stopped, interrupted,
+        timed out), ``what``'s collectives may be out of step, so an owned cluster restarts
+        before the next run and an attached one (never restarted by kdist) gets a warning."""
+        states = {r.state for r in ctx.record.ranks.values()}
+        if not states - {"failed", "done"}:
+            return
+        if cluster.owned:
+            self.needs_restart = "the previous run stopped mid-way"
+        else:
+            print(f"kdist: the run stopped mid-way; {what} may be out of step on these engines. "
+                  f"If the next cell hangs, restart the cluster's engines (kdist does not restart "
+                  f"a cluster it did not start).", file=sys.stderr)
+
     # -- Strategy API --------------------------------------------------------
     def size(self, spec) -> int:
         return spec.np or default_np()

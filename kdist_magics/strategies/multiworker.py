@@ -159,40 +159,17 @@ class MultiWorkerStrategy(EngineStrategy):
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         ars = [cluster.client[e.engine_id].apply_async(_setup, config)
                for e, config in zip(cluster.engines, self._configs)]
-        for ar in ars:
-            ar.wait(timeout=SETUP_TIMEOUT)
-        failures = []
-        for ar, rank in zip(ars, ranks):
-            if not ar.ready():
-                self.needs_restart = "MultiWorkerMirroredStrategy did not start"
-                raise KDistError(
-                    f"MultiWorkerMirroredStrategy did not start on rank {rank} within "
-                    f"{SETUP_TIMEOUT:g} s: can every engine reach {', '.join(self.addresses)}?")
-            try:
-                info = ar.get()
-            except Exception as exc:
-                failures.append(f"rank {rank}: {getattr(exc, 'ename', type(exc).__name__)}: "
-                                f"{getattr(exc, 'evalue', exc)}")
-                continue
-            self._made = True
+        infos = self._setup_results(ars, ranks, "MultiWorkerMirroredStrategy", ", ".join(self.addresses),
+                                    SETUP_TIMEOUT, "creating MultiWorkerMirroredStrategy failed")
+        self._made = True
+        for rank, info in infos.items():
             if info["task"] != rank or info["workers"] != len(ranks):  # pragma: no cover
                 raise KDistError(f"engine became worker {info['task']} of {info['workers']}, "
                                  f"expected {rank} of {len(ranks)}")
-        if failures:
-            self.needs_restart = "MultiWorkerMirroredStrategy failed to start"
-            raise KDistError("creating MultiWorkerMirroredStrategy failed: " + "; ".join(failures))
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
         if not ok and self._made and self.needs_restart is None:
-            states = {r.state for r in ctx.record.ranks.values()}
-            if states - {"failed", "done"}:  # stopped mid-way: collectives may be out of step
-                if cluster.owned:
-                    self.needs_restart = "the previous run stopped mid-way"
-                else:
-                    print("kdist: the run stopped mid-way; MultiWorkerMirroredStrategy's "
-                          "collectives may be out of step on these engines. If the next cell "
-                          "hangs, restart the cluster's engines (kdist does not restart a "
-                          "cluster it did not start).", file=sys.stderr)
+            self._note_stopped_mid_way(cluster, ctx, "MultiWorkerMirroredStrategy's collectives")
         if cluster.running and self.needs_restart is None:
             try:
                 cluster.view().apply_async(_leave).wait(timeout=10)

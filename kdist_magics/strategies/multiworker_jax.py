@@ -130,37 +130,16 @@ class JaxMultiWorkerStrategy(EngineStrategy):
         seed = secrets.randbelow(2 ** 31)  # one per run, the same on every process
         ars = [cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind, seed)
                for e, rank in zip(cluster.engines, ranks)]
-        for ar in ars:
-            ar.wait(timeout=SETUP_TIMEOUT)
-        failures = []
-        for ar, rank in zip(ars, ranks):
-            if not ar.ready():
-                self.needs_restart = "jax.distributed did not start"
-                raise KDistError(f"jax.distributed did not start on rank {rank} within "
-                                 f"{SETUP_TIMEOUT:g} s: can every engine reach {self.coordinator}?")
-            try:
-                info = ar.get()
-            except Exception as exc:
-                failures.append(f"rank {rank}: {getattr(exc, 'ename', type(exc).__name__)}: "
-                                f"{getattr(exc, 'evalue', exc)}")
-                continue
+        infos = self._setup_results(ars, ranks, "jax.distributed", self.coordinator, SETUP_TIMEOUT,
+                                    "joining jax.distributed failed")
+        for rank, info in infos.items():
             if info["process"] != rank or info["processes"] != n:  # pragma: no cover - defensive
                 raise KDistError(f"engine became JAX process {info['process']} of {info['processes']}, "
                                  f"expected {rank} of {n}")
-        if failures:
-            self.needs_restart = "jax.distributed failed to start"
-            raise KDistError("joining jax.distributed failed: " + "; ".join(failures))
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
         if not ok and self.needs_restart is None:
-            states = {r.state for r in ctx.record.ranks.values()}
-            if states - {"failed", "done"}:  # stopped mid-way: collectives may be out of step
-                if cluster.owned:
-                    self.needs_restart = "the previous run stopped mid-way"
-                else:
-                    print("kdist: the run stopped mid-way; the JAX processes' collectives may be "
-                          "out of step. If the next cell hangs, restart the cluster's engines.",
-                          file=sys.stderr)
+            self._note_stopped_mid_way(cluster, ctx, "the JAX processes' collectives")
         if cluster.running and self.needs_restart is None:
             try:
                 cluster.view().apply_async(_leave).wait(timeout=10)
