@@ -9,6 +9,7 @@ to ``test-output/dashboard-<strategy>.png``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -82,26 +83,21 @@ def _notebook(source: str) -> dict:
             "nbformat": 4, "nbformat_minor": 5}
 
 
-@pytest.fixture(scope="module")
-def lab():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: run scripts/setup.sh --browser (make test does)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
-    pytest.importorskip("jupyterlab", reason="jupyterlab is in the test extra")
+@contextlib.contextmanager
+def served(name: str, command, interrupts: int = 1):
+    """A Jupyter server (loopback, random token, isolated Jupyter/IPython dirs, temp notebook
+    dir) and headless Chromium, for one test module. ``command(port, token, home, root)`` is
+    the server's argv; ``interrupts`` SIGINTs end it (by its PID), else a kill of its group."""
     from kernel_driver import isolated_env
 
-    home = Path(tempfile.mkdtemp(prefix="kdist-lab-"))
+    home = Path(tempfile.mkdtemp(prefix=f"kdist-{name}-"))
     env = isolated_env(home, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
                        PYTHONUNBUFFERED="1")
     root = home / "notebooks"
     root.mkdir()
     port, token = _free_port(), secrets.token_hex(16)
-    log = open(home / "lab.log", "wb")
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--port={port}", "--port-retries=0", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           "--LabApp.news_url=None", "--LabApp.extension_manager=readonly"]
+    log = open(home / "server.log", "wb")
+    cmd = command(port, token, home, root)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and CI often run as root
     proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT,
@@ -116,8 +112,8 @@ def lab():
             except OSError:
                 if proc.poll() is not None or time.time() > deadline:
                     log.flush()
-                    raise RuntimeError("JupyterLab did not start:\n"
-                                       + (home / "lab.log").read_text(errors="replace")[-3000:])
+                    raise RuntimeError(f"{name} did not start:\n"
+                                       + (home / "server.log").read_text(errors="replace")[-3000:])
                 time.sleep(0.5)
         from playwright.sync_api import sync_playwright
 
@@ -125,12 +121,15 @@ def lab():
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
                 yield {"base": base, "token": token, "root": root, "browser": browser,
-                       "log": home / "lab.log"}
+                       "log": home / "server.log", "data_dir": env["JUPYTER_DATA_DIR"]}
             finally:
                 browser.close()
     finally:
         if proc.poll() is None:  # stop our server (and the kernels it started) by its PID
-            proc.send_signal(signal.SIGINT)
+            for i in range(interrupts):
+                if i:
+                    time.sleep(0.5)
+                proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
@@ -138,6 +137,24 @@ def lab():
                 proc.wait(10)
         log.close()
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lab():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: run scripts/setup.sh --browser (make test does)")
+    pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    pytest.importorskip("jupyterlab", reason="jupyterlab is in the test extra")
+
+    def command(port, token, home, root):
+        return [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+                f"--port={port}", "--port-retries=0", f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.news_url=None", "--LabApp.extension_manager=readonly"]
+
+    with served("JupyterLab", command) as server:
+        yield server
 
 
 def _shutdown_kernels(lab) -> None:

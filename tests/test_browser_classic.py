@@ -10,19 +10,13 @@ Runs in the Colab-pinned environment (``make test``'s second run, marker ``class
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from test_browser import CHROMIUM, CHROMIUM_ARGS, TRAIN, _free_port, _get, _notebook, _points
+from test_browser import CHROMIUM, TRAIN, _notebook, _points, served
 
 pytestmark = [pytest.mark.classic, pytest.mark.slow]
 
@@ -41,55 +35,15 @@ def _classic_notebook_or_skip():
 @pytest.fixture(scope="module")
 def classic():
     _classic_notebook_or_skip()
-    from kernel_driver import isolated_env
 
-    home = Path(tempfile.mkdtemp(prefix="kdist-classic-"))
-    env = isolated_env(home, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", PYTHONUNBUFFERED="1")
-    root = home / "notebooks"
-    root.mkdir()
-    port, token = _free_port(), secrets.token_hex(16)
-    log = open(home / "notebook.log", "wb")
-    cmd = [sys.executable, "-m", "notebook", "--no-browser", "--NotebookApp.ip=127.0.0.1",
-           f"--port={port}", "--port-retries=0", f"--NotebookApp.token={token}",
-           f"--NotebookApp.notebook_dir={root}"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")
-    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                _get(f"{base}/api/status?token={token}")
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.flush()
-                    raise RuntimeError("Notebook did not start:\n"
-                                       + (home / "notebook.log").read_text(errors="replace")[-3000:])
-                time.sleep(0.5)
-        from playwright.sync_api import sync_playwright
+    def command(port, token, home, root):
+        return [sys.executable, "-m", "notebook", "--no-browser", "--NotebookApp.ip=127.0.0.1",
+                f"--port={port}", "--port-retries=0", f"--NotebookApp.token={token}",
+                f"--NotebookApp.notebook_dir={root}"]
 
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            try:
-                yield {"base": base, "token": token, "root": root, "browser": browser,
-                       "data_dir": env["JUPYTER_DATA_DIR"]}
-            finally:
-                browser.close()
-    finally:
-        if proc.poll() is None:  # our server (and its kernels), by its PID
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.5)
-            proc.send_signal(signal.SIGINT)  # the classic server asks to confirm a first ^C
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        log.close()
-        shutil.rmtree(home, ignore_errors=True)
+    # the classic server asks to confirm a first ^C: a second one ends it
+    with served("Notebook", command, interrupts=2) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -126,13 +80,14 @@ def classic_run(classic, test_output):
         dash.wait_for(timeout=300_000)
         seen["ranks"] = dash.locator(".kdist-rank").count()
         deadline = time.time() + 400
-        while time.time() < deadline and page.locator(".kdist-dashboard").count():
-            status, n = dash.get_attribute("data-status", timeout=5_000), _points(dash)
-            if status == "done":
+        while time.time() < deadline:  # the final update re-renders the view: poll, never hold one element
+            if page.locator(".kdist-dashboard[data-status='done']").count():
                 seen["done"] = True
                 break
-            if status != "running":
+            if page.locator(".kdist-dashboard[data-status='failed']").count():
                 break
+            n = max((int(v or 0) for v in page.locator(".kdist-dashboard").evaluate_all(
+                "els => els.map(e => e.getAttribute('data-points'))")), default=0)
             if n > 0 and seen["first"] is None:
                 seen["first"] = n
                 page.screenshot(path=str(test_output / "dashboard-classic-running.png"))
