@@ -186,19 +186,27 @@ class EngineStrategy(Strategy):
             raise KDistError(f"{failed}: " + "; ".join(failures))
         return results
 
-    def _note_stopped_mid_way(self, cluster: EngineCluster, ctx: RunContext, what: str) -> None:
-        """After a failed run: if some rank neither finished nor raised (stopped, interrupted,
-        timed out), ``what``'s collectives may be out of step, so an owned cluster restarts
-        before the next run and an attached one (never restarted by kdist) gets a warning."""
-        states = {r.state for r in ctx.record.ranks.values()}
-        if not states - {"failed", "done"}:
-            return
-        if cluster.owned:
-            self.needs_restart = "the previous run stopped mid-way"
-        else:
-            print(f"kdist: the run stopped mid-way; {what} may be out of step on these engines. "
-                  f"If the next cell hangs, restart the cluster's engines (kdist does not restart "
-                  f"a cluster it did not start).", file=sys.stderr)
+    def _end_collective_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool, what: str,
+                             leave, committed: bool = True) -> None:
+        """``after_cell`` of a strategy whose ranks share collectives (``what``): after a failed
+        run in which some rank neither finished nor raised (stopped, interrupted, timed out)
+        they may be out of step, so an owned cluster restarts before the next run and an
+        attached one (never restarted by kdist) gets a warning; otherwise ``leave`` runs on
+        every engine to undo the cell's set-up. ``committed``: the engines hold the set-up."""
+        if not ok and committed and self.needs_restart is None:
+            states = {r.state for r in ctx.record.ranks.values()}
+            if states - {"failed", "done"}:
+                if cluster.owned:
+                    self.needs_restart = "the previous run stopped mid-way"
+                else:
+                    print(f"kdist: the run stopped mid-way; {what} may be out of step on these "
+                          f"engines. If the next cell hangs, restart the cluster's engines (kdist "
+                          f"does not restart a cluster it did not start).", file=sys.stderr)
+        if cluster.running and self.needs_restart is None:
+            try:
+                cluster.view().apply_async(leave).wait(timeout=10)
+            except Exception:
+                pass
 
     # -- Strategy API --------------------------------------------------------
     def size(self, spec) -> int:

@@ -168,13 +168,8 @@ class MultiWorkerStrategy(EngineStrategy):
                                  f"expected {rank} of {len(ranks)}")
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
-        if not ok and self._made and self.needs_restart is None:
-            self._note_stopped_mid_way(cluster, ctx, "MultiWorkerMirroredStrategy's collectives")
-        if cluster.running and self.needs_restart is None:
-            try:
-                cluster.view().apply_async(_leave).wait(timeout=10)
-            except Exception:
-                pass
+        self._end_collective_cell(cluster, ctx, ok, "MultiWorkerMirroredStrategy's collectives",
+                                  _leave, committed=self._made)
 
     def teardown(self) -> None:
         self._made = False

@@ -138,13 +138,7 @@ class JaxMultiWorkerStrategy(EngineStrategy):
                                  f"expected {rank} of {n}")
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
-        if not ok and self.needs_restart is None:
-            self._note_stopped_mid_way(cluster, ctx, "the JAX processes' collectives")
-        if cluster.running and self.needs_restart is None:
-            try:
-                cluster.view().apply_async(_leave).wait(timeout=10)
-            except Exception:
-                pass
+        self._end_collective_cell(cluster, ctx, ok, "the JAX processes' collectives", _leave)
 
     def teardown(self) -> None:
         self._ranks, self.coordinator, self._bind = [], "", ""
