@@ -111,18 +111,40 @@ def _pad(x, to: int):
 
 
 @contextlib.contextmanager
-def divisible_batches(n: int, say: Callable[[str], None] = print):
-    """While open, ``keras.Model.fit/evaluate/predict`` keep every batch divisible by ``n``."""
+def patched_data_methods(wrap: Callable[[str, Callable], Callable]):
+    """While open, ``keras.Model.fit/evaluate/predict`` are ``wrap(name, original)``; put back
+    after. The one mechanism behind :func:`divisible_batches` and the JAX processes' shards."""
     import keras
 
-    names = ("fit", "evaluate", "predict")
-    originals = {name: getattr(keras.Model, name) for name in names}
+    originals = {name: getattr(keras.Model, name) for name in ("fit", "evaluate", "predict")}
+    for name, original in originals.items():
+        method = wrap(name, original)
+        method.__wrapped__ = original
+        method.__doc__ = original.__doc__
+        setattr(keras.Model, name, method)
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(keras.Model, name, original)
+
+
+def said_once(say: Callable[[str], None]) -> Callable[[str], None]:
+    """``say``, but each distinct message only the first time."""
     said: set[str] = set()
 
-    def once(message: str):
+    def once(message: str) -> None:
         if message not in said:
             said.add(message)
             say(message)
+
+    return once
+
+
+@contextlib.contextmanager
+def divisible_batches(n: int, say: Callable[[str], None] = print):
+    """While open, ``keras.Model.fit/evaluate/predict`` keep every batch divisible by ``n``."""
+    once = said_once(say)
 
     def batch(b: int | None, what: str = "batch_size") -> int:
         b = 32 if b is None else int(b)
@@ -144,8 +166,7 @@ def divisible_batches(n: int, say: Callable[[str], None] = print):
              f"splits evenly over {n} devices")
         return {k: _map(lambda a: a[:keep], v) for k, v in parts.items()}
 
-    def wrap(name: str):
-        original = originals[name]
+    def wrap(name: str, original: Callable) -> Callable:
         signature = inspect.signature(original)
 
         def method(model, *args, **kwargs):
@@ -196,17 +217,10 @@ def divisible_batches(n: int, say: Callable[[str], None] = print):
                 a.update({k: v for k, v in parts.items() if k in a or v is not None})
             return original(*bound.args, **bound.kwargs)
 
-        method.__wrapped__ = original
-        method.__doc__ = original.__doc__
         return method
 
-    for name in names:
-        setattr(keras.Model, name, wrap(name))
-    try:
+    with patched_data_methods(wrap):
         yield
-    finally:
-        for name in names:
-            setattr(keras.Model, name, originals[name])
 
 
 # -- the strategy ----------------------------------------------------------------

@@ -44,7 +44,7 @@ from ..cluster import EngineCluster
 from ..errors import KDistError
 from .base import RunContext
 from .engines import EngineStrategy
-from .jax_dp import DataParallelStrategy, _arrays, _map, _rows
+from .jax_dp import DataParallelStrategy, _arrays, _map, _rows, patched_data_methods, said_once
 from .multiworker import engine_address, free_port, host_grouped_ranks
 
 SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
@@ -256,8 +256,7 @@ def process_shards(rank: int, n: int, say=print):
     import keras
     import numpy as np
 
-    originals = {name: getattr(keras.Model, name) for name in ("fit", "evaluate", "predict")}
-    said: set[str] = set()
+    once = said_once(say)
 
     class FromProcessZero(keras.callbacks.Callback):
         """At the start of ``fit`` every process takes process 0's weights (as Horovod's
@@ -272,13 +271,7 @@ def process_shards(rank: int, n: int, say=print):
             for v, value in zip(variables, multihost_utils.broadcast_one_to_all(local)):
                 v.assign(np.asarray(value))
 
-    def once(message: str):
-        if message not in said:
-            said.add(message)
-            say(message)
-
-    def wrap(name: str):
-        original = originals[name]
+    def wrap(name: str, original):
         signature = inspect.signature(original)
 
         def method(model, *args, **kwargs):
@@ -314,14 +307,7 @@ def process_shards(rank: int, n: int, say=print):
             a.update({k: v for k, v in part.items() if k in a or v is not None})
             return original(*bound.args, **bound.kwargs)
 
-        method.__wrapped__ = original
-        method.__doc__ = original.__doc__
         return method
 
-    for name in originals:
-        setattr(keras.Model, name, wrap(name))
-    try:
+    with patched_data_methods(wrap):
         yield
-    finally:
-        for name, original in originals.items():
-            setattr(keras.Model, name, original)
