@@ -332,7 +332,7 @@ class Dashboard:
         esc = _html.escape
         status = state["status"]
         colour = {"done": "#2e7d32", "failed": "#c62828", "running": "#1565c0"}.get(status, "#ef6c00")
-        lines = [f'<div class="kdist-static" style="font-family:sans-serif;font-size:13px">',
+        lines = ['<div class="kdist-static" style="font-family:sans-serif;font-size:13px">',
                  f'<b>kdist {esc(state["strategy"])}</b> &middot; '
                  f'<span style="color:{colour};font-weight:bold">{esc(status)}</span> &middot; '
                  f'{state["size"]} rank(s) &middot; {state["elapsed"]:.1f} s']

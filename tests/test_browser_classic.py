@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from test_browser import CHROMIUM, TRAIN, _notebook, _points, served
+from test_browser import CHROMIUM, TRAIN, _notebook, served
 
 pytestmark = [pytest.mark.classic, pytest.mark.slow]
 

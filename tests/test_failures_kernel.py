@@ -11,7 +11,6 @@ ends by shutting its kernel down and checking that nothing it started is left.
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -21,7 +20,7 @@ pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
 pytest.importorskip("jupyter_client", reason="jupyter_client drives the kernel")
 psutil = pytest.importorskip("psutil", reason="processes and sockets are counted with psutil")
 
-from kernel_driver import LOOPBACK, Kernel, alive, connection_keys, wait_gone  # noqa: E402
+from kernel_driver import LOOPBACK, Kernel, connection_keys, wait_gone  # noqa: E402
 
 pytestmark = [pytest.mark.engines, pytest.mark.horovod, pytest.mark.slow, pytest.mark.timeout(600)]
 

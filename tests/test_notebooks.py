@@ -376,7 +376,6 @@ def test_demo_summary_reads_the_outputs():
     spec = importlib.util.spec_from_file_location("kdist_demo", ROOT / "scripts" / "demo.py")
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
-    import nbformat
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
     cells = [new_code_cell("x", outputs=[new_output("stream", name="stdout", text=text)])

@@ -13,7 +13,6 @@ import pytest
 import kdist_magics
 from kdist_magics.errors import StrategyUnavailable
 from kdist_magics.hardware import TPU, tpu_from_kind
-from kdist_magics.strategies import tpu as tpumod
 from kdist_magics.strategies.tpu import TPUStrategy
 
 
