@@ -5,13 +5,15 @@ PYTEST_ARGS ?=
 COLAB_VENV ?= .venv-colab
 # What also runs on Colab's own stack (.venv-colab): everything but Horovod (Colab has none),
 # the JupyterLab browser tests (Colab's front end is Notebook 6: the classic test runs instead),
-# network namespaces and the pinned-stack installs (both are about this machine, not the stack).
-COLAB_TESTS ?= (not horovod and not netns and not browser and not stacks) or classic
+# network namespaces and the pinned-stack installs (both are about this machine, not the stack),
+# and PyTorch (Colab's torch comes from its own wheel index, not from its published freeze).
+COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks) or classic
 
 .PHONY: setup lab test test-fast demo bench clean
 
+# TORCH=1 also installs PyTorch (the CUDA build pip gives by default is ~5 GB; make test always does)
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh $(if $(filter 1,$(TORCH)),--torch)
 
 # Loopback only; as root (containers, CI boxes) Jupyter needs --allow-root to start at all.
 lab: setup
@@ -20,7 +22,7 @@ lab: setup
 
 # The whole suite on the current stack (.venv, Horovod required), then again on Colab's pins.
 test:
-	@KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser
+	@KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser --torch
 	$(PY) -m pytest -m "not classic" $(PYTEST_ARGS)
 	@bash scripts/setup.sh --env colab
 	KDIST_TEST_OUTPUT=test-output/colab $(COLAB_VENV)/bin/python -m pytest -m "$(COLAB_TESTS)" $(PYTEST_ARGS)

@@ -15,17 +15,19 @@ only through modules the notebook has already imported (``sys.modules``).
 from __future__ import annotations
 
 import html
-import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .errors import StrategyUnavailable
-from .hardware import GiB, Hardware, TPU_PLACES, gib
+from .hardware import Hardware, TPU_PLACES, gib
+from .strategies.backends import keras_backend
 
 #: every strategy, in the order auto prefers them when nothing else decides
 CANDIDATES = ("default", "mirrored", "tpu", "horovod", "multiworker")
 ENGINE = ("horovod", "multiworker")
+#: Keras backends whose multiworker runs one framework process per engine
+PROCESS_BACKENDS = ("jax", "torch")
 
 #: optimizer-state multiplier: weights + gradients + two Adam moments
 TRAIN_STATE_FACTOR = 4
@@ -64,18 +66,6 @@ def human_seconds(s: float) -> str:
     if s < 7200:
         return f"~{s / 60:.0f} min"
     return f"~{s / 3600:.0f} h"
-
-
-def keras_backend(env: Mapping[str, str] | None = None) -> str:
-    """The Keras backend in use (from ``keras`` if imported, else ``KERAS_BACKEND``)."""
-    keras = sys.modules.get("keras")
-    if keras is not None:
-        try:
-            return keras.backend.backend()
-        except Exception:
-            pass
-    env = os.environ if env is None else env
-    return env.get("KERAS_BACKEND", "tensorflow")
 
 
 def inspect_model(user_ns: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -291,7 +281,13 @@ RULES: tuple[Rule, ...] = (
          "{hardware}",
          "one device: mirrored would have a single replica and add nothing",
          rule_out=("mirrored",)),
-    Rule("hardware", lambda f: f["hosts"] == 1 and not f["engine_opts"],
+    Rule("hardware", lambda f: f["gpus"] > 1 and f["backend"] in PROCESS_BACKENDS and not f["tpu"],
+         "{gpus} GPUs on this host, Keras on {backend}",
+         lambda f: (f"one {f['backend']} process per GPU (multiworker): each rank sees its own GPU, "
+                    f"the way {'JAX' if f['backend'] == 'jax' else 'PyTorch'} trains on several GPUs"),
+         pick=("multiworker",)),
+    Rule("hardware", lambda f: f["hosts"] == 1 and not f["engine_opts"]
+         and not (f["gpus"] > 1 and f["backend"] in PROCESS_BACKENDS and not f["tpu"]),
          lambda f: "one host" + (f", {f['engines']} engines" if f["engines"] else ", no cluster attached"),
          "engine strategies (horovod, multiworker) are for several hosts here; "
          "one host's devices are used in the kernel",
@@ -305,8 +301,13 @@ RULES: tuple[Rule, ...] = (
          lambda f: ("horovod drives TensorFlow; multiworker runs one JAX process per engine, "
                     "mirrored and tpu use keras.distribution.DataParallel in the kernel"
                     if f["backend"] == "jax" else
-                    "kdist's strategies drive TensorFlow or JAX: only default fits"),
-         rule_out=lambda f: ("horovod",) if f["backend"] == "jax" else ENGINE + ("mirrored", "tpu")),
+                    "horovod, mirrored and tpu drive TensorFlow or JAX; multiworker runs one torch "
+                    "process per engine (torch.distributed)"
+                    if f["backend"] == "torch" else
+                    "kdist's strategies drive TensorFlow, JAX or torch: only default fits"),
+         rule_out=lambda f: (("horovod",) if f["backend"] == "jax" else
+                             ("horovod", "mirrored", "tpu") if f["backend"] == "torch" else
+                             ENGINE + ("mirrored", "tpu"))),
     # model size
     Rule("model size", lambda f: f["fits"] is False,
          lambda f: f"{_model_words(f)}, more than one {f['device_word']}'s {gib(f['device_memory'])}",
@@ -425,8 +426,9 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
         elif r.criterion == "your options" and f["engine_opts"]:
             raise StrategyUnavailable(
                 f"{f['engine_opts']} asks for engine ranks, but "
-                + ("Keras runs on " + f["backend"] + " and the engine strategies need TensorFlow"
-                   if f["backend"] != "tensorflow" else "Horovod is not importable and multiworker is not built"))
+                + ("Keras runs on " + f["backend"] + " and the engine strategies need TensorFlow, JAX or torch"
+                   if f["backend"] not in ("tensorflow",) + PROCESS_BACKENDS
+                   else "Horovod is not importable and multiworker is not built"))
     if deciding is None:  # pragma: no cover - RULES end with a rule that always picks default
         raise StrategyUnavailable("--strategy auto: no rule chose a strategy; give --strategy NAME")
     rule, row = deciding
@@ -436,6 +438,8 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
         fallback = f"{skipped[0]} is not available in this version, so {chosen} instead"
         rows.append(Row("availability", f"{skipped[0]} is not built yet "
                         f"(built: {', '.join(sorted(f['available']))})", f"fell back to {chosen}", "decides"))
+    path = Row("backend path", f"Keras on {f['backend']}", backend_path(chosen, f["backend"]))
+    rows.insert(len(rows) - 1 if fallback else len(rows), path)  # the fall-back row stays last
     parts = [f["hardware"]]
     if f["fits"] is False:
         parts.insert(0, f"warning: model of {human(f['params'])} parameters needs ~{gib(f['train_bytes'])} "
@@ -450,6 +454,27 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
         parts.append(fallback)
     return Advice(strategy=chosen, reason="; ".join(_dedupe(parts)), rows=rows, hardware=f["hw"],
                   fallback=fallback)
+
+
+def backend_path(strategy: str, backend: str) -> str:
+    """What ``strategy`` runs the cell with under Keras ``backend`` (``%kdist advise``'s last row)."""
+    jax_like = backend == "jax"
+    paths = {
+        "default": "the cell runs in the kernel as written",
+        "mirrored": ("keras.distribution.DataParallel over the kernel's devices" if jax_like
+                     else "tf.distribute.MirroredStrategy in the kernel"),
+        "tpu": ("keras.distribution.DataParallel over the TPU devices" if jax_like
+                else "tf.distribute.TPUStrategy in the kernel"),
+        "horovod": "Horovod ranks on engines (Gloo), with kdist's Keras 3 binding as hvd",
+        "multiworker": {
+            "jax": "one JAX process per engine: jax.distributed, then keras.distribution.DataParallel "
+                   "over every process's devices",
+            "torch": "one torch process per engine: a torch.distributed process group (Gloo; NCCL when "
+                     "every rank has a GPU), for DistributedDataParallel or kdist's averaged fit",
+        }.get(backend, "tf.distribute.MultiWorkerMirroredStrategy, one TensorFlow worker per engine "
+                       "(TF_CONFIG)"),
+    }
+    return paths.get(strategy, strategy)
 
 
 def _dedupe(parts):

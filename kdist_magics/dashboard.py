@@ -31,6 +31,7 @@ from typing import Any
 import anywidget
 import traitlets
 
+from .messages import lost_batches, say
 from .record import RunRecord
 
 STATIC = Path(__file__).parent / "static"
@@ -241,6 +242,7 @@ class Dashboard:
             "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
             "lost_batches": rec.lost_batches,
+            "lost_note": lost_batches(rec.lost_batches) if rec.lost_batches else "",
             "progress": {"fraction": _round(fraction), "step": done, "total_steps": total,
                          "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
                          "steps_per_epoch": progress.get("steps_per_epoch"),
@@ -339,7 +341,7 @@ class Dashboard:
         if state["error"]:
             lines.append(f'<div style="color:#c62828">{esc(state["error"])}</div>')
         if state["lost_batches"]:
-            lines.append(f'<div style="color:#666">{esc(lost_note(state["lost_batches"]))}</div>')
+            lines.append(f'<div style="color:#666">{esc(state["lost_note"])}</div>')
         name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
         if name:
             lines.append(svg_curves(curves["series"][name], title=name))
@@ -351,12 +353,6 @@ class Dashboard:
         lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
                      f'<th>last loss</th></tr>{rows}</table></div>')
         return "\n".join(lines)
-
-
-def lost_note(count: int) -> str:
-    """The words the dashboard shows when telemetry batches went missing."""
-    return (f"telemetry: {count} batch{'es' if count != 1 else ''} lost in transit; "
-            f"curves and last_run() have gaps there (training was not affected)")
 
 
 def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,
@@ -392,5 +388,5 @@ def show(record: RunRecord, **kwargs: Any) -> Dashboard:
     from .compat import colab_widgets_enabled
 
     if colab_widgets_enabled():
-        print("kdist: enabled Colab's custom widget manager (the dashboard is a third-party widget)")
+        say("enabled Colab's custom widget manager (the dashboard is a third-party widget)")
     return Dashboard(record, **kwargs).display()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from typing import Any
 
 FEED_MIME = "application/vnd.kdist.feed+json"
@@ -31,16 +30,22 @@ THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS")
 _run: dict[str, Any] = {}  # state of the run in progress on this engine
 
 
-def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
+def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = None,
+            gpu: tuple[int, int, str] | None = None) -> dict[str, Any]:
     """Set environment variables before the cell (and before TF is first imported here).
 
     ``threads``: intra-op threads for this rank; also inter-op threads (at most 2).
-    Returns what the kernel shows in the record: pid, host, whether TF was already loaded
-    (then thread settings no longer apply until the engines restart). ``cwd``: the
-    notebook's working directory (engines on the kernel's host follow it).
+    ``gpu``: ``(local_rank, local_size, KDist.rank_gpus)``: which of this host's GPUs the rank
+    sees (:func:`kdist_magics.placement.gpu_env`, from the GPUs visible when the engine
+    started). Returns what the kernel shows in the record: pid, host, whether TF was already
+    loaded (then thread settings no longer apply until the engines restart), the rank's GPU
+    (or ``gpu_error``). ``cwd``: the notebook's working directory (engines on the kernel's
+    host follow it).
     """
     import socket
     import sys
+
+    from .placement import TooFewGPUs, gpu_env, visible_gpus
 
     os.environ.update({k: str(v) for k, v in env.items()})
     if cwd and os.path.isdir(cwd):
@@ -50,8 +55,18 @@ def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = N
         for var in THREAD_VARS:
             os.environ[var] = str(threads)
         os.environ["TF_NUM_INTEROP_THREADS"] = str(min(2, threads))
-    return {"pid": os.getpid(), "host": socket.gethostname(), "tf_loaded": tf_loaded,
-            "threads": os.environ.get("TF_NUM_INTRAOP_THREADS")}
+    out = {"pid": os.getpid(), "host": socket.gethostname(), "tf_loaded": tf_loaded,
+           "threads": os.environ.get("TF_NUM_INTRAOP_THREADS")}
+    if gpu is not None:
+        host_gpus = _run.setdefault("host_gpus", visible_gpus(os.environ))  # before kdist's choice
+        try:
+            chosen = gpu_env(host_gpus, *gpu, host=out["host"])
+        except TooFewGPUs as exc:
+            out["gpu_error"] = str(exc)
+        else:
+            os.environ.update(chosen)
+            out["gpu"] = chosen.get("CUDA_VISIBLE_DEVICES")
+    return out
 
 
 def cpu_count() -> int:

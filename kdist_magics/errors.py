@@ -16,6 +16,21 @@ class StrategyUnavailable(KDistError):
     """The chosen strategy cannot run here (no TPU, Horovod missing, ...)."""
 
 
+class DevicesFixed(StrategyUnavailable):
+    """TensorFlow (or JAX) started with another device layout; only a restart changes it."""
+
+
+#: how to get a TPU, where users are
+HOW_TO_GET_A_TPU = ("Get a TPU runtime: Colab: Runtime > Change runtime type > TPU; "
+                    "Kaggle: Settings > Accelerator > TPU; Google Cloud: a TPU VM.")
+
+
+def no_tpu(looked: str, detail: str = "") -> StrategyUnavailable:
+    """The short error: what was looked for, how to get a TPU, the cell did not run."""
+    first = f"--strategy tpu: no TPU found (looked for {looked})" + (f": {detail}" if detail else ".")
+    return StrategyUnavailable(f"{first}\n{HOW_TO_GET_A_TPU}\nThe cell did not run.")
+
+
 class CellFailed(KDistError):
     """The cell's own code raised; its traceback has already been shown.
 

@@ -15,6 +15,8 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from . import spec as specmod
 from .errors import CellFailed, KDistError
+from .messages import say
+from .placement import RANK_GPUS
 from .record import RunRecord
 from .tf_logs import quiet_info
 
@@ -48,6 +50,12 @@ class KDist(Magics):
                                   "address: '' (the one it reaches the controller with), an "
                                   "interface name ('eth0'), a network ('10.0.0.0/16') or an "
                                   "address to route towards").tag(config=True)
+    rank_gpus = CaselessStrEnum(RANK_GPUS, default_value="own",
+                                help="engine strategies: 'own' (each rank sees one GPU of its host, "
+                                     "set before any framework starts; more ranks than GPUs is an "
+                                     "error), 'shared' (ranks share GPUs round-robin, each with part of "
+                                     "the memory), 'all' (every rank sees every GPU, as under "
+                                     "horovodrun)").tag(config=True)
     threads_per_rank = Integer(None, allow_none=True,
                                help="intra-op threads per rank (None: cores / ranks)").tag(config=True)
     freeze_gc = Bool(True, help="engine strategies: during a run, Python's cyclic GC skips the "
@@ -101,7 +109,7 @@ class KDist(Magics):
         reason = None
         if spec.strategy == "auto":
             spec, reason = self.choose(spec)
-            print(f"kdist: --strategy auto chose {spec.strategy}: {reason}")
+            say(f"--strategy auto chose {spec.strategy}: {reason}")
         strategy = self.strategy_object(spec.strategy)
         record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec, reason=reason)
         self.last_record = record
@@ -166,13 +174,13 @@ class KDist(Magics):
 
     def _cmd_stop(self, rest: str):
         self.close()
-        print("kdist: stopped everything kdist started")
+        say("stopped everything kdist started")
 
     def _cmd_restart(self, rest: str):
         names = list(self._strategies)
         self.close()
-        print(f"kdist: restarted ({', '.join(names) or 'nothing was running'}); "
-              "engines start again with the next cell")
+        say(f"restarted ({', '.join(names) or 'nothing was running'}); "
+            "engines start again with the next cell")
 
     def _cmd_advise(self, rest: str):
         from .advisor import advise, hardware_for

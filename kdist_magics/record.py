@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .messages import lost_batches
+
 RANK_STATES = ("starting", "running", "done", "failed", "stopped")
 
 
@@ -122,8 +124,7 @@ class RunRecord:
         done = sum(1 for s in self.ranks.values() if s.state == "done")
         last = self.metrics[-1] if self.metrics else {}
         loss = f", last loss {last['loss']:.4g}" if isinstance(last.get("loss"), (int, float)) else ""
-        lost = (f", {self.lost_batches} telemetry batch{'es' if self.lost_batches != 1 else ''} "
-                f"lost (gaps in metrics/samples)" if self.lost_batches else "")
+        lost = f"; {lost_batches(self.lost_batches)}" if self.lost_batches else ""
         return (f"{self.strategy}: {self.status} in {self.duration:.1f} s, "
                 f"{done}/{len(self.ranks)} ranks done{loss}{lost}")
 

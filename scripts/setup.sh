@@ -5,6 +5,8 @@
 #   scripts/setup.sh [--browser]     .venv: the current stack (TensorFlow 2.21, Keras, JAX, JupyterLab,
 #                                    test tools) on the newest Python 3.11+ found, 3.13 first, and
 #                                    Horovod 0.28.1 built with Gloo against that TensorFlow (cached)
+#   scripts/setup.sh --torch         also PyTorch (Keras on torch across engines); pip's default torch is
+#                                    the CUDA build, ~5 GB, so only make test (and `make lab TORCH=1`) ask
 #   scripts/setup.sh --env colab     .venv-colab: Colab's published stack (envs/colab-2026-08.txt as pip
 #                                    constraints: Python 3.13, TF 2.20, IPython 7.34, ipywidgets 7.7,
 #                                    ipyparallel 8.8, Notebook 6.5), no Horovod
@@ -16,12 +18,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_browser=0
+want_torch=0
 env_name=main
 while [ $# -gt 0 ]; do
   case "$1" in
     --browser) want_browser=1 ;;
+    --torch) want_torch=1 ;;
     --env) env_name=$2; shift ;;
-    *) echo "usage: scripts/setup.sh [--browser] [--env main|colab]" >&2; exit 2 ;;
+    *) echo "usage: scripts/setup.sh [--browser] [--torch] [--env main|colab]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -115,13 +119,18 @@ make_venv "$VENV" "$PYTHON"
 PY="$VENV/bin/python"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then tf_extra=tensorflow; else tf_extra=tensorflow-cpu; fi
 extras="$tf_extra,jax,lab,test"
+[ $want_torch = 1 ] && extras="$extras,torch"
 stamp="$VENV/.kdist-installed"
-want="$(sha256sum pyproject.toml | cut -c1-16) $extras"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+hash="$(sha256sum pyproject.toml | cut -c1-16)"
+have_hash="" have_extras=""
+[ -f "$stamp" ] && read -r have_hash have_extras < "$stamp" || true
+[ "${have_hash:-}" = "$hash" ] || have_extras=""  # same pyproject: keep what is installed (torch after make test)
+extras=$(printf '%s\n' ${have_extras//,/ } ${extras//,/ } | sort -u | paste -sd, -)
+if [ "${have_hash:-}" != "$hash" ] || [ "${have_extras:-}" != "$extras" ]; then
   say "installing kdist_magics[$extras] into $VENV"
   "$PY" -m pip install -q --upgrade pip wheel setuptools
   "$PY" -m pip install -q -e ".[$extras]"
-  echo "$want" > "$stamp"
+  echo "$hash $extras" > "$stamp"
 else
   say "$VENV is up to date"
 fi

@@ -140,18 +140,37 @@ def test_two_hosts_without_horovod_pick_multiworker():
     assert advice_for(hw, MID_MODEL, BIG_DATA).strategy == "multiworker"
 
 
-def test_jax_backend_uses_jax_processes_across_hosts_never_horovod():
+def test_jax_backend_uses_jax_processes_across_hosts_and_gpus_never_horovod():
     hw, model, data, *_ = CASES["2 hosts x 4 gpus"]
     advice = advice_for(hw, model, data, backend="jax")
     assert advice.strategy == "multiworker"
     assert any("Keras backend is jax" in r.observation and "one JAX process per engine" in r.consequence
                for r in advice.rows)
+    path = next(r for r in advice.rows if r.criterion == "backend path")
+    assert path.observation == "Keras on jax" and "jax.distributed" in path.consequence
     assert advice_for(hw, line="--np 2", backend="jax").strategy == "multiworker"
-    one_host = dict(hw, hosts=1, engines=0)  # one host's GPUs: DataParallel in the kernel
-    assert advice_for(one_host, model, data, backend="jax").strategy == "mirrored"
+    one_host = dict(hw, hosts=1, engines=0)  # one host's 4 GPUs: one JAX process per GPU
+    advice = advice_for(one_host, model, data, backend="jax")
+    assert advice.strategy == "multiworker"
+    assert any(r.role == "decides" and "4 GPUs on this host, Keras on jax" in r.observation for r in advice.rows)
+    one_gpu = dict(one_host, gpus=gpus(1))  # nothing to spread over
+    assert advice_for(one_gpu, model, data, backend="jax").strategy == "default"
     with pytest.raises(StrategyUnavailable) as info:
-        advice_for(hw, line="--np 2", backend="torch")
-    assert "TensorFlow" in str(info.value)
+        advice_for(hw, line="--np 2", backend="numpy")
+    assert "TensorFlow, JAX or torch" in str(info.value)
+
+
+def test_torch_backend_uses_torch_processes_for_gpus_and_hosts():
+    hw, model, data, *_ = CASES["8 gpus"]
+    advice = advice_for(hw, model, data, backend="torch")
+    assert advice.strategy == "multiworker"
+    path = next(r for r in advice.rows if r.criterion == "backend path")
+    assert "torch.distributed" in path.consequence and "DistributedDataParallel" in path.consequence
+    assert advice_for(hw, line="--np 2", backend="torch").strategy == "multiworker"
+    hosts, model, data, *_ = CASES["2 hosts x 4 gpus"]
+    assert advice_for(hosts, model, data, backend="torch").strategy == "multiworker"
+    # mirrored and tpu drive TF or JAX: never under torch
+    assert advice_for(hw, line="--devices 2", backend="torch").strategy != "mirrored"
 
 
 def test_rules_are_data():
@@ -357,8 +376,8 @@ def test_advise_reads_a_real_keras_model_and_arrays(ip, monkeypatch):
     assert advice.strategy == "default"
 
 
-def test_torch_backend_keeps_to_default():
+def test_other_backends_keep_to_default():
     hw, model, data, *_ = CASES["8 gpus"]
-    advice = advice_for(hw, model, data, backend="torch")
+    advice = advice_for(hw, model, data, backend="numpy")
     assert advice.strategy == "default"
     assert any("only default fits" in r.consequence for r in advice.rows)

@@ -13,7 +13,8 @@ from kdist_magics import engine
 from kdist_magics.cluster import EngineCluster, EngineInfo, describe_exit
 from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
 from kdist_magics.record import RunRecord
-from kdist_magics.strategies.engines import EngineStrategy, _Printer
+from kdist_magics.strategies.engines import EngineStrategy
+from kdist_magics.strategies.supervisor import Printer as _Printer, RunSupervisor
 
 from conftest import python_without
 
@@ -70,18 +71,18 @@ def _batch(rank, seq, rows):
 
 
 def test_feed_rows_reach_the_record_once_in_order_and_gaps_are_counted():
-    strategy = EngineStrategy()
     record = RunRecord("horovod", size=2)
-    strategy._feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1, "loss": 2.0}],
-                                    ["progress", {"epochs": 3}]]), record)
-    strategy._feed(1, _batch(1, 1, [["metric", {"rank": 1, "step": 1}]]), record)
-    strategy._feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1}]]), record)  # duplicate
-    strategy._feed(0, _batch(0, 2, [["sample", {"rank": 0, "cpu": 50.0}]]), record)
+    sup = RunSupervisor(record)
+    sup.feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1, "loss": 2.0}],
+                              ["progress", {"epochs": 3}]]))
+    sup.feed(1, _batch(1, 1, [["metric", {"rank": 1, "step": 1}]]))
+    sup.feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1}]]))  # duplicate
+    sup.feed(0, _batch(0, 2, [["sample", {"rank": 0, "cpu": 50.0}]]))
     assert [(m["rank"], m["step"]) for m in record.metrics] == [(0, 1), (1, 1)]
     assert record.samples == [{"rank": 0, "cpu": 50.0}] and record.progress == {"epochs": 3}
-    assert strategy.lost_batches == 0
-    strategy._feed(0, _batch(0, 5, []), record)
-    assert strategy.lost_batches == 2
+    assert sup.lost_batches == 0
+    sup.feed(0, _batch(0, 5, []))
+    assert sup.lost_batches == 2
 
 
 class _FakeDisplayPub:
@@ -313,8 +314,10 @@ def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch
     assert second is not first and second.n == 3 and first.calls[-1] == "stop"
     attached = strategy._cluster(ctx(np=3, cluster_id="theirs", given=frozenset({"cluster_id"})))
     assert attached.attached and attached.cluster_id == "theirs" and second.calls[-1] == "stop"
-    err = capsys.readouterr().err
-    assert "restarting the engines (an engine died)" in err and "3 ranks requested" in err
+    said = capsys.readouterr()
+    # news, not errors: kdist's progress lines go to stdout (Jupyter shows stderr in red)
+    assert "restarting the engines (an engine died)" in said.out and "3 ranks requested" in said.out
+    assert "kdist:" not in said.err
 
 
 def test_route_iface_names_the_interface_towards_an_address():
@@ -327,20 +330,18 @@ def test_route_iface_names_the_interface_towards_an_address():
 
 
 def test_late_batches_still_count_and_the_first_batch_is_not_lost_before_listening():
-    import queue
     from types import SimpleNamespace
 
-    strategy = EngineStrategy()
     record = RunRecord("horovod", size=1)
-    strategy._feed_seen = {}
+    sup = RunSupervisor(record)
     for seq in (1, 3, 2):  # out of order (catch-up and live delivery interleave)
-        strategy._feed(0, _batch(0, seq, [["metric", {"rank": 0, "step": seq}]]), record)
-    assert sorted(m["step"] for m in record.metrics) == [1, 2, 3] and strategy.lost_batches == 0
+        sup.feed(0, _batch(0, seq, [["metric", {"rank": 0, "step": seq}]]))
+    assert sorted(m["step"] for m in record.metrics) == [1, 2, 3] and sup.lost_batches == 0
 
     early = _batch(0, 1, [["sample", {"rank": 0}]])  # arrived before the callback was attached
     fut = SimpleNamespace(output=SimpleNamespace(metadata={"outputs": [early]}), iopub_callbacks=[])
-    inbox = queue.SimpleQueue()
-    strategy._listen(fut, 0, inbox)
+    sup.listen(fut, 0)
+    inbox = sup.inbox
     late = _batch(0, 2, [])
     fut.output.metadata["outputs"].append(late)
     fut.iopub_callbacks[0]({"header": {"msg_type": "display_data"}, "content": late})
@@ -355,11 +356,12 @@ def test_lost_batches_reach_the_run_record_when_the_engines_finish():
 
     strategy = EngineStrategy()
     record = RunRecord("horovod", size=2)
-    strategy._feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1}]]), record)
-    strategy._feed(0, _batch(0, 4, [["metric", {"rank": 0, "step": 9}]]), record)
+    strategy.supervisor = sup = RunSupervisor(record)  # the run in progress
+    sup.feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1}]]))
+    sup.feed(0, _batch(0, 4, [["metric", {"rank": 0, "step": 9}]]))
     strategy._finish_engines(SimpleNamespace(running=False), SimpleNamespace(record=record),
                              [0, 1], ok=True)
-    assert record.lost_batches == 2
+    assert record.lost_batches == 2 and strategy.supervisor is None  # per run: dropped after it
     assert "2 telemetry batches lost" in record.summary()
 
 
@@ -385,19 +387,17 @@ def test_gc_frozen_hides_earlier_objects_from_the_collector_then_gives_them_back
 
 
 def test_what_a_quick_rank_sent_before_kdist_listened_is_not_lost():
-    import queue
     from types import SimpleNamespace
 
-    strategy = EngineStrategy()
+    sup = RunSupervisor(RunRecord("horovod", size=2))
     value = {"data": {"text/plain": "42"}, "execution_count": 3}
     md = {"outputs": [], "execute_input": "x = 42\nx", "execute_result": value}
     fut = SimpleNamespace(output=SimpleNamespace(metadata=md), iopub_callbacks=[])
-    inbox = queue.SimpleQueue()
-    strategy._listen(fut, 0, inbox)
-    assert inbox.get_nowait() == (0, "execute_result", value)  # the cell's value
-    assert strategy._started == {0}  # it has begun: an interrupt may be sent to it
+    sup.listen(fut, 0)
+    assert sup.inbox.get_nowait() == (0, "execute_result", value)  # the cell's value
+    assert sup.started == {0}  # it has begun: an interrupt may be sent to it
     fut1 = SimpleNamespace(output=SimpleNamespace(metadata={"outputs": []}), iopub_callbacks=[])
-    strategy._listen(fut1, 1, inbox)
-    assert strategy._started == {0}  # rank 1 has not begun: no SIGINT yet (it would be lost)
+    sup.listen(fut1, 1)
+    assert sup.started == {0}  # rank 1 has not begun: no SIGINT yet (it would be lost)
     fut1.iopub_callbacks[0]({"header": {"msg_type": "execute_input"}, "content": {"code": ""}})
-    assert strategy._started == {0, 1}
+    assert sup.started == {0, 1}

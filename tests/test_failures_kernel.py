@@ -213,7 +213,7 @@ def assert_interrupted(kern, res, epochs: int) -> None:
     record keeps at least ``epochs`` finished epochs."""
     err = one_error(res)
     assert err["ename"] == "KeyboardInterrupt", err
-    assert "interrupted; stopping every rank" in res.stderr
+    assert "interrupted; stopping every rank" in res.stdout
     assert kern.eval("kdist_magics.last_run().status") == "interrupted"
     assert kern.eval("sorted({r.state for r in kdist_magics.last_run().ranks.values()})") == ["stopped"]
     done = kern.eval("len([m for m in kdist_magics.last_run().metrics if m.get('kind') == 'epoch'])")
@@ -299,7 +299,7 @@ def test_a_dying_rank_is_rankdied_with_its_status_and_the_next_cell_gets_fresh_e
         err = one_error(res)
         assert err["ename"] == "RankDied" and "rank 1 exited with status 3" in err["evalue"], err
         res = kern.check(f"{HVD}\n(hvd.rank(), hvd.size())")
-        assert res.value() == "(0, 2)" and "restarting the engines" in res.stderr
+        assert res.value() == "(0, 2)" and "restarting the engines" in res.stdout
         assert not engine_pids(kern) & old
 
 

@@ -19,7 +19,8 @@ import pytest
 import kdist_magics
 from kdist_magics.cluster import kill_pids
 from kdist_magics.errors import KDistError, RankFailed, RunTimedOut
-from kdist_magics.strategies import multiworker as mw
+from kdist_magics.network import engine_address, free_port, join
+from kdist_magics.placement import host_grouped_ranks
 
 TRAIN = """
 import os, numpy as np, keras
@@ -41,22 +42,22 @@ kd_loss = history.history["loss"]
 
 # -- fast tier ------------------------------------------------------------------------
 def test_ranks_group_engines_by_host_in_order_of_first_appearance():
-    assert mw.host_grouped_ranks(["a", "a"]) == [0, 1]
-    assert mw.host_grouped_ranks(["b", "a", "b", "a"]) == [0, 2, 1, 3]
-    assert mw.host_grouped_ranks(["h1", "h2", "h3"]) == [0, 1, 2]
+    assert host_grouped_ranks(["a", "a"]) == [0, 1]
+    assert host_grouped_ranks(["b", "a", "b", "a"]) == [0, 2, 1, 3]
+    assert host_grouped_ranks(["h1", "h2", "h3"]) == [0, 1, 2]
 
 
 def test_worker_addresses_by_mode():
     import psutil
 
-    assert mw.engine_address("loopback") == "127.0.0.1"
+    assert engine_address("loopback") == "127.0.0.1"
     lo = next(n for n, addrs in psutil.net_if_addrs().items()
               if any(a.address == "127.0.0.1" for a in addrs))
-    assert mw.engine_address(lo) == "127.0.0.1"  # an interface name
-    assert mw.engine_address("127.0.0.0/8") == "127.0.0.1"  # a network
-    assert mw.engine_address("127.0.0.1") == "127.0.0.1"  # an address to route towards
+    assert engine_address(lo) == "127.0.0.1"  # an interface name
+    assert engine_address("127.0.0.0/8") == "127.0.0.1"  # a network
+    assert engine_address("127.0.0.1") == "127.0.0.1"  # an address to route towards
     with pytest.raises(LookupError, match="not an interface"):
-        mw.engine_address("no-such-iface0")
+        engine_address("no-such-iface0")
     import ipaddress
 
     mine = [ipaddress.ip_address(a.address.split("%")[0]) for addrs in psutil.net_if_addrs().values()
@@ -64,10 +65,10 @@ def test_worker_addresses_by_mode():
     absent = next(n for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")  # TEST-NETs
                   if not any(m in ipaddress.ip_network(n) for m in mine))
     with pytest.raises(LookupError, match="no address in"):
-        mw.engine_address(absent)
-    port = mw.free_port("127.0.0.1")
+        engine_address(absent)
+    port = free_port("127.0.0.1")
     assert 0 < port < 65536
-    assert mw._join("10.0.0.1", 5) == "10.0.0.1:5" and mw._join("fe80::1", 5) == "[fe80::1]:5"
+    assert join("10.0.0.1", 5) == "10.0.0.1:5" and join("fe80::1", 5) == "[fe80::1]:5"
 
 
 def test_multiworker_is_registered_and_imports_without_tensorflow():
@@ -143,7 +144,7 @@ def test_fit_gives_identical_weights_on_both_workers_and_pulls_the_model(mip, ca
     assert [c["task"] for c in configs] == [{"type": "worker", "index": 0},
                                             {"type": "worker", "index": 1}]
     out = capsys.readouterr()
-    assert "restarting" not in out.err
+    assert "restarting" not in out.out + out.err
     assert "INFO:tensorflow" not in out.out + out.err  # MWMS's per-collective chatter is muted
 
 
@@ -205,7 +206,7 @@ def test_a_worker_failing_mid_training_restarts_the_engines_before_the_next_run(
     assert strategy().status().get("restart")
     capsys.readouterr()
     kdist(mip, "", TRAIN)
-    assert "restarting the engines" in capsys.readouterr().err
+    assert "restarting the engines" in capsys.readouterr().out
     assert not (pids() & before)
     a, b = engine_values("kd_weights")
     for wa, wb in zip(a, b):
@@ -226,7 +227,7 @@ def test_timeout_stops_every_worker_and_the_next_run_restarts_the_engines(mip, c
     capsys.readouterr()
     kdist(mip, "", "kd_task = strategy.cluster_resolver.task_id")
     # ranks stuck in a collective ignore SIGINT and are killed; either way: fresh engines
-    assert "restarting the engines" in capsys.readouterr().err
+    assert "restarting the engines" in capsys.readouterr().out
     assert not (pids() & before) and engine_values("kd_task") == [0, 1]
 
 
@@ -242,8 +243,8 @@ def test_engines_where_tensorflow_already_started_are_restarted_and_kdist_says_w
     before = pids()
     capsys.readouterr()
     kdist(mip, "", "kd_task = strategy.cluster_resolver.task_id")
-    err = capsys.readouterr().err
-    assert "restarting the engines (TensorFlow already started on rank 0, 1" in err
+    said = capsys.readouterr().out
+    assert "restarting the engines (TensorFlow already started on rank 0, 1" in said
     assert not (pids() & before) and engine_values("kd_task") == [0, 1]
 
 

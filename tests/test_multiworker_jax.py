@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import run_in_fresh_shell
-from kdist_magics.strategies.multiworker_jax import _shard
+from kdist_magics.strategies.fit_data import shard as _shard
 
 
 def test_each_process_gets_an_equal_contiguous_part():
@@ -103,6 +103,15 @@ out["again"] = by_rank("kd_again")
 out["warm"] = pids == {{e.pid for e in s.cluster.engines}}
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "model.predict(np.ones((4, 4)))")
 out["predict_err"] = str(err)
+# --timeout stops ranks stuck in a collective and in Python alike; the next cell works
+import time as _time
+t0 = _time.monotonic()
+value, err = attempt("--strategy multiworker --np 2 --no-dashboard --timeout 6", "import time\\nfrom jax.experimental import multihost_utils\\nif strategy.process_index == 0:\\n    multihost_utils.sync_global_devices('kd')   # waits for process 1 forever\\nelse:\\n    time.sleep(120)")
+out["timeout_s"] = _time.monotonic() - t0
+out["timeout_err"] = f"{{type(err).__name__}}: {{err}}"
+value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "kd_next = strategy.process_index")
+out["next_err"] = repr(err) if err is not None else None
+out["next"] = by_rank("kd_next")
 # an engine where JAX started outside kdist (simulated: a new engine process that used JAX)
 s.cluster.restart()
 s.cluster.view().execute("import jax.numpy as jnp; _ = jnp.ones(2) + 1", block=True)
@@ -149,3 +158,7 @@ def test_keras_on_jax_across_two_engine_processes():
     # JAX already started on the engines: restarted first, and kdist says why
     assert r["restart_err"] is None and r["after"] == [0, 1] and r["restarted"]
     assert "restarting the engines (JAX already started on rank 0, 1" in r["_stdout"] + r["_stderr"]
+    # --timeout: a run with a rank stuck in a collective ends, named, and the next cell works
+    assert r["timeout_err"].startswith("RunTimedOut"), r["timeout_err"]
+    assert r["timeout_s"] < 60, r["timeout_s"]
+    assert r["next_err"] is None and r["next"] == [0, 1], r["next_err"]

@@ -300,6 +300,13 @@ def _uses_horovod(path: Path) -> bool:
     return re.search(r"%%kdist[^\n]*(--strategy|-s)\s+horovod", code) is not None
 
 
+def _uses_torch(path: Path) -> bool:
+    import nbformat
+
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    return re.search(r"KERAS_BACKEND\"\]\s*=\s*\"torch\"", code) is not None
+
+
 def _out_name(path: Path, variant: dict[str, str] | None) -> str:
     suffix = "".join(f"-{k}={v}" for k, v in (variant or {}).items())
     return f"{path.stem}{suffix}.ipynb"
@@ -325,6 +332,9 @@ def test_notebook_runs_top_to_bottom(path, variant, test_output):
     if _uses_horovod(path) and importlib.util.find_spec("horovod") is None:
         pytest.skip(f"{path.name} runs --strategy horovod, and Horovod is not installed in this "
                     f"environment (the Colab-pinned one has none, as Colab has none)")
+    if _uses_torch(path) and importlib.util.find_spec("torch") is None:
+        pytest.skip(f"{path.name} runs Keras on torch, and PyTorch is not installed in this "
+                    f"environment (make test installs it in .venv; the Colab-pinned one has none)")
     out_dir = test_output / "notebooks"
     nb, error = _execute(path, out_dir, variant)
     if error is not None:

@@ -167,7 +167,7 @@ def test_the_users_error_is_theirs(ip, fake_tpu, capsys):
 
 def test_a_backend_kdist_cannot_drive_is_refused(ip, fake_tpu, monkeypatch):
     ext, runtime, cache = fake_tpu
-    monkeypatch.setattr("kdist_magics.strategies.mirrored.keras_backend", lambda: "torch")
+    monkeypatch.setattr("kdist_magics.strategies.backends.keras_backend", lambda env=None: "torch")
     ip.user_ns["marker"] = "before"
     for name in ("tpu", "mirrored"):
         with pytest.raises(StrategyUnavailable) as info:

@@ -147,10 +147,8 @@ function render({ model, el }) {
     head.appendChild(h("span", "kdist-elapsed", `elapsed ${fmtTime(elapsed)}`));
     top.appendChild(head);
     if (st.reason) top.appendChild(h("div", "kdist-reason", `auto: ${st.reason}`));
-    if (st.lost_batches) {
-      const n = st.lost_batches;
-      top.appendChild(h("div", "kdist-lost",
-        `telemetry: ${n} batch${n === 1 ? "" : "es"} lost in transit; curves and last_run() have gaps there (training was not affected)`));
+    if (st.lost_note) {  // the words come from Python (kdist_magics.messages.lost_batches)
+      top.appendChild(h("div", "kdist-lost", st.lost_note));
     }
     if (["failed", "interrupted", "timeout", "stopped"].includes(status) || st.error) {
       top.appendChild(h("div", `kdist-banner kdist-${status}`,

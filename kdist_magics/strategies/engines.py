@@ -33,32 +33,24 @@ State a subclass may use: ``self.cluster`` (the warm EngineCluster, or None),
 ``self.needs_restart`` (set it to a reason and the next run restarts the
 engines first), ``_cluster(ctx)`` (may be extended to re-plan a cluster).
 
-While the cell runs, the kernel polls every 50 ms: a rank's error, a dead
-engine process, the timeout; the kernel's main thread does all writing
-(stdout, record), so the dashboard's listeners run where widgets expect them.
+While the cell runs, a :class:`~.supervisor.RunSupervisor` made for the run watches it
+(output, telemetry, a rank's error, a dead engine, the timeout, Stop); ``self.supervisor``
+is that run's, and None between runs.
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import re
-import signal
-import sys
-import threading
 import time
 from typing import Any
 
 from ..cluster import EngineCluster
-from ..engine import FEED_MIME
-from ..errors import CellFailed, KDistError, RankDied, RankFailed, RunTimedOut
+from ..errors import CellFailed, KDistError
+from ..messages import say
 from .base import RunContext, Strategy
+from .supervisor import RunSupervisor
 
-POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
-DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
 FEED_INTERVAL = 0.5  # seconds between a rank's telemetry batches (the dashboard redraws at 2/s)
-# While a cell runs the supervision loop sleeps on its inbox: output, telemetry and
-# "a rank finished" wake it at once; otherwise it wakes for the next death check.
 
 
 def default_np() -> int:
@@ -78,50 +70,6 @@ def default_np() -> int:
     return 2
 
 
-class _Printer:
-    """Writes engine output in the kernel: rank 0 only, all ranks prefixed, or nothing.
-
-    With ``all``, output is written a whole line at a time (a line ends at ``\n``
-    or at a progress bar's ``\r``), each prefixed ``[rank N]``, so ranks never
-    interleave inside a line; :meth:`flush` writes what is left at the end. A progress
-    bar's redraw (text after a ``\r``) is shown at once, not held until the next redraw:
-    the next one starts with ``\r`` and overwrites it anyway.
-    """
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.pending: dict[tuple[int, str], str] = {}
-
-    def write(self, rank: int, name: str, text: str) -> None:
-        if self.mode == "none" or (self.mode == "rank0" and rank != 0):
-            return
-        if self.mode == "all":
-            text = self._lines(rank, name, text)
-        if text:
-            stream = sys.stderr if name == "stderr" else sys.stdout
-            stream.write(text)
-            stream.flush()
-
-    def _lines(self, rank: int, name: str, text: str, final: bool = False) -> str:
-        buf = self.pending.pop((rank, name), "") + text
-        pieces = re.split(r"(?<=[\r\n])", buf)
-        rest = "" if final else pieces.pop()
-        if rest and pieces and pieces[-1].endswith("\r"):  # a progress bar's redraw: show it now
-            pieces.append(rest)
-            rest = ""
-        if rest:
-            self.pending[(rank, name)] = rest
-        tag = f"[rank {rank}] "
-        return "".join(p if p in ("\r", "\n") else tag + p for p in pieces if p)
-
-    def flush(self) -> None:
-        for rank, name in list(self.pending):
-            text = self._lines(rank, name, "", final=True)
-            stream = sys.stderr if name == "stderr" else sys.stdout
-            stream.write(text + ("" if text.endswith(("\n", "\r")) else "\n"))
-            stream.flush()
-
-
 class EngineStrategy(Strategy):
     """Base class of strategies whose cell runs on ipyparallel engines (see module doc)."""
 
@@ -135,8 +83,7 @@ class EngineStrategy(Strategy):
         self.cluster: EngineCluster | None = None
         self.needs_restart: str | None = None  # why the next run must restart the engines
         self.last_timing: dict[str, float] = {}
-        self._feed_seen: dict[int, set[int]] = {}
-        self._started: set[int] = set()  # ranks whose engine has begun the current cell
+        self.supervisor: RunSupervisor | None = None  # the run in progress, if any
 
     # -- hooks ---------------------------------------------------------------
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
@@ -199,9 +146,9 @@ class EngineStrategy(Strategy):
                 if cluster.owned:
                     self.needs_restart = "the previous run stopped mid-way"
                 else:
-                    print(f"kdist: the run stopped mid-way; {what} may be out of step on these "
+                    say(f"the run stopped mid-way; {what} may be out of step on these "
                           f"engines. If the next cell hangs, restart the cluster's engines (kdist "
-                          f"does not restart a cluster it did not start).", file=sys.stderr)
+                        f"does not restart a cluster it did not start).", warn=True)
         if cluster.running and self.needs_restart is None:
             try:
                 cluster.view().apply_async(leave).wait(timeout=10)
@@ -235,7 +182,7 @@ class EngineStrategy(Strategy):
         by_rank = dict(zip(ranks, cluster.engines))
         for rank, eng in by_rank.items():
             record.set_rank(rank, state="starting", host=eng.hostname, pid=eng.pid)
-        self._prepare(cluster, ctx)
+        self._prepare(cluster, ctx, ranks)
         if pushed:
             cluster.view().push(pushed, block=True)
         ok = False
@@ -270,13 +217,12 @@ class EngineStrategy(Strategy):
         if cluster is not None and cluster.running:
             current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile)
             if current != key:
-                print(f"kdist: {n} ranks requested; restarting the engines "
-                      f"(had {cluster.n})", file=sys.stderr)
+                say(f"{n} ranks requested; restarting the engines (had {cluster.n})")
                 self.teardown()
                 cluster = None
             elif self.needs_restart or cluster.dead():
                 why = self.needs_restart or "an engine died"
-                print(f"kdist: restarting the engines ({why})", file=sys.stderr)
+                say(f"restarting the engines ({why})")
                 if cluster.owned:
                     cluster.restart()
                 else:
@@ -286,26 +232,30 @@ class EngineStrategy(Strategy):
             address = getattr(config, "bind_address", "127.0.0.1") if spec.attach else "127.0.0.1"
             cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address)
             if not spec.attach:
-                print(f"kdist: starting {n} engines on this machine (loopback only)...", file=sys.stderr)
+                say(f"starting {n} engines on this machine (loopback only)...")
             self.cluster = cluster
             cluster.start()
         self.needs_restart = None
         return cluster
 
-    def _prepare(self, cluster: EngineCluster, ctx: RunContext) -> None:
-        from .. import engine
+    def _prepare(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
+        """Thread variables, the strategy's environment and each rank's GPU, on every engine
+        before the cell (and before a framework starts there); too few GPUs is an error here,
+        before any engine runs the cell."""
+        from ..placement import local_ranks
 
         threads = getattr(ctx.config, "threads_per_rank", None)
+        policy = getattr(ctx.config, "rank_gpus", "own")
         extra = self.engine_env(cluster, ctx)
         hosts = [e.hostname for e in cluster.engines]
         ars = []
-        for eng, env in zip(cluster.engines, extra):
-            local_size = hosts.count(eng.hostname)
+        for eng, env, (local, size) in zip(cluster.engines, extra, local_ranks(hosts, ranks)):
             cwd = os.getcwd() if cluster.owned else None
             ars.append(cluster.client[eng.engine_id].apply_async(
-                _prepare_remote, dict(env), threads, local_size, cwd))
-        for ar in ars:
-            ar.get(timeout=60)
+                _prepare_remote, dict(env), threads, size, cwd, (local, size, policy)))
+        errors = [info["gpu_error"] for info in (ar.get(timeout=60) for ar in ars) if info.get("gpu_error")]
+        if errors:
+            raise KDistError(errors[0] + ". The cell did not run.")
 
     def _pushable(self, ctx: RunContext) -> dict[str, Any]:
         """The ``--push`` values, checked before anything starts: defined, and able to travel."""
@@ -329,20 +279,20 @@ class EngineStrategy(Strategy):
         """Undo per-run engine state; after a failure, only on engines that still answer."""
         from .. import engine
 
-        printer, self._printer = getattr(self, "_printer", None), None
-        if printer is not None:
-            printer.flush()
+        sup, self.supervisor = self.supervisor, None
+        if sup is not None:
+            sup.printer.flush()
         if self.needs_restart is None and cluster.running:
             try:
                 ar = cluster.view().apply_async(engine.end, True)
                 ar.wait(timeout=10)
-                if ar.ready():
+                if ar.ready() and sup is not None:
                     ar.wait_for_output(timeout=5)  # the final batch is published before idle
-                    self._drain_outputs(ar, ctx, ranks)
+                    sup.drain_outputs(ar, ranks)
             except Exception:
                 pass
-        if self.lost_batches:
-            ctx.record.note_lost_batches(self.lost_batches)
+        if sup is not None and sup.lost_batches:
+            ctx.record.note_lost_batches(sup.lost_batches)
         try:
             self.after_cell(cluster, ctx, ok and self.needs_restart is None)
         except Exception:
@@ -351,10 +301,11 @@ class EngineStrategy(Strategy):
 
     # -- execute and supervise -------------------------------------------------
     def _execute(self, cell: str, cluster: EngineCluster, ctx: RunContext, ranks: list[int]):
+        """Begin the run on every engine, execute the cell there, and watch it with a
+        :class:`~.supervisor.RunSupervisor` made for this run; rank 0's result content."""
         from .. import engine
 
         spec, record = ctx.spec, ctx.record
-        view = cluster.view()
         freeze_gc = bool(getattr(ctx.config, "freeze_gc", True))
         tf_info = bool(getattr(ctx.config, "tf_info_logs", False))
         begun = [cluster.client[e.engine_id].apply_async(engine.begin, rank, spec.telemetry, FEED_INTERVAL,
@@ -362,225 +313,20 @@ class EngineStrategy(Strategy):
                  for e, rank in zip(cluster.engines, ranks)]
         for b in begun:
             b.get(timeout=60)
-        inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._started = set()
-        printer = self._printer = _Printer(spec.out)
-        self._feed_seen: dict[int, set[int]] = {}
-        ar = view.execute(cell, silent=False, block=False)
-        children = list(ar._children)
-        for rank, fut in zip(ranks, children):
-            self._listen(fut, rank, inbox)
-            fut.add_done_callback(lambda _f, _r=rank: inbox.put((_r, "finished", None)))
+        sup = self.supervisor = RunSupervisor(record, spec.out,
+                                              lambda busy: self.abort_collectives(cluster, busy))
+        ar = cluster.view().execute(cell, silent=False, block=False)
+        for rank, fut in zip(ranks, ar._children):
+            sup.listen(fut, rank)
+            fut.add_done_callback(lambda _f, _r=rank: sup.inbox.put((_r, "finished", None)))
         for rank in ranks:
             record.set_rank(rank, state="running")
         timeout = spec.timeout if spec.timeout is not None else getattr(ctx.config, "timeout", None)
         grace = float(getattr(ctx.config, "stop_grace", 5.0) or 5.0)
-        started = time.monotonic()
-        next_death_check = started
-        failures: dict[int, Any] = {}
-        first_failure = None
-        result_content = None
-        wait = 0.0
         try:
-            while True:
-                result_content = self._drain(inbox, printer, record, wait) or result_content
-                done = True
-                for rank, fut in zip(ranks, children):
-                    if not fut.done():
-                        done = False
-                        continue
-                    if rank in failures or record.ranks[rank].state in ("done", "failed"):
-                        continue
-                    exc = fut.exception()
-                    if exc is None:  # ipyparallel resolves a failed request with its error
-                        reply = fut.result()
-                        exc = reply if isinstance(reply, BaseException) else None
-                    if exc is None:
-                        record.set_rank(rank, state="done")
-                    else:
-                        failures[rank] = exc
-                        record.set_rank(rank, state="failed",
-                                        error=f"{getattr(exc, 'ename', type(exc).__name__)}: "
-                                              f"{getattr(exc, 'evalue', exc)}")
-                        first_failure = first_failure or time.monotonic()
-                if done:
-                    break
-                deaths = {}
-                if time.monotonic() >= next_death_check:
-                    deaths = cluster.dead()
-                    next_death_check = time.monotonic() + DEATH_CHECK
-                if deaths:
-                    by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
-                    deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items()}
-                    for rank, how in deaths_by_rank.items():
-                        record.set_rank(rank, state="failed", error=f"process {how}")
-                    self._drain(inbox, printer, record)
-                    self._stop(cluster, ranks, children, record, grace, hard=True)
-                    raise RankDied(deaths_by_rank)
-                if first_failure and time.monotonic() - first_failure > min(1.0, grace):
-                    stopped = self._stop(cluster, ranks, children, record, grace)
-                    self._drain(inbox, printer, record)
-                    raise RankFailed(failures, stopped)
-                if timeout and time.monotonic() - started > timeout:
-                    busy = [r for r, f in zip(ranks, children) if not f.done()]
-                    self._stop(cluster, ranks, children, record, grace)
-                    self._drain(inbox, printer, record)
-                    raise RunTimedOut(timeout, busy)
-                now = time.monotonic()
-                wake = [next_death_check]
-                if first_failure:
-                    wake.append(first_failure + min(1.0, grace))
-                if timeout:
-                    wake.append(started + timeout)
-                wait = min(max(0.0, min(wake) - now), DEATH_CHECK)
-        except KeyboardInterrupt:
-            print("\nkdist: interrupted; stopping every rank...", file=sys.stderr)
-            self._stop(cluster, ranks, children, record, grace)
-            self._drain(inbox, printer, record)
-            raise
-        # every rank is done: wait for the trailing output (IOPub idle) and drain it
-        try:
-            ar.wait_for_output(timeout=10)
-        except Exception:
-            pass
-        result_content = self._drain(inbox, printer, record) or result_content
-        if failures:
-            raise RankFailed(failures, [])
-        return result_content
-
-    def _listen(self, fut, rank: int, inbox: queue.SimpleQueue) -> None:
-        """Forward the engine's IOPub messages for ``fut`` to ``inbox`` (from the client's IO thread)."""
-        md = fut.output.metadata
-        started = self._started
-        lock = threading.Lock()
-        catch_up: dict[int, Any] | None = {}  # displays forwarded while catching up, by id
-
-        def forward(kind, content):
-            with lock:  # the IO thread and the catch-up below may both see a display
-                if kind == "display_data" and catch_up is not None:
-                    if id(content) in catch_up:
-                        return
-                    catch_up[id(content)] = content  # kept alive, so its id stays its own
-                inbox.put((rank, kind, content))
-
-        def callback(msg):
-            kind, content = msg["header"]["msg_type"], msg["content"]
-            if kind == "execute_input":
-                started.add(rank)
-            if kind == "display_data" and FEED_MIME in content.get("data", {}):
-                # the client keeps every display output of a request; telemetry batches
-                # are delivered here, so do not let a long run pile them up there
-                outputs = md.get("outputs") or []
-                if outputs and outputs[-1] is content:
-                    outputs.pop()
-            forward(kind, content)
-
-        fut.iopub_callbacks.append(callback)
-        if md.get("execute_input") is not None:  # it began before we listened
-            started.add(rank)
-        # displays that arrived before the callback was there (the first telemetry batch
-        # is published as the cell starts, often before execute() has returned here)
-        for content in list(md.get("outputs") or []):
-            forward("display_data", content)
-        with lock:
-            catch_up = None
-        for name in ("stdout", "stderr"):  # anything that arrived before we listened
-            if md.get(name):
-                inbox.put((rank, "stream", {"name": name, "text": md[name]}))
-        if md.get("execute_result"):  # a quick cell's value may have come already, too
-            inbox.put((rank, "execute_result", md["execute_result"]))
-
-    def _drain_outputs(self, ar, ctx: RunContext, ranks: list[int]) -> None:
-        """Feed rows published during an apply (``engine.end``'s final flush) into the record."""
-        for rank, fut in zip(ranks, ar._children):
-            for content in fut.output.metadata.get("outputs", []):
-                self._feed(rank, content, ctx.record)
-
-    def _drain(self, inbox: queue.SimpleQueue, printer: _Printer, record,
-               wait: float = 0.0) -> dict | None:
-        """Handle everything in ``inbox``; with ``wait``, first sleep up to that long for a message."""
-        result = None
-        while True:
-            try:
-                if wait > 0:
-                    rank, kind, content = inbox.get(timeout=wait)
-                    wait = 0.0
-                else:
-                    rank, kind, content = inbox.get_nowait()
-            except queue.Empty:
-                return result
-            if kind == "stream":
-                printer.write(rank, content.get("name", "stdout"), content.get("text", ""))
-            elif kind == "display_data":
-                if FEED_MIME in content.get("data", {}):
-                    self._feed(rank, content, record)
-                elif printer.mode == "all" or (printer.mode == "rank0" and rank == 0):
-                    from IPython.display import publish_display_data
-
-                    publish_display_data(content.get("data", {}), content.get("metadata") or {})
-            elif kind == "execute_result" and rank == 0:
-                result = content
-
-    @property
-    def lost_batches(self) -> int:
-        """Telemetry batches of the last run that never arrived (gaps in the ranks' numbering)."""
-        return sum(max(seen) - len(seen) for seen in self._feed_seen.values() if seen)
-
-    def _feed(self, rank: int, content: dict, record) -> None:
-        payload = content.get("data", {}).get(FEED_MIME)
-        if not payload:
-            return
-        seq = payload.get("seq", 0)
-        seen = self._feed_seen.setdefault(rank, set())
-        if seq in seen:
-            return  # already delivered (seen live and again in the final drain)
-        seen.add(seq)
-        for kind, row in payload.get("rows", []):
-            try:
-                record.add(kind, row)
-            except ValueError:
-                pass
-
-    def _stop(self, cluster: EngineCluster, ranks, children, record, grace: float,
-              hard: bool = False) -> list[int]:
-        """Stop ranks still running: SIGINT, then (after ``grace`` s) SIGKILL and mark for restart.
-
-        Returns the ranks that had to be stopped. With ``hard`` (a rank died, so the
-        survivors' collectives can never complete), kill at once.
-        """
-        busy = [(r, e, f) for r, e, f in zip(ranks, cluster.engines, children) if not f.done()]
-        if not busy:
-            return []
-        if not hard:
-            try:
-                self.abort_collectives(cluster, [r for r, _, _ in busy])
-            except Exception:
-                pass
-            # SIGINT only reaches a cell that is running: one that lands while the engine
-            # is still receiving the request is dropped, or breaks the request so that no
-            # reply ever comes. So each rank is interrupted once it has begun the cell
-            # (its execute_input was seen), at once or as soon as it begins.
-            signalled: set[int] = set()
-            deadline = time.monotonic() + grace
-            while True:
-                ready = [(r, e) for r, e, f in busy if not f.done() and r not in signalled
-                         and r in self._started]
-                if ready:
-                    cluster.signal(signal.SIGINT, [e.engine_id for _, e in ready])
-                    signalled |= {r for r, _ in ready}
-                if time.monotonic() >= deadline or all(f.done() for _, _, f in busy):
-                    break
-                time.sleep(POLL)
-        stuck = [(r, e) for r, e, f in busy if not f.done()]
-        if stuck or hard:
-            if cluster.owned:
-                cluster.kill([e.engine_id for _, e in stuck])
-            self.needs_restart = ("stopped ranks did not answer" if not hard else
-                                  "a rank died in the previous run")
-        for r, _, _ in busy:
-            if record.ranks[r].state not in ("failed",):
-                record.set_rank(r, state="stopped")
-        return [r for r, _, _ in busy]
+            return sup.watch(cluster, ranks, ar, timeout, grace)
+        finally:
+            self.needs_restart = self.needs_restart or sup.needs_restart
 
     # -- results back ------------------------------------------------------------
     def _from_rank0(self, cluster: EngineCluster, by_rank, fn, *args) -> Any:
@@ -597,10 +343,10 @@ class EngineStrategy(Strategy):
                 ar.wait(timeout=60)
 
     def _pull(self, cluster: EngineCluster, ctx: RunContext, by_rank, result_content) -> Any:
-        from .. import engine
         from ipyparallel.error import RemoteError
 
-        zero = cluster.client[by_rank[0].engine_id]
+        from .. import engine
+
         if ctx.spec.pull:
             try:
                 packed = self._from_rank0(cluster, by_rank, engine.fetch, list(ctx.spec.pull))
@@ -621,9 +367,9 @@ class EngineStrategy(Strategy):
             return None
 
 
-def _prepare_remote(env, threads, local_size, cwd=None):  # runs on an engine
+def _prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine
     from kdist_magics import engine
 
     if not threads:
         threads = max(1, engine.cpu_count() // max(1, local_size))
-    return engine.prepare(env, threads, cwd)
+    return engine.prepare(env, threads, cwd, gpu)

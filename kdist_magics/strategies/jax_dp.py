@@ -36,10 +36,11 @@ import math
 import os
 from typing import Any, Callable
 
-from ..errors import StrategyUnavailable
+from ..errors import DevicesFixed, StrategyUnavailable, no_tpu
 from .base import RunContext
 from .kernel import run_cell_here
-from .mirrored import CPU_DEFAULT_DEVICES, DevicesFixed
+from .fit_data import _arrays, _map, _rows, patched_data_methods, said_once
+from .backends import CPU_DEFAULT_DEVICES
 
 
 class DataParallelStrategy:
@@ -63,42 +64,6 @@ class DataParallelStrategy:
 
 # -- batches that split evenly -------------------------------------------------
 
-def _rows(x) -> int | None:
-    if isinstance(x, dict):
-        x = next(iter(x.values()), None)
-    elif isinstance(x, (list, tuple)):
-        x = x[0] if x else None
-        return _rows(x)
-    shape = getattr(x, "shape", None)
-    if shape is None or not len(shape) or not hasattr(x, "__getitem__"):
-        return None
-    return int(shape[0])
-
-
-def _map(fn, x):
-    if x is None:
-        return None
-    if isinstance(x, dict):
-        return {k: _map(fn, v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_map(fn, v) for v in x)
-    return fn(x)
-
-
-def _arrays(*parts) -> bool:
-    """True when every part given is an in-memory array (or a structure of them)."""
-    def ok(x):
-        if x is None:
-            return True
-        if isinstance(x, dict):
-            return all(ok(v) for v in x.values())
-        if isinstance(x, (list, tuple)):
-            return all(ok(v) for v in x)
-        return _rows(x) is not None
-
-    return parts[0] is not None and all(ok(p) for p in parts)
-
-
 def _pad(x, to: int):
     import numpy as np
 
@@ -108,37 +73,6 @@ def _pad(x, to: int):
         return np.concatenate([a, np.repeat(a[-1:], extra, axis=0)]) if extra > 0 else a
 
     return _map(pad, x)
-
-
-@contextlib.contextmanager
-def patched_data_methods(wrap: Callable[[str, Callable], Callable]):
-    """While open, ``keras.Model.fit/evaluate/predict`` are ``wrap(name, original)``; put back
-    after. The one mechanism behind :func:`divisible_batches` and the JAX processes' shards."""
-    import keras
-
-    originals = {name: getattr(keras.Model, name) for name in ("fit", "evaluate", "predict")}
-    for name, original in originals.items():
-        method = wrap(name, original)
-        method.__wrapped__ = original
-        method.__doc__ = original.__doc__
-        setattr(keras.Model, name, method)
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(keras.Model, name, original)
-
-
-def said_once(say: Callable[[str], None]) -> Callable[[str], None]:
-    """``say``, but each distinct message only the first time."""
-    said: set[str] = set()
-
-    def once(message: str) -> None:
-        if message not in said:
-            said.add(message)
-            say(message)
-
-    return once
 
 
 @contextlib.contextmanager
@@ -239,8 +173,6 @@ def plan_devices(wanted: int | None, platform: str | None):
         try:
             devices = jax.devices("tpu")
         except RuntimeError:
-            from .tpu import no_tpu
-
             raise no_tpu("jax.devices('tpu')") from None
         return devices[:wanted] if wanted else devices
     if not _gpus_by_nvml() and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):

@@ -24,39 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import StrategyUnavailable
+from ..errors import DevicesFixed, StrategyUnavailable
+from .backends import CPU_DEFAULT_DEVICES, check_backend, keras_backend
 from .base import RunContext, Strategy
 from .kernel import run_cell_here
-
-#: replicas on a CPU-only machine when neither --devices nor KDist.devices is given
-CPU_DEFAULT_DEVICES = 2
-
-
-class DevicesFixed(StrategyUnavailable):
-    """TensorFlow (or JAX) started with another device layout; only a restart changes it."""
-
-
-def keras_backend() -> str:
-    """Keras's backend, without importing Keras when ``KERAS_BACKEND`` already says."""
-    import os
-    import sys
-
-    if "keras" not in sys.modules and os.environ.get("KERAS_BACKEND"):
-        return os.environ["KERAS_BACKEND"]  # Keras gives the variable precedence too
-    import keras
-
-    return keras.backend.backend()
-
-
-def check_backend(strategy: str) -> str:
-    """The Keras backend, or StrategyUnavailable when ``strategy`` cannot drive it."""
-    backend = keras_backend()
-    if backend not in ("tensorflow", "jax"):
-        raise StrategyUnavailable(
-            f"--strategy {strategy} drives Keras on tensorflow or jax; this kernel's Keras runs on "
-            f"{backend} (set KERAS_BACKEND before importing keras). The cell did not run.")
-    return backend
-
 
 def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
     """The device names for MirroredStrategy and a word for what they are.

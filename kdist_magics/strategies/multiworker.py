@@ -43,8 +43,10 @@ import sys
 from typing import Any
 
 from ..cluster import EngineCluster
-from ..compat import net_connections
 from ..errors import KDistError
+from ..messages import say
+from ..network import engine_address, free_port, join
+from ..placement import host_grouped_ranks
 from .base import RunContext
 from .engines import EngineStrategy
 
@@ -53,13 +55,19 @@ SETUP_TIMEOUT = 120.0  # seconds for every worker to create the strategy (they w
 
 def for_backend() -> EngineStrategy:
     """``--strategy multiworker`` follows the kernel's Keras backend (read without importing
-    Keras): JAX processes under ``jax``, MultiWorkerMirroredStrategy otherwise."""
-    from ..advisor import keras_backend
+    Keras): JAX processes under ``jax``, torch processes under ``torch``,
+    MultiWorkerMirroredStrategy otherwise."""
+    from .backends import keras_backend
 
-    if keras_backend() == "jax":
+    backend = keras_backend()
+    if backend == "jax":
         from .multiworker_jax import JaxMultiWorkerStrategy
 
         return JaxMultiWorkerStrategy()
+    if backend == "torch":
+        from .multiworker_torch import TorchMultiWorkerStrategy
+
+        return TorchMultiWorkerStrategy()
     return MultiWorkerStrategy()
 
 
@@ -87,8 +95,8 @@ class MultiWorkerStrategy(EngineStrategy):
                     f"these engines cannot join a new MultiWorkerMirroredStrategy: restart them "
                     f"(e.g. ipcluster stop/start, or client.shutdown(restart=True)) and run the "
                     f"cell again")
-            print(f"kdist: restarting the engines ({why}; MultiWorkerMirroredStrategy must be "
-                  f"created before TensorFlow starts in each process)", file=sys.stderr)
+            say(f"restarting the engines ({why}; MultiWorkerMirroredStrategy must be "
+                f"created before TensorFlow starts in each process)")
             cluster.restart()
             self._made = False
             plan = self._plan(cluster, ctx)
@@ -142,7 +150,7 @@ class MultiWorkerStrategy(EngineStrategy):
             raise KDistError("no TF_CONFIG address: " + "; ".join(bad))
         workers = [""] * len(ranks)
         for rank, info in zip(ranks, infos):
-            workers[rank] = _join(info["address"], info["port"])
+            workers[rank] = join(info["address"], info["port"])
         configs = [json.dumps({"cluster": {"worker": workers},
                                "task": {"type": "worker", "index": rank}}) for rank in ranks]
         self.addresses = workers
@@ -184,24 +192,6 @@ class MultiWorkerStrategy(EngineStrategy):
 
 
 # -- helpers (kernel side) -------------------------------------------------------------
-def host_grouped_ranks(hostnames: list[str]) -> list[int]:
-    """Rank of each engine: hosts in order of first appearance, engines in order within a host."""
-    order: dict[str, list[int]] = {}
-    for i, host in enumerate(hostnames):
-        order.setdefault(host, []).append(i)
-    ranks = [0] * len(hostnames)
-    rank = 0
-    for indices in order.values():
-        for i in indices:
-            ranks[i] = rank
-            rank += 1
-    return ranks
-
-
-def _join(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
-
 def _cluster_part(tf_config: str) -> str:
     return json.dumps(json.loads(tf_config)["cluster"], sort_keys=True)
 
@@ -234,89 +224,6 @@ def _tf_started() -> bool:
         return context.context()._context_handle is not None
     except Exception:  # pragma: no cover - a TF without these internals
         return True
-
-
-def engine_address(mode: str) -> str:
-    """This engine's address for TF_CONFIG.
-
-    ``loopback``: 127.0.0.1. ``''``: the local address of this engine's connection to
-    the controller. An interface name: its IPv4 (else IPv6) address. A network
-    (``10.0.0.0/16``): this host's address in it. Another address: the local address
-    used to route towards it.
-    """
-    import ipaddress
-    import socket
-
-    import psutil
-
-    if mode == "loopback":
-        return "127.0.0.1"
-    if not mode:
-        return _controller_side_address()
-    ifaces = psutil.net_if_addrs()
-    if mode in ifaces:
-        addrs = [a.address for a in ifaces[mode] if a.family in (socket.AF_INET, socket.AF_INET6)]
-        addrs.sort(key=lambda a: ":" in a)  # IPv4 first
-        if not addrs:
-            raise LookupError(f"interface {mode} has no IP address on {socket.gethostname()}")
-        return addrs[0].split("%")[0]
-    if "/" in mode:
-        net = ipaddress.ip_network(mode, strict=False)
-        for addrs in ifaces.values():
-            for a in addrs:
-                try:
-                    if ipaddress.ip_address(a.address.split("%")[0]) in net:
-                        return a.address.split("%")[0]
-                except ValueError:
-                    continue
-        raise LookupError(f"no address in {mode} on {socket.gethostname()}")
-    try:
-        target = ipaddress.ip_address(mode)
-    except ValueError:
-        raise LookupError(f"KDist.worker_network {mode!r} is not an interface of "
-                          f"{socket.gethostname()}, a network or an address") from None
-    family = socket.AF_INET6 if target.version == 6 else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect((str(target), 9))  # UDP: picks the route, sends nothing
-        return s.getsockname()[0]
-
-
-def _controller_side_address() -> str:
-    """The local address of this engine's established TCP connections (to the controller)."""
-    import psutil
-
-    conns = [c for c in net_connections(psutil.Process(), "tcp")
-             if c.status == psutil.CONN_ESTABLISHED and c.raddr]
-    controller = _controller_ip()
-    towards = [c.laddr.ip for c in conns if controller and c.raddr.ip == controller]
-    if towards:
-        return towards[0]
-    addrs = [c.laddr.ip for c in conns]
-    outside = [a for a in addrs if not a.startswith("127.") and a != "::1"]
-    return (outside or addrs or ["127.0.0.1"])[0]
-
-
-def _controller_ip() -> str | None:
-    """The controller's IP as this engine registered with it (None when unknown)."""
-    try:
-        from urllib.parse import urlparse
-
-        from ipyparallel.engine.app import IPEngine
-
-        if not IPEngine.initialized():
-            return None
-        return urlparse(IPEngine.instance().registration_url).hostname
-    except Exception:
-        return None
-
-
-def free_port(address: str) -> int:
-    import socket
-
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine

@@ -36,16 +36,18 @@ ends with the same weights. Per run:
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
 from typing import Any
 
 from ..cluster import EngineCluster
 from ..errors import KDistError
+from ..messages import say
+from ..network import engine_address, free_port
+from ..placement import host_grouped_ranks
 from .base import RunContext
 from .engines import EngineStrategy
-from .jax_dp import DataParallelStrategy, _arrays, _map, _rows, patched_data_methods, said_once
-from .multiworker import engine_address, free_port, host_grouped_ranks
+from .fit_data import process_shards
+from .jax_dp import DataParallelStrategy
 
 SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
 
@@ -71,8 +73,8 @@ class JaxMultiWorkerStrategy(EngineStrategy):
                 raise KDistError(f"{reason}. jax.distributed.initialize runs once per process, "
                                  f"before any other JAX use, so these engines cannot join: restart "
                                  f"them (e.g. client.shutdown(restart=True)) and run the cell again")
-            print(f"kdist: restarting the engines ({reason}; jax.distributed must start before "
-                  f"any other JAX use in each process)", file=sys.stderr)
+            say(f"restarting the engines ({reason}; jax.distributed must start before "
+                f"any other JAX use in each process)")
             cluster.restart()
             reason = self._plan(cluster, ctx)
             if reason:  # pragma: no cover - a fresh engine that starts JAX at start-up
@@ -201,8 +203,12 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int)
     keras.distribution.set_distribution(distribution)
     strategy = ProcessesStrategy(distribution, devices, jax.process_index(), jax.process_count())
     stack = contextlib.ExitStack()
-    stack.enter_context(process_shards(strategy.process_index, strategy.num_processes,
-                                       say=print if strategy.process_index == 0 else (lambda m: None)))
+    stack.enter_context(process_shards(
+        strategy.process_index, strategy.num_processes,
+        say=print if strategy.process_index == 0 else (lambda m: None),
+        fit_callbacks=lambda: [_from_process_zero()],
+        no_predict=(f"kdist: predict() inside a multiworker JAX cell would return an array spread over "
+                    f"{strategy.num_processes} processes; --pull the model and predict in the notebook instead")))
     local = jax.local_device_count()
     if local > 1:  # several devices per process: each process's batches must split over them
         from .jax_dp import divisible_batches
@@ -236,33 +242,14 @@ class ProcessesStrategy(DataParallelStrategy):
                 f"JAX processes (this is process {self.process_index})>")
 
 
-# -- this process's part of the data ---------------------------------------------------------
-
-def _shard(parts: dict[str, Any], rank: int, n: int, what: str, say) -> dict[str, Any]:
-    rows = _rows(parts["x"])
-    each = rows // n
-    if each == 0:
-        raise ValueError(f"kdist: {rows} {what} samples cannot be shared by {n} processes; give at least {n}")
-    if rows % n:
-        say(f"kdist: leaving out the last {rows % n} of {rows} {what} samples so every process gets "
-            f"{each} (the same number of steps on each)")
-    lo, hi = rank * each, (rank + 1) * each
-    return {k: _map(lambda a: a[lo:hi], v) for k, v in parts.items()}
-
-
-@contextlib.contextmanager
-def process_shards(rank: int, n: int, say=print):
-    """While open, ``fit``/``evaluate`` given in-memory arrays use process ``rank``'s 1/``n``."""
+def _from_process_zero():
+    """A callback: at the start of ``fit`` every process takes process 0's weights (as
+    Horovod's broadcast callback does); a model built with a different seed on each process
+    would otherwise train diverging replicas that JAX believes identical."""
     import keras
     import numpy as np
 
-    once = said_once(say)
-
     class FromProcessZero(keras.callbacks.Callback):
-        """At the start of ``fit`` every process takes process 0's weights (as Horovod's
-        broadcast callback does): a model built with a different seed on each process would
-        otherwise train diverging replicas that JAX believes identical."""
-
         def on_train_begin(self, logs=None):
             from jax.experimental import multihost_utils
 
@@ -271,43 +258,4 @@ def process_shards(rank: int, n: int, say=print):
             for v, value in zip(variables, multihost_utils.broadcast_one_to_all(local)):
                 v.assign(np.asarray(value))
 
-    def wrap(name: str, original):
-        signature = inspect.signature(original)
-
-        def method(model, *args, **kwargs):
-            __tracebackhide__ = True  # not in the user's traceback
-            if name == "predict" and n > 1:
-                raise RuntimeError(
-                    "kdist: predict() inside a multiworker JAX cell would return an array spread over "
-                    f"{n} processes; --pull the model and predict in the notebook instead")
-            try:
-                bound = signature.bind(model, *args, **kwargs)
-            except TypeError:
-                return original(model, *args, **kwargs)
-            a = bound.arguments
-            if name == "fit" and n > 1:
-                a["callbacks"] = list(a.get("callbacks") or []) + [FromProcessZero()]
-            x, y, sw = a.get("x"), a.get("y"), a.get("sample_weight")
-            if n == 1 or not _arrays(x, y, sw) or a.get("steps") or a.get("steps_per_epoch"):
-                return original(*bound.args, **bound.kwargs)
-            if name == "fit":
-                split = float(a.get("validation_split") or 0.0)
-                if split and a.get("validation_data") is None:  # Keras' split, then shard both parts
-                    at = int(_rows(x) * (1.0 - split))
-                    a["validation_data"] = tuple(_map(lambda v: v[at:], p) for p in (x, y, sw) if p is not None)
-                    x, y, sw = (_map(lambda v: v[:at], p) for p in (x, y, sw))
-                    a["validation_split"] = 0.0
-                val = a.get("validation_data")
-                if isinstance(val, tuple) and _arrays(*val):
-                    keys = ("x", "y", "sample_weight")[:len(val)]
-                    part = _shard(dict(zip(keys, val)), rank, n, "validation", once)
-                    a["validation_data"] = tuple(part[k] for k in keys)
-            part = _shard({"x": x, "y": y, "sample_weight": sw}, rank, n,
-                          "training" if name == "fit" else "evaluation", once)
-            a.update({k: v for k, v in part.items() if k in a or v is not None})
-            return original(*bound.args, **bound.kwargs)
-
-        return method
-
-    with patched_data_methods(wrap):
-        yield
+    return FromProcessZero()

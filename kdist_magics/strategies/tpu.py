@@ -25,19 +25,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import errors
 from ..errors import StrategyUnavailable
 from ..hardware import TPU, TPU_PLACES, detect_tpu
 from .base import RunContext, Strategy
 from .kernel import run_cell_here
 
-HOW_TO_GET_ONE = ("Get a TPU runtime: Colab: Runtime > Change runtime type > TPU; "
-                  "Kaggle: Settings > Accelerator > TPU; Google Cloud: a TPU VM.")
-
-
-def no_tpu(looked: str = TPU_PLACES, detail: str = "") -> StrategyUnavailable:
-    """The short error: what was looked for, how to get a TPU, the cell did not run."""
-    first = f"--strategy tpu: no TPU found (looked for {looked})" + (f": {detail}" if detail else ".")
-    return StrategyUnavailable(f"{first}\n{HOW_TO_GET_ONE}\nThe cell did not run.")
+def no_tpu(looked: str = TPU_PLACES, detail: str = ""):
+    return errors.no_tpu(looked, detail)
 
 
 class TPURuntime:
@@ -121,7 +116,7 @@ class TPUStrategy(Strategy):
         tpu = self.find()
         if tpu is None:
             raise no_tpu()
-        from .mirrored import check_backend
+        from .backends import check_backend
 
         if check_backend("tpu") == "jax":
             if self._jax is None:

@@ -1,0 +1,30 @@
+"""The one rule for kdist's own lines in a notebook: ``say()``.
+
+Jupyter shows a cell's stderr in the error style (red), so where a ``kdist:`` line goes says how
+serious it is. News -- what kdist does for the user and why ("starting 2 engines...",
+"restarting the engines (an engine died)", "auto chose ...", "leaving out the last 1 of 257
+samples") -- goes to **stdout**. Only a warning, something the user should act on or may be
+surprised by later ("the run stopped mid-way; ... may be out of step"), goes to **stderr**.
+Errors are exceptions (:mod:`kdist_magics.errors`), never printed lines.
+"""
+
+from __future__ import annotations
+
+import sys
+
+PREFIX = "kdist: "
+
+
+def say(text: str, *, warn: bool = False) -> None:
+    """Write ``kdist: <text>`` as one line: to stdout, or to stderr when ``warn``."""
+    lead = text[: len(text) - len(text.lstrip("\n"))]  # a leading newline ends a progress bar first
+    stream = sys.stderr if warn else sys.stdout
+    stream.write(f"{lead}{PREFIX}{text.lstrip(chr(10))}\n")
+    stream.flush()
+
+
+def lost_batches(n: int) -> str:
+    """The words for telemetry batches that did not arrive: the record's summary, the dashboard's
+    static view and its live widget (which gets them in its state) all use these."""
+    return (f"{n} telemetry batch{'' if n == 1 else 'es'} lost in transit: curves and last_run() "
+            f"have gaps there (training was not affected)")

@@ -1,0 +1,321 @@
+"""Watching one engine run: :class:`RunSupervisor`, made per run by
+:class:`~kdist_magics.strategies.engines.EngineStrategy`.
+
+While the cell runs on every engine, the supervisor
+
+* **listens** to each rank's IOPub messages (:meth:`RunSupervisor.listen`, on the client's IO
+  thread) and queues them in its inbox, so the kernel's main thread does all writing (stdout,
+  record) and the dashboard's listeners run where widgets expect them;
+* **prints** the ranks' output (:class:`Printer`: rank 0's, every rank's prefixed, or none);
+* **takes in telemetry** (:meth:`RunSupervisor.feed`): numbered batches into the RunRecord, each
+  once, gaps counted (:attr:`RunSupervisor.lost_batches`);
+* **supervises** (:meth:`RunSupervisor.watch`): a rank raising, an engine process dying, the
+  timeout, an interrupt (the Stop button); then **stops** the ranks still running
+  (:meth:`RunSupervisor.stop`: the library's abort, SIGINT once a rank has begun, SIGKILL after
+  the grace period) and says whether the engines need a restart (:attr:`needs_restart`).
+
+The loop sleeps on its inbox: output, telemetry and "a rank finished" wake it at once;
+otherwise it wakes for the next death check.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from ..engine import FEED_MIME
+from ..errors import RankDied, RankFailed, RunTimedOut
+from ..messages import say
+
+POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
+DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
+
+
+class Printer:
+    """Writes engine output in the kernel: rank 0 only, all ranks prefixed, or nothing.
+
+    With ``all``, output is written a whole line at a time (a line ends at ``\n``
+    or at a progress bar's ``\r``), each prefixed ``[rank N]``, so ranks never
+    interleave inside a line; :meth:`flush` writes what is left at the end. A progress
+    bar's redraw (text after a ``\r``) is shown at once, not held until the next redraw:
+    the next one starts with ``\r`` and overwrites it anyway.
+    """
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.pending: dict[tuple[int, str], str] = {}
+
+    def write(self, rank: int, name: str, text: str) -> None:
+        if self.mode == "none" or (self.mode == "rank0" and rank != 0):
+            return
+        if self.mode == "all":
+            text = self._lines(rank, name, text)
+        if text:
+            stream = sys.stderr if name == "stderr" else sys.stdout
+            stream.write(text)
+            stream.flush()
+
+    def _lines(self, rank: int, name: str, text: str, final: bool = False) -> str:
+        buf = self.pending.pop((rank, name), "") + text
+        pieces = re.split(r"(?<=[\r\n])", buf)
+        rest = "" if final else pieces.pop()
+        if rest and pieces and pieces[-1].endswith("\r"):  # a progress bar's redraw: show it now
+            pieces.append(rest)
+            rest = ""
+        if rest:
+            self.pending[(rank, name)] = rest
+        tag = f"[rank {rank}] "
+        return "".join(p if p in ("\r", "\n") else tag + p for p in pieces if p)
+
+    def flush(self) -> None:
+        for rank, name in list(self.pending):
+            text = self._lines(rank, name, "", final=True)
+            stream = sys.stderr if name == "stderr" else sys.stdout
+            stream.write(text + ("" if text.endswith(("\n", "\r")) else "\n"))
+            stream.flush()
+
+
+class RunSupervisor:
+    """Everything that watches one run (see the module doc); made per run, then dropped.
+
+    ``record``: the run's RunRecord; ``out``: whose output is printed (``rank0|all|none``);
+    ``abort_collectives(ranks)``: the strategy's way to make ranks blocked in the library's
+    collectives return (called first when stopping).
+    """
+
+    def __init__(self, record, out: str = "rank0",
+                 abort_collectives: Callable[[list[int]], None] = lambda ranks: None):
+        self.record = record
+        self.printer = Printer(out)
+        self.abort_collectives = abort_collectives
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.started: set[int] = set()  # ranks whose engine has begun the cell (may be interrupted)
+        self.feed_seen: dict[int, set[int]] = {}
+        self.needs_restart: str | None = None  # set when stopping had to kill, or a rank died
+
+    # -- intake ------------------------------------------------------------------
+    def listen(self, fut, rank: int) -> None:
+        """Forward the engine's IOPub messages for ``fut`` to the inbox (from the client's IO thread)."""
+        md = fut.output.metadata
+        started, inbox = self.started, self.inbox
+        lock = threading.Lock()
+        catch_up: dict[int, Any] | None = {}  # displays forwarded while catching up, by id
+
+        def forward(kind, content):
+            with lock:  # the IO thread and the catch-up below may both see a display
+                if kind == "display_data" and catch_up is not None:
+                    if id(content) in catch_up:
+                        return
+                    catch_up[id(content)] = content  # kept alive, so its id stays its own
+                inbox.put((rank, kind, content))
+
+        def callback(msg):
+            kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "execute_input":
+                started.add(rank)
+            if kind == "display_data" and FEED_MIME in content.get("data", {}):
+                # the client keeps every display output of a request; telemetry batches
+                # are delivered here, so do not let a long run pile them up there
+                outputs = md.get("outputs") or []
+                if outputs and outputs[-1] is content:
+                    outputs.pop()
+            forward(kind, content)
+
+        fut.iopub_callbacks.append(callback)
+        if md.get("execute_input") is not None:  # it began before we listened
+            started.add(rank)
+        # displays that arrived before the callback was there (the first telemetry batch
+        # is published as the cell starts, often before execute() has returned here)
+        for content in list(md.get("outputs") or []):
+            forward("display_data", content)
+        with lock:
+            catch_up = None
+        for name in ("stdout", "stderr"):  # anything that arrived before we listened
+            if md.get(name):
+                inbox.put((rank, "stream", {"name": name, "text": md[name]}))
+        if md.get("execute_result"):  # a quick cell's value may have come already, too
+            inbox.put((rank, "execute_result", md["execute_result"]))
+
+    def drain(self, wait: float = 0.0) -> dict | None:
+        """Handle everything in the inbox; with ``wait``, first sleep up to that long for a
+        message. Returns rank 0's ``execute_result`` when one came."""
+        result = None
+        printer = self.printer
+        while True:
+            try:
+                if wait > 0:
+                    rank, kind, content = self.inbox.get(timeout=wait)
+                    wait = 0.0
+                else:
+                    rank, kind, content = self.inbox.get_nowait()
+            except queue.Empty:
+                return result
+            if kind == "stream":
+                printer.write(rank, content.get("name", "stdout"), content.get("text", ""))
+            elif kind == "display_data":
+                if FEED_MIME in content.get("data", {}):
+                    self.feed(rank, content)
+                elif printer.mode == "all" or (printer.mode == "rank0" and rank == 0):
+                    from IPython.display import publish_display_data
+
+                    publish_display_data(content.get("data", {}), content.get("metadata") or {})
+            elif kind == "execute_result" and rank == 0:
+                result = content
+
+    def drain_outputs(self, ar, ranks: list[int]) -> None:
+        """Feed rows published during an apply (``engine.end``'s final flush) into the record."""
+        for rank, fut in zip(ranks, ar._children):
+            for content in fut.output.metadata.get("outputs", []):
+                self.feed(rank, content)
+
+    def feed(self, rank: int, content: dict) -> None:
+        """One telemetry batch into the record, unless it was delivered already."""
+        payload = content.get("data", {}).get(FEED_MIME)
+        if not payload:
+            return
+        seq = payload.get("seq", 0)
+        seen = self.feed_seen.setdefault(rank, set())
+        if seq in seen:
+            return  # already delivered (seen live and again in the final drain)
+        seen.add(seq)
+        for kind, row in payload.get("rows", []):
+            try:
+                self.record.add(kind, row)
+            except ValueError:
+                pass
+
+    @property
+    def lost_batches(self) -> int:
+        """Telemetry batches that never arrived (gaps in the ranks' numbering)."""
+        return sum(max(seen) - len(seen) for seen in self.feed_seen.values() if seen)
+
+    # -- supervision ---------------------------------------------------------------
+    def watch(self, cluster, ranks: list[int], ar, timeout: float | None, grace: float):
+        """Until every rank has finished: print, take in telemetry, mark ranks done or failed.
+
+        A dead engine raises :class:`RankDied` (survivors killed: their collectives can never
+        complete), a raising rank :class:`RankFailed` (the others stopped after a moment, so
+        their own errors are seen too), the timeout :class:`RunTimedOut`, an interrupt
+        ``KeyboardInterrupt``; each after stopping the ranks still running. Returns rank 0's
+        ``execute_result`` content (or None).
+        """
+        record = self.record
+        children = list(ar._children)
+        started = time.monotonic()
+        next_death_check = started
+        failures: dict[int, Any] = {}
+        first_failure = None
+        result_content = None
+        wait = 0.0
+        try:
+            while True:
+                result_content = self.drain(wait) or result_content
+                if self._settle(ranks, children, failures):
+                    first_failure = first_failure or time.monotonic()
+                if all(f.done() for f in children):
+                    break
+                now = time.monotonic()
+                if now >= next_death_check:
+                    deaths = cluster.dead()
+                    next_death_check = time.monotonic() + DEATH_CHECK
+                    if deaths:
+                        by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
+                        deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items()}
+                        for rank, how in deaths_by_rank.items():
+                            record.set_rank(rank, state="failed", error=f"process {how}")
+                        self.drain()
+                        self.stop(cluster, ranks, children, grace, hard=True)
+                        raise RankDied(deaths_by_rank)
+                if first_failure and now - first_failure > min(1.0, grace):
+                    stopped = self.stop(cluster, ranks, children, grace)
+                    self.drain()
+                    raise RankFailed(failures, stopped)
+                if timeout and now - started > timeout:
+                    busy = [r for r, f in zip(ranks, children) if not f.done()]
+                    self.stop(cluster, ranks, children, grace)
+                    self.drain()
+                    raise RunTimedOut(timeout, busy)
+                wake = [next_death_check]
+                if first_failure:
+                    wake.append(first_failure + min(1.0, grace))
+                if timeout:
+                    wake.append(started + timeout)
+                wait = min(max(0.0, min(wake) - time.monotonic()), DEATH_CHECK)
+        except KeyboardInterrupt:
+            say("\ninterrupted; stopping every rank...")
+            self.stop(cluster, ranks, children, grace)
+            self.drain()
+            raise
+        # every rank is done: wait for the trailing output (IOPub idle) and drain it
+        try:
+            ar.wait_for_output(timeout=10)
+        except Exception:
+            pass
+        result_content = self.drain() or result_content
+        if failures:
+            raise RankFailed(failures, [])
+        return result_content
+
+    def _settle(self, ranks, children, failures: dict[int, Any]) -> bool:
+        """Mark ranks whose request finished done or failed; True when one newly failed."""
+        record, failed = self.record, False
+        for rank, fut in zip(ranks, children):
+            if not fut.done() or rank in failures or record.ranks[rank].state in ("done", "failed"):
+                continue
+            exc = fut.exception()
+            if exc is None:  # ipyparallel resolves a failed request with its error
+                reply = fut.result()
+                exc = reply if isinstance(reply, BaseException) else None
+            if exc is None:
+                record.set_rank(rank, state="done")
+            else:
+                failures[rank] = exc
+                record.set_rank(rank, state="failed", error=f"{getattr(exc, 'ename', type(exc).__name__)}: "
+                                                            f"{getattr(exc, 'evalue', exc)}")
+                failed = True
+        return failed
+
+    def stop(self, cluster, ranks, children, grace: float, hard: bool = False) -> list[int]:
+        """Stop ranks still running: SIGINT, then (after ``grace`` s) SIGKILL and mark for restart.
+
+        Returns the ranks that had to be stopped. With ``hard`` (a rank died, so the
+        survivors' collectives can never complete), kill at once.
+        """
+        busy = [(r, e, f) for r, e, f in zip(ranks, cluster.engines, children) if not f.done()]
+        if not busy:
+            return []
+        if not hard:
+            try:
+                self.abort_collectives([r for r, _, _ in busy])
+            except Exception:
+                pass
+            # SIGINT only reaches a cell that is running: one that lands while the engine
+            # is still receiving the request is dropped, or breaks the request so that no
+            # reply ever comes. So each rank is interrupted once it has begun the cell
+            # (its execute_input was seen), at once or as soon as it begins.
+            signalled: set[int] = set()
+            deadline = time.monotonic() + grace
+            while True:
+                ready = [(r, e) for r, e, f in busy if not f.done() and r not in signalled
+                         and r in self.started]
+                if ready:
+                    cluster.signal(signal.SIGINT, [e.engine_id for _, e in ready])
+                    signalled |= {r for r, _ in ready}
+                if time.monotonic() >= deadline or all(f.done() for _, _, f in busy):
+                    break
+                time.sleep(POLL)
+        stuck = [(r, e) for r, e, f in busy if not f.done()]
+        if stuck or hard:
+            if cluster.owned:
+                cluster.kill([e.engine_id for _, e in stuck])
+            self.needs_restart = ("stopped ranks did not answer" if not hard else
+                                  "a rank died in the previous run")
+        for r, _, _ in busy:
+            if self.record.ranks[r].state not in ("failed",):
+                self.record.set_rank(r, state="stopped")
+        return [r for r, _, _ in busy]
