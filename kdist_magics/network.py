@@ -105,3 +105,26 @@ def free_port(address: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((address, 0))
         return s.getsockname()[1]
+
+
+def route_iface(address: str) -> str:
+    """This machine's interface that reaches ``address`` (Gloo binds by interface name).
+
+    Each engine asks for itself, so hosts whose interfaces are named differently
+    (``eth0`` here, ``ens5`` there) still find each other.
+    """
+    import ipaddress
+    import socket
+
+    import psutil
+
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((address, 9))  # a UDP connect only picks the route; nothing is sent
+        local = probe.getsockname()[0]
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == local for a in addrs):
+            return name
+    if ipaddress.ip_address(local).is_loopback:
+        return "lo"
+    raise RuntimeError(f"no network interface carries {local}, the route to {address}")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kdist_magics import engine
+from kdist_magics import engine, values
 from kdist_magics.cluster import EngineCluster, EngineInfo, describe_exit
 from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
 from kdist_magics.record import RunRecord
@@ -130,12 +130,12 @@ def test_engine_feed_numbers_batches_and_publishes_to_the_cell_request():
 def test_fetch_names_missing_values_and_untravellable_ones(shell):
     shell.user_ns.update(kd_a=[1, 2], kd_lock=__import__("threading").Lock())
     try:
-        assert engine.fetch(["kd_a"]) == {"kd_a": ("value", [1, 2])}
+        assert values.fetch(["kd_a"]) == {"kd_a": ("value", [1, 2])}
         with pytest.raises(KeyError, match="kd_nope"):
-            engine.fetch(["kd_a", "kd_nope"])
+            values.fetch(["kd_a", "kd_nope"])
         with pytest.raises(TypeError, match="kd_lock"):
-            engine.fetch(["kd_lock"])
-        assert engine.unpack(("value", {"x": 1})) == {"x": 1}
+            values.fetch(["kd_lock"])
+        assert values.unpack(("value", {"x": 1})) == {"x": 1}
     finally:
         shell.user_ns.pop("kd_a")
         shell.user_ns.pop("kd_lock")
@@ -323,7 +323,7 @@ def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch
 def test_route_iface_names_the_interface_towards_an_address():
     import psutil
 
-    from kdist_magics.engine import route_iface
+    from kdist_magics.network import route_iface
 
     assert route_iface("127.0.0.1") in psutil.net_if_addrs()
     assert route_iface("127.0.0.1") == "lo"

@@ -45,10 +45,10 @@ def test_server_listens_on_loopback_only_and_serves_horovod_protocol():
 
 
 def _watching(monkeypatch, line):
-    """Start engine._watch_abort on ``line``, with Horovod's shutdown replaced by an event."""
+    """Start the rank's abort watcher on ``line``, with Horovod's shutdown replaced by an event."""
     import threading
 
-    from kdist_magics import engine
+    from kdist_magics.strategies import horovod as engine  # Horovod's engine side
 
     called = threading.Event()
     monkeypatch.setattr(engine, "hvd_shutdown", lambda _from_watch=False: called.set())

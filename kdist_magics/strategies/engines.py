@@ -345,19 +345,19 @@ class EngineStrategy(Strategy):
     def _pull(self, cluster: EngineCluster, ctx: RunContext, by_rank, result_content) -> Any:
         from ipyparallel.error import RemoteError
 
-        from .. import engine
+        from .. import values
 
         if ctx.spec.pull:
             try:
-                packed = self._from_rank0(cluster, by_rank, engine.fetch, list(ctx.spec.pull))
+                packed = self._from_rank0(cluster, by_rank, values.fetch, list(ctx.spec.pull))
             except RemoteError as exc:
                 raise KDistError(f"--pull: {exc.evalue.strip(chr(34)).strip(chr(39))}") from None
             for name, item in packed.items():
-                ctx.shell.user_ns[name] = engine.unpack(item)
+                ctx.shell.user_ns[name] = values.unpack(item)
         if result_content is None:
             return None
         try:
-            return engine.unpack(self._from_rank0(cluster, by_rank, engine.last_value,
+            return values.unpack(self._from_rank0(cluster, by_rank, values.last_value,
                                                   result_content.get("execution_count")))
         except Exception:
             # not picklable: show rank 0's rendering of it instead

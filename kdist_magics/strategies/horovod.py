@@ -12,24 +12,25 @@ namespace, and Horovod is shut down after the cell.
 from __future__ import annotations
 
 import ipaddress
+import os
+import threading
 from typing import Any
 
 from ..cluster import EngineCluster
 from ..errors import KDistError, StrategyUnavailable
+from ..network import interface_of, route_iface
 from .base import RunContext
 from .engines import EngineStrategy
 
 
 def iface_for(address: str) -> str:
     """The network interface that carries ``address`` on this machine (Gloo needs a name)."""
-    import psutil
-
     if ipaddress.ip_address(address).is_loopback:
         return "lo"
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addrs):
-            return name
-    raise KDistError(f"KDist.bind_address {address} is not an address of this machine")
+    try:
+        return interface_of(address)
+    except LookupError:
+        raise KDistError(f"KDist.bind_address {address} is not an address of this machine") from None
 
 
 class HorovodStrategy(EngineStrategy):
@@ -54,7 +55,6 @@ class HorovodStrategy(EngineStrategy):
         return [slot.rank for slot in assign([e.hostname for e in cluster.engines])]
 
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
-        from .. import engine
         from ..rendezvous import Rendezvous
 
         hosts = [e.hostname for e in cluster.engines]
@@ -70,10 +70,10 @@ class HorovodStrategy(EngineStrategy):
         if cluster.owned:
             ifaces = [self.rendezvous.iface] * len(hosts)
         else:  # each engine names its own interface towards the rendezvous
-            ifaces = cluster.view().apply_sync(engine.route_iface, address)
+            ifaces = cluster.view().apply_sync(route_iface, address)
         self.rendezvous.start()
         abort = (self.rendezvous.address, self.rendezvous.abort_line.port)
-        ars = [cluster.client[e.engine_id].apply_async(engine.hvd_init,
+        ars = [cluster.client[e.engine_id].apply_async(hvd_init,
                                                        self.rendezvous.env(i, iface=ifaces[i]), abort)
                for i, e in enumerate(cluster.engines)]
         for ar in ars:
@@ -92,17 +92,16 @@ class HorovodStrategy(EngineStrategy):
                 raise KDistError(f"engine became Horovod rank {info['rank']}, expected {rank}")
 
     def abort_collectives(self, cluster: EngineCluster, ranks: list[int]) -> None:
-        """Ask every rank's abort watcher (see ``engine._watch_abort``) to shut Horovod down."""
+        """Ask every rank's abort watcher (see :func:`_watch_abort`) to shut Horovod down."""
         rdv = self.rendezvous
         if rdv is not None and rdv.abort_line is not None:
             rdv.abort_line.abort()
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
-        from .. import engine
 
         try:
             if cluster.running and self.needs_restart is None:
-                ar = cluster.view().apply_async(engine.hvd_shutdown)
+                ar = cluster.view().apply_async(hvd_shutdown)
                 ar.wait(timeout=10)
         finally:
             if self.rendezvous is not None:
@@ -117,3 +116,104 @@ class HorovodStrategy(EngineStrategy):
 
     def status(self) -> dict[str, Any]:
         return super().status()
+
+
+# -- engine side -----------------------------------------------------------------------
+def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[str, Any]:
+    """Set this rank's HOROVOD_*/Gloo variables, (re)initialise Horovod, bind ``hvd``.
+
+    ``hvd`` is kdist's Keras-3 Horovod binding (``keras_horovod``, installed so
+    ``import horovod.tensorflow.keras as hvd`` resolves to it) when Keras 3 is the
+    active Keras; with Keras 2 / tf_keras (``install()`` returns False) it is
+    Horovod's own ``horovod.tensorflow.keras``, which works there. ``abort``: the
+    kernel's abort line for this run, ``(address, port)`` (see ``_watch_abort``).
+    """
+    from IPython import get_ipython
+
+    os.environ.update(env)
+    import horovod.tensorflow as core
+
+    try:
+        if core.is_initialized():
+            core.shutdown()
+    except Exception:
+        pass
+    from .. import keras_horovod
+
+    if keras_horovod.install():
+        hvd = keras_horovod
+    else:
+        import horovod.tensorflow.keras as hvd  # Keras 2 / tf_keras: Horovod's own module
+    hvd.init()
+    if abort is not None:
+        _watch_abort(*abort)  # replaces the previous run's watcher
+    else:
+        _stop_abort_watch()
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns["hvd"] = hvd
+    return {"rank": core.rank(), "size": core.size(), "local_rank": core.local_rank(),
+            "binding": hvd.__name__}
+
+
+def _watch_abort(address: str, port: int) -> None:
+    """Wait on the kernel's abort line (``rendezvous.AbortLine``); on "abort", shut Horovod down.
+
+    A rank blocked in a collective whose peer raised or was interrupted never returns
+    to Python, so neither an exception nor SIGINT reaches it. Horovod's shutdown is
+    coordinated by the background threads of all ranks (still alive), and ends every
+    pending collective with an error: the cell fails on this rank and the engine stays
+    warm. The watcher blocks in ``recv`` (no polling while training runs); the kernel
+    hanging up, or :func:`_stop_abort_watch`, ends it.
+    """
+    import socket
+
+    _stop_abort_watch()
+    sock = socket.create_connection((address, port), timeout=30)
+    sock.settimeout(None)
+    stop = threading.Event()
+
+    def watch():
+        try:
+            told = sock.recv(1)
+        except OSError:
+            told = b""
+        if told and not stop.is_set():
+            hvd_shutdown(_from_watch=True)
+
+    thread = threading.Thread(target=watch, name="kdist-abort-watch", daemon=True)
+    _run_hvd["abort"] = (stop, thread, sock)
+    thread.start()
+
+
+def _stop_abort_watch() -> None:
+    import socket
+
+    stop, thread, sock = _run_hvd.pop("abort", (None, None, None))
+    if stop is None:
+        return
+    stop.set()
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked recv
+    except OSError:
+        pass
+    sock.close()
+    if thread is not threading.current_thread():
+        thread.join(timeout=2)
+
+
+_run_hvd: dict[str, Any] = {}
+
+
+def hvd_shutdown(_from_watch: bool = False) -> None:
+    import sys
+
+    if not _from_watch:
+        _stop_abort_watch()
+    core = sys.modules.get("horovod.tensorflow")
+    if core is not None:
+        try:
+            if core.is_initialized():
+                core.shutdown()
+        except Exception:
+            pass
