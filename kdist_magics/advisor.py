@@ -21,11 +21,12 @@ from typing import Any, Callable, Mapping
 
 from .errors import StrategyUnavailable
 from .hardware import Hardware, TPU_PLACES, gib
+from .spec import ENGINE_STRATEGIES, KERNEL_STRATEGIES, KINDS
 from .strategies.backends import keras_backend
 
-#: every strategy, in the order auto prefers them when nothing else decides
-CANDIDATES = ("default", "mirrored", "tpu", "horovod", "multiworker")
-ENGINE = ("horovod", "multiworker")
+CANDIDATES = tuple(KINDS)  # in the order auto prefers them when nothing else decides
+ENGINE = ENGINE_STRATEGIES
+KERNEL = KERNEL_STRATEGIES
 #: Keras backends whose multiworker runs one framework process per engine
 PROCESS_BACKENDS = ("jax", "torch")
 
@@ -143,16 +144,12 @@ def _is_dataset(tf, value) -> bool:
 
 def facts_for(hw: Hardware, spec=None, user_ns: Mapping[str, Any] | None = None,
               model: dict | None = None, data: dict | None = None,
-              available: tuple[str, ...] | None = None, backend: str | None = None) -> dict[str, Any]:
+              backend: str | None = None) -> dict[str, Any]:
     """Everything the rules look at, as a flat dict of plain values."""
     if model is None and user_ns is not None:
         model = inspect_model(user_ns)
     if data is None and user_ns is not None:
         data = inspect_data(user_ns)
-    if available is None:
-        from .strategies import REGISTRY
-
-        available = tuple(REGISTRY)
     given = frozenset(getattr(spec, "given", ()) or ())
     engine_opts = [f"--{o.replace('_', '-')}" for o in ("np", "push", "pull", "cluster_id", "profile")
                    if o in given]
@@ -160,7 +157,7 @@ def facts_for(hw: Hardware, spec=None, user_ns: Mapping[str, Any] | None = None,
         "hw": hw, "hardware": hw.describe(), "cores": hw.cpu_cores, "gpus": len(hw.gpus),
         "hosts": hw.hosts, "engines": hw.engines, "tpu": hw.tpu is not None,
         "tpu_kind": hw.tpu.kind if hw.tpu else None, "horovod": hw.horovod,
-        "backend": backend or keras_backend(), "available": tuple(available),
+        "backend": backend or keras_backend(),
         "devices_given": "devices" in given, "devices": getattr(spec, "devices", None),
         "engine_opts": " ".join(engine_opts),
         "device_memory": hw.device_memory_bytes,
@@ -250,7 +247,7 @@ RULES: tuple[Rule, ...] = (
     Rule("your options", lambda f: bool(f["engine_opts"]),
          "{engine_opts} given",
          "an engine strategy: horovod if importable, else multiworker",
-         pick=ENGINE, rule_out=("default", "mirrored", "tpu")),
+         pick=ENGINE, rule_out=KERNEL),
     # hardware
     Rule("hardware", lambda f: f["tpu"] and f["hw"].tpu.cores == 1 and f["backend"] == "jax",
          lambda f: f"{f['hardware']}, found by {f['hw'].tpu.found_by or 'description'}",
@@ -369,7 +366,6 @@ class Advice:
     reason: str
     rows: list[Row] = field(default_factory=list)
     hardware: Hardware | None = None
-    fallback: str | None = None
 
     def __repr__(self) -> str:
         import textwrap
@@ -404,42 +400,23 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
     out: set[str] = set()
     for r in applied:
         out.update(r.removed(f))
-    missing = [s for s in CANDIDATES if s not in f["available"]]
     rows = [Row(r.criterion, r.text("observation", f), r.text("consequence", f),
                 "warning" if r.warn else "") for r in applied]
     chosen = deciding = None
-    skipped: list[str] = []
     for r, row in zip(applied, rows):
-        if not r.pick:
-            continue
         alive = [s for s in r.pick if s not in out]
-        usable = [s for s in alive if s not in missing]
-        if usable:
-            chosen, deciding = usable[0], (r, row)
+        if alive:
+            chosen, deciding = alive[0], (r, row)
             break
-        if alive:  # the rule would choose a strategy this build does not have yet
-            skipped.append(alive[0])
-            if r.criterion == "your options" and bool(f["engine_opts"]):
-                raise StrategyUnavailable(
-                    f"{f['engine_opts']} asks for engine ranks, but no engine strategy is available "
-                    f"in this version of kdist_magics (built: {', '.join(sorted(f['available']))})")
-        elif r.criterion == "your options" and f["engine_opts"]:
+        if r.pick and r.criterion == "your options" and f["engine_opts"]:
             raise StrategyUnavailable(
-                f"{f['engine_opts']} asks for engine ranks, but "
-                + ("Keras runs on " + f["backend"] + " and the engine strategies need TensorFlow, JAX or torch"
-                   if f["backend"] not in ("tensorflow",) + PROCESS_BACKENDS
-                   else "Horovod is not importable and multiworker is not built"))
+                f"{f['engine_opts']} asks for engine ranks, but Keras runs on {f['backend']} and the "
+                f"engine strategies need TensorFlow, JAX or torch")
     if deciding is None:  # pragma: no cover - RULES end with a rule that always picks default
         raise StrategyUnavailable("--strategy auto: no rule chose a strategy; give --strategy NAME")
     rule, row = deciding
     row.role = "decides"
-    fallback = None
-    if skipped:
-        fallback = f"{skipped[0]} is not available in this version, so {chosen} instead"
-        rows.append(Row("availability", f"{skipped[0]} is not built yet "
-                        f"(built: {', '.join(sorted(f['available']))})", f"fell back to {chosen}", "decides"))
-    path = Row("backend path", f"Keras on {f['backend']}", backend_path(chosen, f["backend"]))
-    rows.insert(len(rows) - 1 if fallback else len(rows), path)  # the fall-back row stays last
+    rows.append(Row("backend path", f"Keras on {f['backend']}", backend_path(chosen, f["backend"])))
     parts = [f["hardware"]]
     if f["fits"] is False:
         parts.insert(0, f"warning: model of {human(f['params'])} parameters needs ~{gib(f['train_bytes'])} "
@@ -450,10 +427,7 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
     if rule.criterion in ("your options", "training time"):
         parts.append(row.observation)
     parts.append(rule.reason or row.consequence)
-    if fallback:
-        parts.append(fallback)
-    return Advice(strategy=chosen, reason="; ".join(_dedupe(parts)), rows=rows, hardware=f["hw"],
-                  fallback=fallback)
+    return Advice(strategy=chosen, reason="; ".join(_dedupe(parts)), rows=rows, hardware=f["hw"])
 
 
 def backend_path(strategy: str, backend: str) -> str:

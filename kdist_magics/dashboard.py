@@ -33,6 +33,7 @@ import traitlets
 
 from .messages import lost_batches, say
 from .record import RunRecord
+from .spec import KERNEL_STRATEGIES
 
 STATIC = Path(__file__).parent / "static"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -168,7 +169,7 @@ class Dashboard:
         own = self.latest_sample.get(rank)
         if own is not None:
             return own, False
-        if self.record.strategy in ("default", "mirrored", "tpu") and 0 in self.latest_sample:
+        if self.record.strategy in KERNEL_STRATEGIES and 0 in self.latest_sample:
             return self.latest_sample[0], True
         return None, False
 

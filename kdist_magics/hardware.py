@@ -246,26 +246,12 @@ def horovod_importable() -> bool:
                for path in (spec.submodule_search_locations or ()))
 
 
-def engines_of(client: Any, timeout: float = 5.0) -> tuple[int, int]:
-    """(engines, hosts) of a connected ipyparallel client; hosts from engine hostnames."""
-    ids = list(getattr(client, "ids", []) or [])
-    if not ids:
-        return 0, 1
-    try:
-        import socket
-
-        names = client[:].apply_async(socket.gethostname).get(timeout=timeout)
-        return len(ids), max(1, len(set(names)))
-    except Exception:
-        return len(ids), 1
-
-
-def detect(client: Any = None, env: Mapping[str, str] | None = None) -> Hardware:
-    """This kernel's hardware (or ``KDIST_HARDWARE``'s simulated one)."""
+def detect(env: Mapping[str, str] | None = None) -> Hardware:
+    """This kernel's hardware (or ``KDIST_HARDWARE``'s simulated one); engines and hosts of a
+    cluster kdist holds are added by :func:`kdist_magics.advisor.hardware_for`."""
     env = os.environ if env is None else env
     simulated = env.get("KDIST_HARDWARE")
     if simulated:
         return Hardware.from_dict(json.loads(simulated))
-    engines, hosts = engines_of(client) if client is not None else (0, 1)
     return Hardware(cpu_cores=cpu_cores(), memory_bytes=host_memory(), gpus=detect_gpus(env),
-                    tpu=detect_tpu(env), hosts=hosts, engines=engines, horovod=horovod_importable())
+                    tpu=detect_tpu(env), hosts=1, engines=0, horovod=horovod_importable())

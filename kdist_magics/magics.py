@@ -17,6 +17,7 @@ from . import spec as specmod
 from .errors import CellFailed, KDistError
 from .messages import say
 from .placement import RANK_GPUS
+from .strategies.base import RunOptions
 from .record import RunRecord
 from .tf_logs import quiet_info
 
@@ -41,30 +42,30 @@ class KDist(Magics):
                           help="whose output engine strategies show").tag(config=True)
     dashboard = Bool(True, help="show the live dashboard widget").tag(config=True)
     telemetry = Bool(True, help="attach the telemetry callback to fit()").tag(config=True)
-    bind_address = Unicode("127.0.0.1",
+    bind_address = Unicode(RunOptions.bind_address,
                            help="address the rendezvous/TF_CONFIG ports listen on for a local "
                                 "cluster; attached clusters use an address every engine reaches"
                            ).tag(config=True)
-    worker_network = Unicode("",
+    worker_network = Unicode(RunOptions.worker_network,
                              help="multiworker on an attached cluster: each engine's TF_CONFIG "
                                   "address: '' (the one it reaches the controller with), an "
                                   "interface name ('eth0'), a network ('10.0.0.0/16') or an "
                                   "address to route towards").tag(config=True)
-    rank_gpus = CaselessStrEnum(RANK_GPUS, default_value="own",
+    rank_gpus = CaselessStrEnum(RANK_GPUS, default_value=RunOptions.rank_gpus,
                                 help="engine strategies: 'own' (each rank sees one GPU of its host, "
                                      "set before any framework starts; more ranks than GPUs is an "
                                      "error), 'shared' (ranks share GPUs round-robin, each with part of "
                                      "the memory), 'all' (every rank sees every GPU, as under "
                                      "horovodrun)").tag(config=True)
-    threads_per_rank = Integer(None, allow_none=True,
+    threads_per_rank = Integer(RunOptions.threads_per_rank, allow_none=True,
                                help="intra-op threads per rank (None: cores / ranks)").tag(config=True)
-    freeze_gc = Bool(True, help="engine strategies: during a run, Python's cyclic GC skips the "
+    freeze_gc = Bool(RunOptions.freeze_gc, help="engine strategies: during a run, Python's cyclic GC skips the "
                                 "objects each rank held before it (gc.freeze), so no full "
                                 "collection stalls every rank at the next allreduce; cyclic "
                                 "garbage among them is collected after the run").tag(config=True)
-    tf_info_logs = Bool(False, help="show TensorFlow's Python INFO log lines (\"Reduce to ... then "
+    tf_info_logs = Bool(RunOptions.tf_info_logs, help="show TensorFlow's Python INFO log lines (\"Reduce to ... then "
                                     "broadcast to ...\") inside kdist cells").tag(config=True)
-    stop_grace = Float(5.0, help="seconds ranks get to stop after an interrupt (SIGINT) before "
+    stop_grace = Float(RunOptions.stop_grace, help="seconds ranks get to stop after an interrupt (SIGINT) before "
                                  "they are killed and the engines restarted").tag(config=True)
 
     def __init__(self, shell=None, **kwargs):
@@ -122,7 +123,7 @@ class KDist(Magics):
     def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord):
         from .strategies import RunContext
 
-        ctx = RunContext(shell=self.shell, spec=spec, record=record, config=self)
+        ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self))
         try:
             with quiet_info(not self.tf_info_logs):  # the strategy's set-up logs too
                 value = strategy.run(cell, ctx)

@@ -17,11 +17,14 @@ from typing import Any, Mapping
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-STRATEGIES = ("auto", "default", "mirrored", "tpu", "horovod", "multiworker")
-#: strategies whose cell runs on ipyparallel engines, one process per rank
-ENGINE_STRATEGIES = ("horovod", "multiworker")
-#: strategies whose cell runs in the notebook's own namespace
-KERNEL_STRATEGIES = ("default", "mirrored", "tpu")
+#: the one table of strategy kinds: where each runs the cell, in the order auto prefers them
+#: when nothing else decides ("kernel": the notebook's own namespace; "engines": ipyparallel
+#: engines, one process per rank)
+KINDS: dict[str, str] = {"default": "kernel", "mirrored": "kernel", "tpu": "kernel",
+                         "horovod": "engines", "multiworker": "engines"}
+STRATEGIES = ("auto", *KINDS)
+ENGINE_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "engines")
+KERNEL_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "kernel")
 OUT_MODES = ("rank0", "all", "none")
 
 OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
@@ -82,10 +85,6 @@ class RunSpec:
     profile: str | None = None
     #: option names the user wrote on the line (as opposed to defaults)
     given: frozenset[str] = field(default_factory=frozenset)
-
-    @property
-    def on_engines(self) -> bool:
-        return self.strategy in ENGINE_STRATEGIES
 
     @property
     def attach(self) -> bool:

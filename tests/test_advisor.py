@@ -17,7 +17,6 @@ from kdist_magics.errors import StrategyUnavailable
 from kdist_magics.hardware import GiB, GPU, Hardware, detect, detect_gpus, detect_tpu
 from kdist_magics.spec import parse_line
 
-ALL = ("default", "mirrored", "tpu", "horovod", "multiworker")
 
 
 def gpus(n, mem_gib=16, name="V100"):
@@ -51,10 +50,10 @@ CASES = {
 }
 
 
-def advice_for(hw, model=None, data=None, line="", available=ALL, backend="tensorflow") -> Advice:
+def advice_for(hw, model=None, data=None, line="", backend="tensorflow") -> Advice:
     hardware = Hardware.from_dict(hw)
     return decide(facts_for(hardware, parse_line(line), {}, model=model, data=data,
-                            available=available, backend=backend))
+                            backend=backend))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -119,20 +118,6 @@ def test_engine_options_mean_an_engine_strategy(line):
 def test_engine_options_without_horovod_use_multiworker():
     advice = advice_for(dict(cpu_cores=2, horovod=False), line="--np 2")
     assert advice.strategy == "multiworker"
-
-
-def test_engine_options_with_no_engine_strategy_built_is_a_clear_error():
-    with pytest.raises(StrategyUnavailable) as info:
-        advice_for(dict(cpu_cores=2, horovod=True), line="--np 2", available=("default", "mirrored", "tpu"))
-    assert "--np" in str(info.value) and "no engine strategy is available" in str(info.value)
-
-
-def test_unbuilt_choice_falls_back_and_says_so():
-    hw, model, data, *_ = CASES["2 hosts x 4 gpus"]
-    advice = advice_for(hw, model, data, available=("default", "mirrored", "tpu"))
-    assert advice.strategy == "mirrored"  # this host's 4 GPUs
-    assert "horovod is not available in this version, so mirrored instead" in advice.reason
-    assert advice.rows[-1].criterion == "availability"
 
 
 def test_two_hosts_without_horovod_pick_multiworker():
@@ -227,8 +212,7 @@ def test_model_and_data_from_the_namespace(monkeypatch):
     assert model == {"name": "big", "params": 10_100, "bytes": 40_400}
     data = advisor.inspect_data(ns)
     assert data["bytes"] == 32_000 + 4_000 and data["samples"] == 1000 and set(data["names"]) == {"x", "y"}
-    choice, reason = choose(ns, parse_line(""), hardware=Hardware.from_dict(dict(cpu_cores=2, memory_bytes=8 * GiB)),
-                            available=ALL)
+    choice, reason = choose(ns, parse_line(""), hardware=Hardware.from_dict(dict(cpu_cores=2, memory_bytes=8 * GiB)))
     assert choice == "default" and "model of 10k parameters fits one device" in reason
 
 

@@ -294,8 +294,10 @@ def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch
     monkeypatch.setattr(engines_mod, "EngineCluster", _FakeEngineCluster)
     strategy = EngineStrategy()
 
+    from kdist_magics.strategies.base import RunOptions
+
     class Ctx:
-        config = None
+        options = RunOptions()
 
     def ctx(**kw):
         c = Ctx()

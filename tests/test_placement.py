@@ -81,3 +81,14 @@ def test_one_rule_for_the_keras_backend(tmp_path, monkeypatch):
     assert keras_backend({"KERAS_HOME": str(tmp_path)}) == "torch"
     assert keras_backend({"KERAS_HOME": str(tmp_path), "KERAS_BACKEND": "jax"}) == "jax"
     assert "keras" not in sys.modules
+
+
+def test_run_options_come_from_the_magics_traitlets_with_one_set_of_defaults():
+    from kdist_magics.magics import KDist
+    from kdist_magics.strategies.base import RunOptions
+
+    magics = KDist()
+    assert RunOptions.of(magics) == RunOptions()  # the traitlets' defaults are RunOptions'
+    magics.rank_gpus, magics.stop_grace = "shared", 1.5
+    assert RunOptions.of(magics) == RunOptions(rank_gpus="shared", stop_grace=1.5)
+    assert RunOptions.of(object()) == RunOptions()  # a fake without settings: the defaults

@@ -3,7 +3,7 @@
 import pytest
 from IPython.core.error import UsageError
 
-from kdist_magics.spec import OPTIONS, RunSpec, parse_line
+from kdist_magics.spec import ENGINE_STRATEGIES, OPTIONS, RunSpec, parse_line
 
 
 def test_defaults_and_given():
@@ -19,7 +19,7 @@ def test_full_horovod_line():
     assert spec.strategy == "horovod" and spec.np == 3 and spec.timeout == 12.5
     assert spec.push == ("a", "b") and spec.pull == ("model", "history")
     assert spec.out == "all" and spec.dashboard is False and spec.telemetry is True
-    assert spec.checkpoint == "ckpt" and spec.on_engines
+    assert spec.checkpoint == "ckpt" and spec.strategy in ENGINE_STRATEGIES
     assert {"strategy", "np", "timeout", "push", "pull", "out", "dashboard"} <= spec.given
 
 

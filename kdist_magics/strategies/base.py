@@ -3,11 +3,31 @@ between cells so it can reuse what it set up (engines, a TPU connection)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..record import RunRecord
-from ..spec import RunSpec
+from ..spec import KINDS, RunSpec
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The settings (``%config KDist.<name>``) strategies read, as they were when the run
+    began. The defaults here are the traitlets' defaults (:class:`~kdist_magics.magics.KDist`
+    takes them from this class), so each lives once."""
+
+    bind_address: str = "127.0.0.1"
+    worker_network: str = ""
+    threads_per_rank: int | None = None
+    rank_gpus: str = "own"
+    freeze_gc: bool = True
+    tf_info_logs: bool = False
+    stop_grace: float = 5.0
+
+    @classmethod
+    def of(cls, config: Any) -> "RunOptions":
+        """The options from a configurable (the KDist magics), each missing one at its default."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)})
 
 
 @dataclass
@@ -17,15 +37,18 @@ class RunContext:
     shell: Any  # the IPython InteractiveShell
     spec: RunSpec
     record: RunRecord
-    config: Any  # the KDist magics object (its traitlets are the configuration)
+    options: RunOptions = field(default_factory=RunOptions)
 
 
 class Strategy:
     """Base class: ``run`` a cell; ``teardown`` what ``run`` set up."""
 
     name = "?"
-    #: True when the cell runs in the notebook's own namespace
-    in_kernel = True
+
+    @property
+    def in_kernel(self) -> bool:
+        """True when the cell runs in the notebook's own namespace (:data:`spec.KINDS`)."""
+        return KINDS.get(self.name) == "kernel"
 
     def size(self, spec: RunSpec) -> int:
         """How many ranks/replicas a run of ``spec`` will show on the dashboard."""

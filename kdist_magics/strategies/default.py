@@ -15,7 +15,6 @@ from .kernel import run_cell_here
 
 class DefaultStrategy(Strategy):
     name = "default"
-    in_kernel = True
 
     def run(self, cell: str, ctx: RunContext) -> Any:
         import tensorflow as tf

@@ -74,7 +74,6 @@ class EngineStrategy(Strategy):
     """Base class of strategies whose cell runs on ipyparallel engines (see module doc)."""
 
     name = "engines"
-    in_kernel = False
     bound_names: tuple[str, ...] = ()
     #: --pull and the cell's value run on every rank, not rank 0 alone (see _from_rank0)
     collective_values = False
@@ -210,7 +209,7 @@ class EngineStrategy(Strategy):
             raise CellFailed(exc) from exc
 
     def _cluster(self, ctx: RunContext) -> EngineCluster:
-        spec, config = ctx.spec, ctx.config
+        spec = ctx.spec
         n = self.size(spec)
         key = (n, spec.cluster_id, spec.profile)
         cluster = self.cluster
@@ -229,7 +228,7 @@ class EngineStrategy(Strategy):
                     cluster.stop()
                     cluster.start()
         if cluster is None or not cluster.running:
-            address = getattr(config, "bind_address", "127.0.0.1") if spec.attach else "127.0.0.1"
+            address = ctx.options.bind_address if spec.attach else "127.0.0.1"
             cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address)
             if not spec.attach:
                 say(f"starting {n} engines on this machine (loopback only)...")
@@ -244,8 +243,7 @@ class EngineStrategy(Strategy):
         before any engine runs the cell."""
         from ..placement import local_ranks
 
-        threads = getattr(ctx.config, "threads_per_rank", None)
-        policy = getattr(ctx.config, "rank_gpus", "own")
+        threads, policy = ctx.options.threads_per_rank, ctx.options.rank_gpus
         extra = self.engine_env(cluster, ctx)
         hosts = [e.hostname for e in cluster.engines]
         ars = []
@@ -306,10 +304,9 @@ class EngineStrategy(Strategy):
         from .. import engine
 
         spec, record = ctx.spec, ctx.record
-        freeze_gc = bool(getattr(ctx.config, "freeze_gc", True))
-        tf_info = bool(getattr(ctx.config, "tf_info_logs", False))
         begun = [cluster.client[e.engine_id].apply_async(engine.begin, rank, spec.telemetry, FEED_INTERVAL,
-                                                         spec.checkpoint, freeze_gc, tf_info)
+                                                         spec.checkpoint, ctx.options.freeze_gc,
+                                                         ctx.options.tf_info_logs)
                  for e, rank in zip(cluster.engines, ranks)]
         for b in begun:
             b.get(timeout=60)
@@ -321,10 +318,8 @@ class EngineStrategy(Strategy):
             fut.add_done_callback(lambda _f, _r=rank: sup.inbox.put((_r, "finished", None)))
         for rank in ranks:
             record.set_rank(rank, state="running")
-        timeout = spec.timeout if spec.timeout is not None else getattr(ctx.config, "timeout", None)
-        grace = float(getattr(ctx.config, "stop_grace", 5.0) or 5.0)
         try:
-            return sup.watch(cluster, ranks, ar, timeout, grace)
+            return sup.watch(cluster, ranks, ar, spec.timeout, ctx.options.stop_grace)
         finally:
             self.needs_restart = self.needs_restart or sup.needs_restart
 

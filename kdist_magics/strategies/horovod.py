@@ -61,7 +61,7 @@ class HorovodStrategy(EngineStrategy):
         if cluster.owned:
             address = "127.0.0.1"
         else:
-            address = getattr(ctx.config, "bind_address", "127.0.0.1")
+            address = ctx.options.bind_address
             if ipaddress.ip_address(address).is_loopback and len(set(hosts)) > 1:
                 raise KDistError(
                     f"the engines run on {len(set(hosts))} hosts but the rendezvous would listen on "

@@ -69,7 +69,6 @@ _MIRRORED: dict[tuple[str, ...], Any] = {}
 
 class MirroredStrategy(Strategy):
     name = "mirrored"
-    in_kernel = True
 
     def __init__(self):
         self._strategies = _MIRRORED  # one per device set, reused across cells

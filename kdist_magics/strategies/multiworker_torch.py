@@ -102,7 +102,7 @@ class TorchMultiWorkerStrategy(EngineStrategy):
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         import secrets
 
-        mode = "loopback" if cluster.owned else (getattr(ctx.config, "worker_network", "") or "")
+        mode = "loopback" if cluster.owned else ctx.options.worker_network
         by_rank = dict(zip(ranks, cluster.engines))
         try:
             opened = cluster.client[by_rank[0].engine_id].apply_async(_listen, mode).get(timeout=60)

@@ -96,7 +96,6 @@ def connect(tpu: TPU, runtime: TPURuntime, cache: dict | None = None):
 
 class TPUStrategy(Strategy):
     name = "tpu"
-    in_kernel = True
 
     def __init__(self, runtime: TPURuntime | None = None, find=detect_tpu, cache: dict | None = None):
         self.runtime = runtime or TPURuntime()
