@@ -50,9 +50,14 @@ def ip(shell):
     ext = kdist_magics._extension
     saved = {name: getattr(ext, name) for name in ext.trait_names() if ext.trait_metadata(name, "config")}
     keep = dict(shell.user_ns)
+    from traitlets.config import Config
+
+    section = Config(__import__("copy").deepcopy(dict(shell.config.get("KDist", {}))))
     yield shell
     for name, value in saved.items():
         setattr(ext, name, value)
+    # %config also writes into the shell's config, which a reloaded extension would read
+    shell.config["KDist"] = section
     shell.user_ns.clear()
     shell.user_ns.update(keep)
 

@@ -325,7 +325,7 @@ def test_auto_prints_one_line_and_runs(ip, monkeypatch, capsys):
     ip.run_cell_magic("kdist", "--no-dashboard", "ran_under_auto = True")
     out = capsys.readouterr().out
     line = [s for s in out.splitlines() if s.startswith("kdist: --strategy auto chose default: ")]
-    assert len(line) == 1 and "2 cores, no GPU" in line[0]
+    assert len(line) == 1 and "2 cores, no GPU" in line[0], out
     assert ip.user_ns["ran_under_auto"] is True
     rec = kdist_magics.last_run()
     assert rec.strategy == "default" and rec.reason in line[0]
