@@ -91,7 +91,7 @@ def costs(steps_per_s: float) -> dict:
 
     import keras
 
-    from kdist_magics import telemetry
+    from kdist_magics import sampling, telemetry
     from kdist_magics.dashboard import Dashboard
     from kdist_magics.record import RunRecord
 
@@ -119,7 +119,7 @@ def costs(steps_per_s: float) -> dict:
                            "loss": 0.1, "accuracy": 0.5, "mae": 0.1, "lr": 0.01})
         dash.flush()  # snapshot + ipywidgets' serialisation of the state and the curves
     flush = (time.perf_counter() - t0) / 20
-    sampler = telemetry.Sampler(lambda k, r: None)
+    sampler = sampling.Sampler(lambda k, r: None)
     t0 = time.perf_counter()
     for _ in range(50):
         sampler.sample()

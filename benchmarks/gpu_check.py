@@ -35,19 +35,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
-PRELUDE = """
-import json, os, sys
-from IPython.core.interactiveshell import InteractiveShell
-import kdist_magics
-ip = InteractiveShell.instance()
-ip.run_line_magic("load_ext", "kdist_magics")
-out = {}
-def attempt(line, cell):
-    try:
-        return ip.run_cell_magic("kdist", line, cell), None
-    except Exception as exc:
-        return None, exc
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from kernel_driver import FRESH_SHELL_PRELUDE  # noqa: E402  (the tests' fresh shell: ip, out, attempt)
+
+PRELUDE = FRESH_SHELL_PRELUDE + """
 def by_rank(name):
     s = kdist_magics._extension._strategies["multiworker"]
     ranks = s.ranks(s.cluster, None)

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from .compat_ipyparallel import LauncherExits, end_sync_thread
 from .errors import KDistError
 
 
@@ -144,6 +145,7 @@ class EngineCluster:
         self.client = None
         self.engines: list[EngineInfo] = []
         self._pids_started: set[int] = set()
+        self._exits = LauncherExits()
         self.starts = 0
 
     # -- lifecycle -----------------------------------------------------------
@@ -187,7 +189,8 @@ class EngineCluster:
                                f"{type(exc).__name__}: {exc}") from exc
         self.starts += 1
         self._identify()
-        self._deliver_exits()
+        if self.cluster is not None:  # owned: its launchers report engine exits at once
+            self._exits.attach(self.cluster)
         if self.owned and not getattr(self, "_atexit", False):
             # kernel shutdown: stop what we started even if nobody called %kdist stop
             import atexit
@@ -197,61 +200,6 @@ class EngineCluster:
             atexit.register(lambda: ref() is not None and ref().stop())
             self._atexit = True
         return self
-
-    def _deliver_exits(self) -> None:
-        """Make ipyparallel's launchers record engine exit codes as they happen.
-
-        A local launcher's watcher thread learns the exit code at once but hands it to
-        ``notify_stop`` through the IOLoop the cluster was started on, which in a
-        synchronous (notebook) session only turns during the next cluster call. kdist
-        points the launchers at a small IOLoop of its own, so ``stop_data`` (the exit
-        status) is there within milliseconds of an engine's death.
-        """
-        if self.cluster is None:
-            return
-        import asyncio
-        import queue as _queue
-        import threading
-
-        from tornado.ioloop import IOLoop
-
-        if getattr(self, "_loop", None) is None:
-            box: _queue.SimpleQueue = _queue.SimpleQueue()
-
-            def run():
-                asyncio.set_event_loop(asyncio.new_event_loop())
-                loop = IOLoop.current()
-                box.put(loop)
-                try:
-                    loop.start()
-                finally:  # stopped by stop(): release its selector and wake-up pipe
-                    loop.close()
-
-            threading.Thread(target=run, name="kdist-engine-exits", daemon=True).start()
-            self._loop = box.get(timeout=10)
-        self._loops_replaced = getattr(self, "_loops_replaced", [])
-        self._exit_codes: dict[int, Any] = getattr(self, "_exit_codes", {})
-        for engine_set in getattr(self.cluster, "engines", {}).values():
-            for launcher in getattr(engine_set, "launchers", {}).values():
-                try:
-                    self._loops_replaced.append((launcher, launcher.loop))
-                    launcher.loop = self._loop
-                    # ipyparallel drops a stopped engine's launcher from its set at once, so
-                    # keep each exit status here, by pid, for exit_status()
-                    launcher.on_stop(lambda data, codes=self._exit_codes:
-                                     codes.__setitem__(data.get("pid"), data.get("exit_code")))
-                except Exception:
-                    pass
-
-    def _restore_loops(self) -> None:
-        """Give the launchers their own loop back before ipyparallel stops them (its stop
-        bookkeeping must not race with exit notifications on our thread)."""
-        for launcher, loop in getattr(self, "_loops_replaced", []):
-            try:
-                launcher.loop = loop
-            except Exception:
-                pass
-        self._loops_replaced = []
 
     def _identify(self) -> None:
         ids = sorted(self.client.ids)[: self.n]
@@ -292,7 +240,7 @@ class EngineCluster:
             except Exception:
                 pass
         if cluster is not None:
-            self._restore_loops()
+            self._exits.restore()
             # End every process we started, by pid (engines hold no state worth a slow
             # goodbye, and nannies would otherwise outlive stop_cluster by ~30 s), then
             # let ipyparallel tidy its files and bookkeeping (quick: nothing left to wait for).
@@ -303,12 +251,11 @@ class EngineCluster:
                 import logging
 
                 logging.getLogger("kdist_magics").debug("stop_cluster: %r", exc)
-            _end_sync_thread(cluster)
+            end_sync_thread(cluster)
         self._pids_started = set()
         self.engines = []
-        loop, self._loop = getattr(self, "_loop", None), None
-        if loop is not None:
-            loop.add_callback(loop.stop)
+        self._exits.close()
+        self._exits = LauncherExits()  # a restarted cluster's engines are new processes
 
     def restart(self) -> "EngineCluster":
         if not self.owned:
@@ -349,10 +296,10 @@ class EngineCluster:
         """Exit status of a dead engine this kernel started, when known."""
         if self.cluster is None:
             return None
-        codes = getattr(self, "_exit_codes", {})
+        codes = self._exits.codes
         deadline = time.monotonic() + 2.0  # the launcher's watcher thread reports within ms
         while True:
-            if engine.pid in codes:  # recorded by on_stop (see _deliver_exits)
+            if engine.pid in codes:  # recorded by on_stop (LauncherExits)
                 return codes[engine.pid]
             ours = False
             for engine_set in getattr(self.cluster, "engines", {}).values():
@@ -418,22 +365,6 @@ class EngineCluster:
             return {"engines": "not started"}
         return {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
                 "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}
-
-
-def _end_sync_thread(obj) -> None:
-    """End the IOLoop thread ipyparallel starts for ``*_sync`` calls made inside a running
-    event loop (a notebook kernel) and never ends: each cluster would otherwise keep a
-    thread, a selector and a wake-up socket pair for the rest of the session."""
-    loop, thread = getattr(obj, "_thread_loop", None), getattr(obj, "_async_thread", None)
-    if loop is None or thread is None:
-        return
-    try:
-        loop.add_callback(loop.stop)
-        thread.join(timeout=5)
-        if not thread.is_alive():
-            loop.close()
-    except Exception:
-        pass
 
 
 def kill_pids(pids: Iterable[int], grace: float = 3.0) -> None:

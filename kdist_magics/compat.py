@@ -41,6 +41,38 @@ def jax_state() -> dict:
     return {"started": bool(xla_bridge.backends_are_initialized()), "distributed": dist}
 
 
+def jax_backend_ready() -> bool:
+    """Whether JAX's backends already exist (then reading TPU memory cannot start them).
+
+    ``jax._src.xla_bridge._backends`` (jax 0.7.2 to 0.12.0); no public accessor. Never starts
+    a backend itself."""
+    try:
+        from jax._src import xla_bridge
+
+        return bool(getattr(xla_bridge, "_backends", None))
+    except Exception:
+        return False
+
+
+def tf_started() -> bool:
+    """Whether TensorFlow's eager context exists in this process (then its collectives, and a
+    MultiWorkerMirroredStrategy, can no longer be set up).
+
+    ``tensorflow.python.eager.context.context()._context_handle`` (TF 2.16 to 2.21); TF has no
+    public "is the runtime up" question. A TF without it counts as started (the safe answer:
+    the engine restarts)."""
+    import sys
+
+    if "tensorflow" not in sys.modules:
+        return False
+    try:
+        from tensorflow.python.eager import context
+
+        return context.context()._context_handle is not None
+    except Exception:  # pragma: no cover - a TF without these internals
+        return True
+
+
 def colab_widgets_enabled() -> bool:
     """On Colab, turn on its custom widget manager (third-party widgets such as anywidget
     show only with it), once per kernel; True when this call turned it on.

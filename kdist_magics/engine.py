@@ -4,7 +4,7 @@ The kernel calls these functions through ipyparallel ``apply``; the cell itself
 runs as an ordinary ``execute`` so it behaves like a ``%%px`` cell (namespace
 kept, output and tracebacks rendered by the engine's IPython).
 
-Telemetry transport: ``telemetry.attached/sampling`` call ``sink(kind, row)``
+Telemetry transport: ``telemetry.attached`` and ``sampling.sampling`` call ``sink(kind, row)``
 on the engine (from the cell's thread or a sampler thread). Rows are buffered,
 numbered per rank (``seq``) and published every ``interval`` seconds as one
 ``display_data`` message with MIME type :data:`FEED_MIME` on the engine's
@@ -173,10 +173,11 @@ def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
         stack.callback(shell.events.unregister, "pre_run_cell", feed.arm)
         stack.callback(shell.events.unregister, "post_run_cell", feed.disarm)
     if telemetry:
-        from . import telemetry as tm
+        from .sampling import sampling
+        from .telemetry import attached
 
-        stack.enter_context(tm.attached(feed.sink, rank=rank))
-        stack.enter_context(tm.sampling(feed.sink, rank=rank))
+        stack.enter_context(attached(feed.sink, rank=rank))
+        stack.enter_context(sampling(feed.sink, rank=rank))
     if checkpoint and rank == 0:
         stack.enter_context(_checkpointing(checkpoint))
     return {"rank": rank, "pid": os.getpid()}

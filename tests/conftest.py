@@ -79,37 +79,27 @@ def python_without(*modules: str) -> str:
 PY = sys.executable
 
 
-FRESH_SHELL_PRELUDE = """
-import json, sys
-from IPython.core.interactiveshell import InteractiveShell
-import kdist_magics
-ip = InteractiveShell.instance()
-ip.run_line_magic("load_ext", "kdist_magics")
-out = {}
-def attempt(line, cell):
-    try:
-        return ip.run_cell_magic("kdist", line, cell), None
-    except Exception as exc:
-        return None, exc
+from kernel_driver import FRESH_SHELL_PRELUDE, run_in_fresh_shell  # noqa: E402,F401  (one runner)
+
+
+#: a cell for multiworker across processes (JAX, torch): a small regression trained with
+#: ``fit`` on whole arrays, leaving per rank its weights, losses, steps and first random draw
+PROCESS_FIT = """
+import numpy as np, keras
+rng = np.random.default_rng(0)
+x = rng.normal(size=(257, 4)).astype("float32")   # 257: one sample left out, 128 per process
+y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
+kd_first = float(np.random.random())   # kdist seeds every process alike for each run
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+class Seen(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.steps = 0
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+seen = Seen()
+history = model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[seen])
+kd_weights = [w.tolist() for w in model.get_weights()]
+kd_loss = history.history["loss"]
+kd_steps = seen.steps
 """
-
-
-def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = ()) -> dict:
-    """Run ``body`` after :data:`FRESH_SHELL_PRELUDE` in a new Python (for frameworks that fix
-    their devices at start-up); the body fills ``out``, which comes back as a dict (plus
-    ``_stdout`` and ``_stderr``)."""
-    import json
-    import subprocess
-    import textwrap
-
-    code = FRESH_SHELL_PRELUDE + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n"
-    full_env = {k: v for k, v in os.environ.items() if k not in unset}
-    full_env.update(env)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=400, env=full_env)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
-    result["_stdout"] = proc.stdout
-    result["_stderr"] = proc.stderr
-    return result

@@ -299,3 +299,40 @@ def connection_keys(env: dict) -> list[str]:
 
 
 PY = sys.executable
+
+
+# -- a fresh interpreter with its own IPython shell ----------------------------------
+FRESH_SHELL_PRELUDE = """
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+import kdist_magics
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "kdist_magics")
+out = {}
+def attempt(line, cell):
+    try:
+        return ip.run_cell_magic("kdist", line, cell), None
+    except Exception as exc:
+        return None, exc
+"""
+
+
+def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = ()) -> dict:
+    """Run ``body`` after :data:`FRESH_SHELL_PRELUDE` in a new Python (for frameworks that fix
+    their devices at start-up); the body fills ``out``, which comes back as a dict (plus
+    ``_stdout`` and ``_stderr``)."""
+    import json
+    import subprocess
+    import textwrap
+
+    code = FRESH_SHELL_PRELUDE + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n"
+    full_env = {k: v for k, v in os.environ.items() if k not in unset}
+    full_env.update(env)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=400, env=full_env)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    result["_stdout"] = proc.stdout
+    result["_stderr"] = proc.stderr
+    return result

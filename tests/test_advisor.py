@@ -11,7 +11,7 @@ import types
 import pytest
 from IPython.core.error import UsageError
 
-from kdist_magics import advisor
+from kdist_magics import advisor, facts
 from kdist_magics.advisor import RULES, Advice, choose, decide, facts_for
 from kdist_magics.errors import StrategyUnavailable
 from kdist_magics.hardware import GiB, GPU, Hardware, detect, detect_gpus, detect_tpu
@@ -208,9 +208,9 @@ def test_model_and_data_from_the_namespace(monkeypatch):
     monkeypatch.setitem(sys.modules, "keras", fake)
     ns = {"small": Model((4, 1), (1,)), "big": Model((100, 100), (100,)), "raw": Unbuilt(),
           "x": np.zeros((1000, 8), "float32"), "y": np.zeros((1000,), "float32"), "n": 3, "_hidden": Model((9999, 9))}
-    model = advisor.inspect_model(ns)
+    model = facts.inspect_model(ns)
     assert model == {"name": "big", "params": 10_100, "bytes": 40_400}
-    data = advisor.inspect_data(ns)
+    data = facts.inspect_data(ns)
     assert data["bytes"] == 32_000 + 4_000 and data["samples"] == 1000 and set(data["names"]) == {"x", "y"}
     choice, reason = choose(ns, parse_line(""), hardware=Hardware.from_dict(dict(cpu_cores=2, memory_bytes=8 * GiB)))
     assert choice == "default" and "model of 10k parameters fits one device" in reason
@@ -354,7 +354,7 @@ def test_advise_reads_a_real_keras_model_and_arrays(ip, monkeypatch):
     params = ip.user_ns["net"].count_params()
     assert params == 20 * 64 + 64 + 64 + 1
     model_row = next(r for r in advice.rows if r.criterion == "model size")
-    assert f"model 'net' of {advisor.human(params)} parameters" in model_row.observation
+    assert f"model 'net' of {facts.human(params)} parameters" in model_row.observation
     data_row = next(r for r in advice.rows if r.criterion == "data size")
     assert "500 samples" in data_row.observation and "42 kB" in data_row.observation
     assert advice.strategy == "default"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run_in_fresh_shell
+from conftest import PROCESS_FIT, run_in_fresh_shell
 from kdist_magics.strategies.fit_data import shard as _shard
 
 
@@ -44,24 +44,7 @@ def test_multiworker_follows_the_keras_backend(monkeypatch):
     assert type(multiworker.for_backend()).__name__ == "MultiWorkerStrategy"
 
 
-TRAIN = """
-import numpy as np, keras
-rng = np.random.default_rng(0)
-x = rng.normal(size=(257, 4)).astype("float32")   # 257: one sample left out, 128 per process
-y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
-kd_first = float(np.random.random())   # kdist seeds every process alike for each run
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-class Seen(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.steps = 0
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps += 1
-seen = Seen()
-history = model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[seen])
-kd_weights = [w.tolist() for w in model.get_weights()]
-kd_loss = history.history["loss"]
-kd_steps = seen.steps
+TRAIN = PROCESS_FIT + """
 kd_replicas = strategy.num_replicas_in_sync
 kd_eval = float(model.evaluate(x, y, batch_size=16, verbose=0))
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run_in_fresh_shell
+from conftest import PROCESS_FIT, run_in_fresh_shell
 
 pytestmark = pytest.mark.torch
 
@@ -51,23 +51,7 @@ kd_group = (torch.distributed.get_rank(), torch.distributed.get_world_size(),
             torch.distributed.get_backend(), strategy.num_replicas_in_sync)
 """
 
-FIT = """
-import numpy as np, keras
-rng = np.random.default_rng(0)
-x = rng.normal(size=(257, 4)).astype("float32")   # 257: one sample left out, 128 per process
-y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-class Seen(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.steps = 0
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps += 1
-seen = Seen()
-history = model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[seen])
-kd_weights = [w.tolist() for w in model.get_weights()]
-kd_loss = history.history["loss"]
-kd_steps = seen.steps
+FIT = PROCESS_FIT + """
 kd_pred = model.predict(x[:5], verbose=0).tolist()   # every process predicts with the same model
 """
 

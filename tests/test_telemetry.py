@@ -10,6 +10,7 @@ import types
 
 import pytest
 
+from kdist_magics import sampling as sampling_mod
 from kdist_magics import telemetry
 
 
@@ -92,7 +93,7 @@ class Ticks:
 def test_cpu_percent_needs_a_window_of_a_quarter_interval():
     ticks = Ticks()
     ps = FakePsutil()
-    s = telemetry.Sampler(lambda k, r: None, interval=1.0, psutil=ps, nvml=False,
+    s = sampling_mod.Sampler(lambda k, r: None, interval=1.0, psutil=ps, nvml=False,
                           tpu_probe=no_tpu, monotonic=ticks)
     assert s.sample()["cpu_percent"] is None  # at once: no window yet
     ticks.t = 1.0
@@ -106,7 +107,7 @@ def test_cpu_percent_needs_a_window_of_a_quarter_interval():
 
 def test_sample_row_with_fake_gpus_picks_this_process_gpu():
     ticks = Ticks()
-    s = telemetry.Sampler(lambda k, r: None, rank=3, psutil=FakePsutil(), nvml=FakeNvml(),
+    s = sampling_mod.Sampler(lambda k, r: None, rank=3, psutil=FakePsutil(), nvml=FakeNvml(),
                           tpu_probe=no_tpu, pid=4242, clock=lambda: 100.0, monotonic=ticks)
     ticks.t = 5.0
     row = s.sample()
@@ -123,17 +124,17 @@ def test_sample_row_with_fake_gpus_picks_this_process_gpu():
 
 def test_all_visible_gpus_before_this_process_has_a_context(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1),
+    s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1),
                           tpu_probe=no_tpu, pid=999)
     assert [g["index"] for g in s.sample()["gpus"]] == [0, 1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1),
+    s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1),
                           tpu_probe=no_tpu, pid=999)
     assert [g["index"] for g in s.sample()["gpus"]] == [1]
 
 
 def test_gpu_that_nvml_cannot_read_says_why():
-    s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(fail_init=True),
+    s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(fail_init=True),
                           tpu_probe=no_tpu, gpu_present=lambda: True)
     row = s.sample()
     assert row["accelerator"] is None and row["gpus"] == []
@@ -144,7 +145,7 @@ def test_gpu_that_nvml_cannot_read_says_why():
 
 def test_no_gpu_at_all_is_cpu_only_whatever_nvml_says():
     for nvml in (FakeNvml(fail_init=True), None):
-        s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=nvml,
+        s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=nvml,
                               tpu_probe=no_tpu, gpu_present=lambda: False)
         assert s.sample()["accelerator_note"] == "CPU only"
 
@@ -155,7 +156,7 @@ def test_real_machine_without_gpu_says_cpu_only():
 
     if nvidia_gpu_present():
         pytest.skip("this machine has an NVIDIA GPU")
-    sampler = telemetry.Sampler(lambda k, r: None, interval=0.2, tpu_probe=no_tpu)
+    sampler = sampling_mod.Sampler(lambda k, r: None, interval=0.2, tpu_probe=no_tpu)
     import time
 
     time.sleep(0.1)
@@ -177,7 +178,7 @@ def test_nvidia_gpu_present_reads_the_driver_files(tmp_path):
 
 def test_tpu_probe_is_used_when_there_is_no_gpu():
     tpus = [{"index": 0, "name": "/device:TPU:0", "mem_used_bytes": 2048}]
-    s = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False, tpu_probe=lambda: tpus)
+    s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False, tpu_probe=lambda: tpus)
     row = s.sample()
     assert row["accelerator"] == "tpu" and row["tpus"] == tpus
 
@@ -194,13 +195,13 @@ def test_jax_tpu_probe_reads_memory_stats(monkeypatch):
 
     fake_jax = types.SimpleNamespace(local_devices=lambda: [Dev(0), Dev(1)])
     monkeypatch.setitem(sys.modules, "jax", fake_jax)
-    monkeypatch.setattr(telemetry, "_jax_backend_ready", lambda: True)
-    row = telemetry.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False).sample()
+    monkeypatch.setattr(sampling_mod, "jax_backend_ready", lambda: True)
+    row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False).sample()
     assert row["accelerator"] == "tpu"
     assert [(t["index"], t["mem_used_bytes"], t["mem_total_bytes"]) for t in row["tpus"]] == \
         [(0, 1000, 16_000), (1, 2000, 16_000)]
-    monkeypatch.setattr(telemetry, "_jax_backend_ready", lambda: False)  # never starts JAX
-    assert telemetry._jax_tpu_probe() is None
+    monkeypatch.setattr(sampling_mod, "jax_backend_ready", lambda: False)  # never starts JAX
+    assert sampling_mod._jax_tpu_probe() is None
 
 
 def test_broken_probes_never_raise():
@@ -214,7 +215,7 @@ def test_broken_probes_never_raise():
     ps = FakePsutil()
     ps.Process = lambda pid: BadProcess(pid)
     ticks = Ticks()
-    sampler = telemetry.Sampler(lambda k, r: None, psutil=ps, nvml=False, tpu_probe=boom,
+    sampler = sampling_mod.Sampler(lambda k, r: None, psutil=ps, nvml=False, tpu_probe=boom,
                                 monotonic=ticks)
     ticks.t = 5.0
     row = sampler.sample()
@@ -234,7 +235,7 @@ def test_sampling_block_sends_samples_from_a_thread_and_stops():
             got_two.set()
 
     nvml = FakeNvml()
-    with telemetry.sampling(sink, rank=1, interval=0.05, psutil=FakePsutil(), nvml=nvml,
+    with sampling_mod.sampling(sink, rank=1, interval=0.05, psutil=FakePsutil(), nvml=nvml,
                             tpu_probe=no_tpu) as sampler:
         assert got_two.wait(30), "the sampler thread sent nothing"
     n = len(rows)
@@ -254,7 +255,7 @@ def test_failing_sink_does_not_stop_the_sampler():
         calls.append(1)
         raise RuntimeError("transport down")
 
-    with telemetry.sampling(sink, interval=0.05, psutil=FakePsutil(), nvml=False, tpu_probe=no_tpu):
+    with sampling_mod.sampling(sink, interval=0.05, psutil=FakePsutil(), nvml=False, tpu_probe=no_tpu):
         import time
 
         deadline = time.time() + 20

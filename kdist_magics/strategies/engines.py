@@ -45,6 +45,7 @@ import time
 from typing import Any
 
 from ..cluster import EngineCluster
+from ..compat_ipyparallel import children
 from ..errors import CellFailed, KDistError
 from ..messages import say
 from .base import RunContext, Strategy
@@ -313,7 +314,7 @@ class EngineStrategy(Strategy):
         sup = self.supervisor = RunSupervisor(record, spec.out,
                                               lambda busy: self.abort_collectives(cluster, busy))
         ar = cluster.view().execute(cell, silent=False, block=False)
-        for rank, fut in zip(ranks, ar._children):
+        for rank, fut in zip(ranks, children(ar)):
             sup.listen(fut, rank)
             fut.add_done_callback(lambda _f, _r=rank: sup.inbox.put((_r, "finished", None)))
         for rank in ranks:

@@ -26,7 +26,8 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
         if scope is not None:
             stack.enter_context(scope)
         if ctx.spec.telemetry:
-            from ..telemetry import attached, sampling
+            from ..sampling import sampling
+            from ..telemetry import attached
 
             stack.enter_context(attached(ctx.record.add, rank=0))
             # replicas share this process: one sampler shows it (and each GPU it uses)

@@ -43,6 +43,7 @@ import sys
 from typing import Any
 
 from ..cluster import EngineCluster
+from ..compat import tf_started
 from ..errors import KDistError
 from ..messages import say
 from ..network import engine_address, free_port, join
@@ -205,25 +206,13 @@ def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
     import socket
 
     out: dict[str, Any] = {"host": socket.gethostname(), "tf_config": _mw.get("tf_config"),
-                           "tf_started": _tf_started(), "address": "", "port": 0}
+                           "tf_started": tf_started(), "address": "", "port": 0}
     try:
         address = engine_address(mode)
         out["address"], out["port"] = address, free_port(address)
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out
-
-
-def _tf_started() -> bool:
-    """Whether TensorFlow's eager context exists here (then collectives can no longer be set up)."""
-    if "tensorflow" not in sys.modules:
-        return False
-    try:
-        from tensorflow.python.eager import context
-
-        return context.context()._context_handle is not None
-    except Exception:  # pragma: no cover - a TF without these internals
-        return True
 
 
 def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine

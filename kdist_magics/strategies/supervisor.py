@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..compat_ipyparallel import children as list_children
 from ..engine import FEED_MIME
 from ..errors import RankDied, RankFailed, RunTimedOut
 from ..messages import say
@@ -169,7 +170,7 @@ class RunSupervisor:
 
     def drain_outputs(self, ar, ranks: list[int]) -> None:
         """Feed rows published during an apply (``engine.end``'s final flush) into the record."""
-        for rank, fut in zip(ranks, ar._children):
+        for rank, fut in zip(ranks, list_children(ar)):
             for content in fut.output.metadata.get("outputs", []):
                 self.feed(rank, content)
 
@@ -205,7 +206,7 @@ class RunSupervisor:
         ``execute_result`` content (or None).
         """
         record = self.record
-        children = list(ar._children)
+        children = list_children(ar)
         started = time.monotonic()
         next_death_check = started
         failures: dict[int, Any] = {}
