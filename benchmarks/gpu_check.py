@@ -40,12 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from kernel_driver import FRESH_SHELL_PRELUDE  # noqa: E402  (the tests' fresh shell: ip, out, attempt)
 
-PRELUDE = FRESH_SHELL_PRELUDE + """
-def by_rank(name):
-    s = kdist_magics._extension._strategies["multiworker"]
-    ranks = s.ranks(s.cluster, None)
-    return [v for _, v in sorted(zip(ranks, s.cluster.view().pull(name, block=True)))]
-"""
+PRELUDE = FRESH_SHELL_PRELUDE  # ip, out, attempt(line, cell), by_rank(name)
 
 MODEL = """
 import numpy as np, keras

@@ -302,27 +302,29 @@ class Kernel:
 KERNEL_SETUP = r"""
 %load_ext kdist_magics
 import time as _kb_time
-import kdist_magics, kdist_magics.magics as _kb_magics, kdist_magics.record as _kb_record
+import kdist_magics
 
-class _KBTimedRecord(_kb_record.RunRecord):
+class _KBArrivals:
     # Benchmark only: note when each step row has landed in the record (P5).
     arrivals = []
 
-    def add(self, kind, row):
-        super().add(kind, row)
-        if kind == "metric" and row.get("kind") == "step":
-            _KBTimedRecord.arrivals.append([_kb_time.time(), row.get("rank"), row.get("step"),
-                                            row.get("time")])
+    @staticmethod
+    def watch(record):
+        def listener(kind, row):
+            if kind == "metric" and row.get("kind") == "step":
+                _KBArrivals.arrivals.append([_kb_time.time(), row.get("rank"), row.get("step"),
+                                             row.get("time")])
+        record.subscribe(listener)
 
-_kb_magics.RunRecord = _KBTimedRecord
+kdist_magics._extension.observe_runs(_KBArrivals.watch)
 
 def _kb_run_facts():
     rec = kdist_magics.last_run()
     strategy = kdist_magics._extension._strategies.get("horovod")
-    arrivals, _KBTimedRecord.arrivals[:] = list(_KBTimedRecord.arrivals), []
+    arrivals, _KBArrivals.arrivals[:] = list(_KBArrivals.arrivals), []
     return {"status": rec.status, "error": rec.error, "rows": len(rec.metrics),
             "arrivals": arrivals, "timing": getattr(strategy, "last_timing", {}),
-            "lost_batches": getattr(strategy, "lost_batches", None)}
+            "lost_batches": rec.lost_batches}
 """
 
 

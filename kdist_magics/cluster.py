@@ -51,6 +51,9 @@ def _watch_kernel(kernel_pid: int, kernel_started: float, controller_pid: int | 
 
     ipyparallel has no such option, and a kernel that is killed runs no ``atexit``.
     Processes are recognised by pid *and* creation time, so a reused pid is never hit.
+
+    Long on purpose: it runs on an engine as one self-contained function (it is shipped there by
+    ipyparallel), so its helpers live inside it.
     """
     import os
     import threading

@@ -177,6 +177,9 @@ class Dashboard:
         """(state, curves): what the front end draws, small and JSON-able.
 
         ``curves`` is None when ``with_curves`` is false (nothing new to draw).
+
+        Long on purpose: one pass over the record under its lock builds the whole widget state
+        (ranks, progress, curves), so the view never mixes two moments.
         """
         rec = self.record
         now = self.clock()

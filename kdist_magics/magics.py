@@ -75,6 +75,14 @@ class KDist(Magics):
             _quiet_cell_failed(shell, install=True)
         self._strategies: dict[str, Any] = {}
         self.last_record: RunRecord | None = None
+        self._observers: list = []
+
+    def observe_runs(self, callback):
+        """Call ``callback(record)`` with every new run's RunRecord before the run starts (to
+        ``subscribe`` to its rows as they land: tests, benchmarks, tools). Returns a function
+        that stops it."""
+        self._observers.append(callback)
+        return lambda: self._observers.remove(callback) if callback in self._observers else None
 
     # -- configuration -------------------------------------------------------
     def defaults(self) -> dict[str, Any]:
@@ -114,6 +122,8 @@ class KDist(Magics):
         strategy = self.strategy_object(spec.strategy)
         record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec, reason=reason)
         self.last_record = record
+        for observe in list(self._observers):
+            observe(record)
         if spec.dashboard:
             from .dashboard import show
 

@@ -68,6 +68,9 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
     ``clock`` is injectable for tests. Rows' ``step`` counts from ``step_offset``, so
     several ``fit`` calls in one cell draw one continuous curve (``fit`` says which);
     progress rows count the steps of this ``fit``.
+
+    Long on purpose: the callback class is defined here, when ``fit`` runs, so Keras is imported
+    only then; its methods share the throttle's state.
     """
     import keras
 

@@ -314,6 +314,10 @@ def attempt(line, cell):
         return ip.run_cell_magic("kdist", line, cell), None
     except Exception as exc:
         return None, exc
+def by_rank(name, strategy="multiworker"):
+    s = kdist_magics._extension._strategies[strategy]
+    return [v for _, v in sorted(zip(s.ranks(s.cluster, None), s.cluster.view().pull(name, block=True)),
+                                 key=lambda t: t[0])]
 """
 
 
@@ -336,3 +340,13 @@ def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = ()) -> dic
     result["_stdout"] = proc.stdout
     result["_stderr"] = proc.stderr
     return result
+
+
+def engine_values(strategy, name: str) -> list:
+    """``name`` from every engine's namespace, in rank order (read directly, not through kdist)."""
+    values = strategy.cluster.view().pull(name, block=True)
+    return [v for _, v in sorted(zip(strategy.ranks(strategy.cluster, None), values), key=lambda t: t[0])]
+
+
+def engine_pids(strategy) -> set[int]:
+    return {e.pid for e in strategy.cluster.engines}

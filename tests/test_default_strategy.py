@@ -98,3 +98,17 @@ def test_syntax_error_reported_once(ip, capsys):
     assert isinstance(info.value.original, SyntaxError)
     out = capsys.readouterr()
     assert (out.out + out.err).count("SyntaxError") == 1
+
+
+def test_observe_runs_sees_every_new_record_and_its_rows(ip):
+    """The public hook for tools and tests: each run's record before it starts, rows as they land."""
+    seen, rows = [], []
+    stop = kdist_magics._extension.observe_runs(
+        lambda record: (seen.append(record), record.subscribe(lambda kind, row: rows.append(kind))))
+    try:
+        ip.run_cell_magic("kdist", "--strategy default --no-dashboard", TRAIN)
+    finally:
+        stop()
+    assert seen == [kdist_magics.last_run()] and "metric" in rows
+    ip.run_cell_magic("kdist", "--strategy default --no-dashboard", "1 + 1")
+    assert len(seen) == 1  # stopped

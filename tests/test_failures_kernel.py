@@ -278,8 +278,10 @@ def test_kernel_interrupt_stops_every_multiworker_worker_and_the_next_cell_runs(
     assert "at" in asked, res.text[-2000:]
     assert_interrupted(kern, res, epochs=1)
     # nothing keeps training: every engine process of that run is gone or idle
-    workers = kern.eval("[e.pid for e in kdist_magics._extension._strategies['multiworker'].cluster.engines]")
-    for pid in workers:
+    # (the run's own processes, from its record: not whatever engines exist now)
+    workers = kern.eval("sorted(r.pid for r in kdist_magics.last_run().ranks.values())")
+    assert len(workers) == 2 and all(workers), workers
+    for pid in workers:  # each is idle, or gone (killed after the grace period): not training
         try:
             cpu = psutil.Process(pid).cpu_percent(interval=1.0)
         except psutil.NoSuchProcess:

@@ -20,6 +20,7 @@ pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here 
 pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
 
 import kdist_magics  # noqa: E402
+import kernel_driver  # noqa: E402
 from kdist_magics.compat import net_connections  # noqa: E402
 from conftest import run_cell  # noqa: E402
 from kdist_magics.errors import CellFailed, KDistError, RankDied, RankFailed, RunTimedOut  # noqa: E402
@@ -36,15 +37,11 @@ def strategy():
 
 
 def engine_values(name):
-    """``name`` from every engine's namespace, in rank order (read directly, not through kdist)."""
-    s = strategy()
-    ranks = s.ranks(s.cluster, None)
-    values = s.cluster.view().pull(name, block=True)
-    return [v for _, v in sorted(zip(ranks, values), key=lambda t: t[0])]
+    return kernel_driver.engine_values(strategy(), name)
 
 
 def cluster_pids():
-    return {e.pid for e in strategy().cluster.engines}
+    return kernel_driver.engine_pids(strategy())
 
 
 @pytest.fixture(scope="module")
@@ -309,18 +306,11 @@ def test_horovod_keras_mnist_example_cell(hip, tmp_path, capsys):
         if kind == "metric" and rec is not None and rec.ranks[payload["rank"]].state == "running":
             live.append(payload)
 
-    orig_record = kdist_magics.magics.RunRecord
-
-    class Watched(orig_record):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            self.subscribe(listener)
-
-    kdist_magics.magics.RunRecord = Watched
+    stop = kdist_magics._extension.observe_runs(lambda record: record.subscribe(listener))
     try:
         kdist(hip, "--push DATA,CKPT,EPOCHS,STEPS --pull mnist_model,history", MNIST_CELL)
     finally:
-        kdist_magics.magics.RunRecord = orig_record
+        stop()
     out = capsys.readouterr().out
     assert "Epoch 3/3" in out and out.count("Epoch 1/3") == 1  # rank 0's progress, once
     rec = kdist_magics.last_run()

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import kdist_magics
+import kernel_driver
 from kdist_magics.cluster import kill_pids
 from kdist_magics.errors import KDistError, RankFailed, RunTimedOut
 from kdist_magics.network import engine_address, free_port, join
@@ -92,14 +93,11 @@ def strategy():
 
 
 def engine_values(name, s=None):
-    """``name`` from every engine's namespace, in rank order (read directly, not through kdist)."""
-    s = s or strategy()
-    values = s.cluster.view().pull(name, block=True)
-    return [v for _, v in sorted(zip(s.ranks(s.cluster, None), values), key=lambda t: t[0])]
+    return kernel_driver.engine_values(s or strategy(), name)
 
 
 def pids(s=None):
-    return {e.pid for e in (s or strategy()).cluster.engines}
+    return kernel_driver.engine_pids(s or strategy())
 
 
 @pytest.fixture(scope="module")

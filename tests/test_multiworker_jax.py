@@ -63,9 +63,6 @@ if err is not None:
 s = kdist_magics._extension._strategies["multiworker"]
 out["cls"] = type(s).__name__
 out["coordinator"] = s.coordinator
-ranks = s.ranks(s.cluster, None)
-def by_rank(name):
-    return [v for _, v in sorted(zip(ranks, s.cluster.view().pull(name, block=True)))]
 for name in ("kd_weights", "kd_loss", "kd_steps", "kd_replicas", "kd_eval", "kd_first"):
     out[name] = by_rank(name)
 model = ip.user_ns["model"]

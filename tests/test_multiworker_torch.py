@@ -59,9 +59,6 @@ BODY = f'''
 import numpy as np
 import kdist_magics
 GUIDE, FIT = {GUIDE!r}, {FIT!r}
-def by_rank(s, name):
-    ranks = s.ranks(s.cluster, None)
-    return [v for _, v in sorted(zip(ranks, s.cluster.view().pull(name, block=True)))]
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard", GUIDE)
 if err is not None:
     import traceback
@@ -70,14 +67,14 @@ if err is not None:
 s = kdist_magics._extension._strategies["multiworker"]
 out["cls"] = type(s).__name__
 for name in ("kd_guide_weights", "kd_guide_loss", "kd_batches", "kd_listening", "kd_group"):
-    out[name] = by_rank(s, name)
+    out[name] = by_rank(name)
 out["group_after"] = s.cluster.view().apply_sync(
     lambda: __import__("torch.distributed").distributed.is_initialized())
 pids = {{e.pid for e in s.cluster.engines}}
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard --pull model,history", FIT)
 out["fit_err"] = repr(err) if err is not None else None
 for name in ("kd_weights", "kd_loss", "kd_steps", "kd_pred"):
-    out[name] = by_rank(s, name)
+    out[name] = by_rank(name)
 out["warm"] = pids == {{e.pid for e in s.cluster.engines}}
 model = ip.user_ns["model"]
 out["pulled"] = [w.tolist() for w in model.get_weights()]
@@ -92,14 +89,14 @@ out["timeout_s"] = _time.monotonic() - t0
 out["timeout_err"] = f"{{type(err).__name__}}: {{err}}"
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "kd_next = strategy.rank")
 out["next_err"] = repr(err) if err is not None else None
-out["next"] = by_rank(s, "kd_next")
+out["next"] = by_rank("kd_next")
 # an engine whose Keras already runs on another backend (simulated: a new engine that imported Keras on jax)
 s.cluster.restart()
 s.cluster.view().execute("import os; os.environ['KERAS_BACKEND'] = 'numpy'; import keras", block=True)
 pids = {{e.pid for e in s.cluster.engines}}
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "kd_after = strategy.rank")
 out["restart_err"] = repr(err) if err is not None else None
-out["after"] = by_rank(s, "kd_after")
+out["after"] = by_rank("kd_after")
 out["restarted"] = not (pids & {{e.pid for e in s.cluster.engines}})
 # GPU placement end to end, with a GPU the engines are told of (CUDA_VISIBLE_DEVICES) but
 # cannot use: 2 ranks for 1 GPU is an error before any engine runs the cell, unless shared
@@ -114,7 +111,7 @@ ip.run_line_magic("config", "KDist.rank_gpus = 'shared'")
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard",
                      "import os; kd_gpu = (os.environ['CUDA_VISIBLE_DEVICES'], os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'], strategy.backend)")
 out["shared_err"] = repr(err) if err is not None else None
-out["shared"] = by_rank(s, "kd_gpu")
+out["shared"] = by_rank("kd_gpu")
 ip.run_line_magic("kdist", "stop")
 '''
 

@@ -167,7 +167,10 @@ class _State:
 
 
 def _make_class(base_cls, settings: _Settings):
-    """A subclass of ``base_cls`` with the same name and module whose ``apply`` allreduces."""
+    """A subclass of ``base_cls`` with the same name and module whose ``apply`` allreduces.
+
+    Long on purpose: it follows Horovod's own ``_make_class`` (one subclass of the user's
+    optimizer class, made at run time), so a reader can hold the two side by side."""
 
     class _DistributedOptimizer(base_cls):
         _kdist_hvd_settings = settings

@@ -77,7 +77,10 @@ def _pad(x, to: int):
 
 @contextlib.contextmanager
 def divisible_batches(n: int, say: Callable[[str], None] = print):
-    """While open, ``keras.Model.fit/evaluate/predict`` keep every batch divisible by ``n``."""
+    """While open, ``keras.Model.fit/evaluate/predict`` keep every batch divisible by ``n``.
+
+    Long on purpose: the three method wrappers share the device count and the said-once
+    messages; apart they would each repeat the argument binding."""
     once = said_once(say)
 
     def batch(b: int | None, what: str = "batch_size") -> int:

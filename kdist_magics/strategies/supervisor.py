@@ -204,6 +204,9 @@ class RunSupervisor:
         their own errors are seen too), the timeout :class:`RunTimedOut`, an interrupt
         ``KeyboardInterrupt``; each after stopping the ranks still running. Returns rank 0's
         ``execute_result`` content (or None).
+
+        Long on purpose: the supervision loop and its wake-up times are one piece; each exit
+        (death, failure, timeout, interrupt) is a few lines that read best in order.
         """
         record = self.record
         children = list_children(ar)
