@@ -23,11 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .compat_ipyparallel import LauncherExits, end_sync_thread
-from .errors import KDistError
-
-
-class ClusterError(KDistError):
-    """The engines could not be started, reached or restarted."""
+from .errors import ClusterError
 
 
 @dataclass(frozen=True)

@@ -4,27 +4,17 @@ The kernel calls these functions through ipyparallel ``apply``; the cell itself
 runs as an ordinary ``execute`` so it behaves like a ``%%px`` cell (namespace
 kept, output and tracebacks rendered by the engine's IPython).
 
-Telemetry transport: ``telemetry.attached`` and ``sampling.sampling`` call ``sink(kind, row)``
-on the engine (from the cell's thread or a sampler thread). Rows are buffered,
-numbered per rank (``seq``) and published every ``interval`` seconds as one
-``display_data`` message with MIME type :data:`FEED_MIME` on the engine's
-IOPub channel, parented to the running cell's request (captured by a
-``pre_run_cell`` hook; a ``post_run_cell`` hook publishes the rest while that
-request is still open, and :func:`end` sends rows that come later with its own
-request). IOPub is ordered and the kernel sees every message of an open
-request, so no row is lost (batches carry ``seq``, gaps are counted), and it
-needs no extra socket (works wherever the engines already reach the controller). The kernel routes these messages into
-the run's RunRecord and never displays them.
+Telemetry travels to the kernel over IOPub through :mod:`kdist_magics.feed`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from typing import Any
 
-FEED_MIME = "application/vnd.kdist.feed+json"
+from .feed import Feed
+
 THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS")
 
 _run: dict[str, Any] = {}  # state of the run in progress on this engine
@@ -75,79 +65,6 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
-
-
-class Feed:
-    """Buffered, sequence-numbered telemetry rows published over IOPub."""
-
-    def __init__(self, rank: int, interval: float = 0.25, publisher=None):
-        self.rank = rank
-        self.publisher = publisher  # default: the engine shell's display publisher
-        self.interval = interval
-        self.seq = 0
-        self.rows: list[list[Any]] = []
-        self.lock = threading.Lock()
-        self.parent: dict | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def sink(self, kind: str, row: dict[str, Any]) -> None:
-        with self.lock:
-            self.rows.append([kind, row])
-
-    def _pub(self):
-        if self.publisher is not None:
-            return self.publisher
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        return shell.display_pub if shell is not None else None
-
-    def flush(self, parent: dict | None = None) -> None:
-        pub = self._pub()
-        with self.lock:
-            # read under the lock: after disarm() no batch may carry the finished cell's parent
-            parent = parent if parent is not None else self.parent
-            if not self.rows or parent is None or pub is None:
-                return
-            rows, self.rows = self.rows, []
-            self.seq += 1
-            payload = {"rank": self.rank, "seq": self.seq, "rows": rows}
-            try:
-                from ipykernel.jsonutil import json_clean
-            except ImportError:  # pragma: no cover
-                def json_clean(x):
-                    return x
-            pub.session.send(pub.pub_socket, "display_data",
-                             json_clean({"data": {FEED_MIME: payload}, "metadata": {}, "transient": {}}),
-                             parent=parent, ident=getattr(pub, "topic", None))
-
-    def arm(self, *args) -> None:
-        """``pre_run_cell`` hook: rows published from now on belong to this cell's request."""
-        self.parent = dict(self._pub().parent_header)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="kdist-feed", daemon=True)
-            self._thread.start()
-
-    def disarm(self, *args) -> None:
-        """``post_run_cell`` hook: publish what is left while the cell's request is still open
-        (a batch sent after its IOPub idle would reach nobody), then stop parenting to it."""
-        self.flush()
-        with self.lock:
-            self.parent = None
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.flush()
-            except Exception:  # never break training over telemetry
-                pass
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-            self._thread = None
 
 
 def begin(rank: int, telemetry: bool = True, interval: float = 0.25,

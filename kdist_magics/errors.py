@@ -104,3 +104,7 @@ class RunTimedOut(KDistError):
         ranks = ", ".join(f"rank {r}" for r in self.busy) or "no rank"
         super().__init__(f"the run exceeded --timeout {seconds:g} s; still busy: {ranks}. "
                          f"They were stopped.")
+
+
+class ClusterError(KDistError):
+    """The engines could not be started, reached or restarted."""

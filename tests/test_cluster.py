@@ -10,6 +10,7 @@ import time
 import pytest
 
 from kdist_magics import engine, values
+from kdist_magics import feed as feed_mod
 from kdist_magics.cluster import EngineCluster, EngineInfo, describe_exit
 from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
 from kdist_magics.record import RunRecord
@@ -67,7 +68,7 @@ def test_none_mode_hides_everything(capsys):
 
 # -- telemetry transport -------------------------------------------------------------
 def _batch(rank, seq, rows):
-    return {"data": {engine.FEED_MIME: {"rank": rank, "seq": seq, "rows": rows}}}
+    return {"data": {feed_mod.FEED_MIME: {"rank": rank, "seq": seq, "rows": rows}}}
 
 
 def test_feed_rows_reach_the_record_once_in_order_and_gaps_are_counted():
@@ -99,7 +100,7 @@ class _FakeDisplayPub:
 
 def test_engine_feed_numbers_batches_and_publishes_to_the_cell_request():
     pub = _FakeDisplayPub()
-    feed = engine.Feed(rank=1, interval=0.05, publisher=pub)
+    feed = feed_mod.Feed(rank=1, interval=0.05, publisher=pub)
     feed.sink("metric", {"step": 1})
     feed.flush()  # not armed yet: nothing goes out (no request to parent it to)
     assert pub.sent == []
@@ -117,7 +118,7 @@ def test_engine_feed_numbers_batches_and_publishes_to_the_cell_request():
         feed.close()
     feed.flush()  # no open request any more: kept for end()
     feed.flush(parent={"msg_id": "end-1"})
-    payloads = [(c["data"][engine.FEED_MIME], parent["msg_id"]) for _, c, parent in pub.sent]
+    payloads = [(c["data"][feed_mod.FEED_MIME], parent["msg_id"]) for _, c, parent in pub.sent]
     assert [p["seq"] for p, _ in payloads] == [1, 2, 3]
     assert payloads[0][0]["rows"] == [["metric", {"step": 1}], ["metric", {"step": 2}]]
     assert payloads[1][0]["rows"] == [["metric", {"step": 3}]]

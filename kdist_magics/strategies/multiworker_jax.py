@@ -41,46 +41,30 @@ from typing import Any
 
 from ..cluster import EngineCluster
 from ..errors import KDistError
-from ..messages import say
 from ..network import engine_address, free_port
 from ..placement import host_grouped_ranks
 from .base import RunContext
-from .engines import EngineStrategy
+from .processes import ProcessGroupStrategy
 from .fit_data import process_shards
 from .jax_dp import DataParallelStrategy
 
 SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
 
 
-class JaxMultiWorkerStrategy(EngineStrategy):
-    name = "multiworker"
-    bound_names = ("strategy",)
+class JaxMultiWorkerStrategy(ProcessGroupStrategy):
     backend = "jax"
     collective_values = True  # saving a model whose variables span the processes is collective
+    restart_because = "; jax.distributed must start before any other JAX use in each process"
+    attached_advice = (". jax.distributed.initialize runs once per process, before any other JAX use, "
+                       "so these engines cannot join: restart them (e.g. client.shutdown(restart=True)) "
+                       "and run the cell again")
 
     def __init__(self):
         super().__init__()
-        self._ranks: list[int] = []
         self.coordinator = ""
         self._bind = ""
 
     # -- plan ------------------------------------------------------------------
-    def _cluster(self, ctx: RunContext) -> EngineCluster:
-        cluster = super()._cluster(ctx)
-        reason = self._plan(cluster, ctx)
-        if reason:
-            if not cluster.owned:
-                raise KDistError(f"{reason}. jax.distributed.initialize runs once per process, "
-                                 f"before any other JAX use, so these engines cannot join: restart "
-                                 f"them (e.g. client.shutdown(restart=True)) and run the cell again")
-            say(f"restarting the engines ({reason}; jax.distributed must start before "
-                f"any other JAX use in each process)")
-            cluster.restart()
-            reason = self._plan(cluster, ctx)
-            if reason:  # pragma: no cover - a fresh engine that starts JAX at start-up
-                raise KDistError(f"{reason} even on freshly started engines")
-        return cluster
-
     def _plan(self, cluster: EngineCluster, ctx: RunContext) -> str:
         """Choose ranks and the coordinator; '' when ready, else why the engines must restart."""
         mode = "loopback" if cluster.owned else ctx.options.worker_network
@@ -109,22 +93,13 @@ class JaxMultiWorkerStrategy(EngineStrategy):
         if bad:
             raise KDistError("no coordinator address: " + "; ".join(bad))
         first = infos[ranks.index(0)]
-        if first["address"].startswith("127.") and len({e.hostname for e in cluster.engines}) > 1:
-            raise KDistError("the engines run on several hosts but rank 0 would listen on loopback "
-                             "for JAX's coordinator; set %config KDist.worker_network = '<interface, "
-                             "network or address every engine reaches>'")
+        self.check_reachable(first["address"], cluster, "JAX's coordinator")
         address = f"[{first['address']}]" if ":" in first["address"] else first["address"]
         self.coordinator = f"{address}:{first['port']}"
         self._bind = self.coordinator  # the coordinator binds this address only, never [::]
         return ""
 
     # -- hooks -----------------------------------------------------------------
-    def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
-        return list(self._ranks) or host_grouped_ranks([e.hostname for e in cluster.engines])
-
-    def engine_env(self, cluster: EngineCluster, ctx: RunContext) -> list[dict[str, str]]:
-        return [{"KERAS_BACKEND": "jax"} for _ in cluster.engines]
-
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         import secrets
 
@@ -143,7 +118,7 @@ class JaxMultiWorkerStrategy(EngineStrategy):
         self._end_collective_cell(cluster, ctx, ok, "the JAX processes' collectives", _leave)
 
     def teardown(self) -> None:
-        self._ranks, self.coordinator, self._bind = [], "", ""
+        self.coordinator, self._bind = "", ""
         super().teardown()
 
     def status(self) -> dict[str, Any]:

@@ -40,42 +40,24 @@ from typing import Any
 
 from ..cluster import EngineCluster
 from ..errors import KDistError
-from ..messages import say
 from ..network import engine_address, interface_of
 from ..placement import host_grouped_ranks
 from .base import RunContext
-from .engines import EngineStrategy
+from .processes import ProcessGroupStrategy
 from .fit_data import process_shards
 
 SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
 
 
-class TorchMultiWorkerStrategy(EngineStrategy):
-    name = "multiworker"
-    bound_names = ("strategy",)
+class TorchMultiWorkerStrategy(ProcessGroupStrategy):
     backend = "torch"
 
     def __init__(self):
         super().__init__()
-        self._ranks: list[int] = []
         self.store = ""  # host:port of rank 0's store during a run
 
     # -- plan ------------------------------------------------------------------
-    def _cluster(self, ctx: RunContext) -> EngineCluster:
-        cluster = super()._cluster(ctx)
-        reason = self._plan(cluster)
-        if reason:
-            if not cluster.owned:
-                raise KDistError(f"{reason}: restart these engines (e.g. client.shutdown(restart=True)) "
-                                 f"and run the cell again")
-            say(f"restarting the engines ({reason})")
-            cluster.restart()
-            reason = self._plan(cluster)
-            if reason:  # pragma: no cover - a fresh engine that starts torch at start-up
-                raise KDistError(f"{reason} even on freshly started engines")
-        return cluster
-
-    def _plan(self, cluster: EngineCluster) -> str:
+    def _plan(self, cluster: EngineCluster, ctx: RunContext) -> str:
         """Ranks; '' when the engines can join, else why they must restart."""
         infos = [ar.get(timeout=60) for ar in
                  [cluster.client[e.engine_id].apply_async(_probe) for e in cluster.engines]]
@@ -93,12 +75,6 @@ class TorchMultiWorkerStrategy(EngineStrategy):
         return ""
 
     # -- hooks -----------------------------------------------------------------
-    def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
-        return list(self._ranks) or host_grouped_ranks([e.hostname for e in cluster.engines])
-
-    def engine_env(self, cluster: EngineCluster, ctx: RunContext) -> list[dict[str, str]]:
-        return [{"KERAS_BACKEND": "torch"} for _ in cluster.engines]
-
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         import secrets
 
@@ -110,10 +86,7 @@ class TorchMultiWorkerStrategy(EngineStrategy):
             raise KDistError(f"torch's store could not listen on rank 0: "
                              f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}") from None
         address, port = opened["address"], opened["port"]
-        if address.startswith("127.") and len({e.hostname for e in cluster.engines}) > 1:
-            raise KDistError("the engines run on several hosts but rank 0 would listen on loopback for "
-                             "torch's store; set %config KDist.worker_network = '<interface, network "
-                             "or address every engine reaches>'")
+        self.check_reachable(address, cluster, "torch's store")
         self.store = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
         gpus = [(e.hostname, ar.get(timeout=60)) for e, ar in
                 zip(cluster.engines, [cluster.client[e.engine_id].apply_async(_cuda) for e in cluster.engines])]
@@ -131,7 +104,7 @@ class TorchMultiWorkerStrategy(EngineStrategy):
         self.store = ""
 
     def teardown(self) -> None:
-        self._ranks, self.store = [], ""
+        self.store = ""
         super().teardown()
 
 

@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable
 
 from ..compat_ipyparallel import children as list_children
-from ..engine import FEED_MIME
+from ..feed import FEED_MIME, FeedIntake
 from ..errors import RankDied, RankFailed, RunTimedOut
 from ..messages import say
 
@@ -96,7 +96,7 @@ class RunSupervisor:
         self.abort_collectives = abort_collectives
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.started: set[int] = set()  # ranks whose engine has begun the cell (may be interrupted)
-        self.feed_seen: dict[int, set[int]] = {}
+        self.intake = FeedIntake(record)
         self.needs_restart: str | None = None  # set when stopping had to kill, or a rank died
 
     # -- intake ------------------------------------------------------------------
@@ -176,24 +176,12 @@ class RunSupervisor:
 
     def feed(self, rank: int, content: dict) -> None:
         """One telemetry batch into the record, unless it was delivered already."""
-        payload = content.get("data", {}).get(FEED_MIME)
-        if not payload:
-            return
-        seq = payload.get("seq", 0)
-        seen = self.feed_seen.setdefault(rank, set())
-        if seq in seen:
-            return  # already delivered (seen live and again in the final drain)
-        seen.add(seq)
-        for kind, row in payload.get("rows", []):
-            try:
-                self.record.add(kind, row)
-            except ValueError:
-                pass
+        self.intake.take(rank, content)
 
     @property
     def lost_batches(self) -> int:
         """Telemetry batches that never arrived (gaps in the ranks' numbering)."""
-        return sum(max(seen) - len(seen) for seen in self.feed_seen.values() if seen)
+        return self.intake.lost
 
     # -- supervision ---------------------------------------------------------------
     def watch(self, cluster, ranks: list[int], ar, timeout: float | None, grace: float):
