@@ -18,6 +18,7 @@ from .feed import Feed
 THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS")
 
 _run: dict[str, Any] = {}  # state of the run in progress on this engine
+_engine: dict[str, Any] = {}  # state for this engine's lifetime (kept across runs)
 
 
 def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = None,
@@ -48,7 +49,9 @@ def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = N
     out = {"pid": os.getpid(), "host": socket.gethostname(), "tf_loaded": tf_loaded,
            "threads": os.environ.get("TF_NUM_INTRAOP_THREADS")}
     if gpu is not None:
-        host_gpus = _run.setdefault("host_gpus", visible_gpus(os.environ))  # before kdist's choice
+        if "host_gpus" not in _engine:  # what the engine saw before kdist chose for it
+            _engine["host_gpus"] = visible_gpus(os.environ)
+        host_gpus = _engine["host_gpus"]
         try:
             chosen = gpu_env(host_gpus, *gpu, host=out["host"])
         except TooFewGPUs as exc:

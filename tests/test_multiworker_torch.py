@@ -112,6 +112,16 @@ value, err = attempt("--strategy multiworker --np 2 --no-dashboard",
                      "import os; kd_gpu = (os.environ['CUDA_VISIBLE_DEVICES'], os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'], strategy.backend)")
 out["shared_err"] = repr(err) if err is not None else None
 out["shared"] = by_rank("kd_gpu")
+# two (pretend) GPUs: one each, and the same again on the warm engines (each remembers the
+# host's GPUs, not the one kdist left it)
+ip.run_line_magic("config", "KDist.rank_gpus = 'own'")
+os.environ["CUDA_VISIBLE_DEVICES"] = "6,7"
+ip.run_line_magic("kdist", "stop")
+out["own"] = []
+for _ in range(2):
+    value, err = attempt("--strategy multiworker --np 2 --no-dashboard",
+                         "import os; kd_gpu = os.environ['CUDA_VISIBLE_DEVICES']")
+    out["own"].append(by_rank("kd_gpu") if err is None else str(err))
 ip.run_line_magic("kdist", "stop")
 '''
 
@@ -159,6 +169,7 @@ def test_keras_on_torch_across_two_engine_processes():
     assert "2 ranks on" in r["gpu_err"] and "which has 1 GPU" in r["gpu_err"], r["gpu_err"]
     assert "The cell did not run" in r["gpu_err"] and r["gpu_ran"] == [False, False]
     assert r["shared_err"] is None and r["shared"] == [["7", "0.45", "gloo"], ["7", "0.45", "gloo"]]
+    assert r["own"] == [["6", "7"], ["6", "7"]], r["own"]
     # --timeout: a run with a rank stuck in a collective ends, named, and the next cell works
     assert r["timeout_err"].startswith("RunTimedOut"), r["timeout_err"]
     assert r["timeout_s"] < 60, r["timeout_s"]

@@ -57,11 +57,13 @@ def test_engine_prepare_pins_the_gpu_from_what_the_engine_saw_first(monkeypatch)
     """A second run on the same engine chooses from the host's GPUs, not from the one GPU the
     first run left visible."""
     monkeypatch.setattr(engine, "_run", {})
+    monkeypatch.setattr(engine, "_engine", {})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     for var in ("CUDA_DEVICE_ORDER", "TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS", "TF_NUM_INTEROP_THREADS"):
         monkeypatch.delenv(var, raising=False)
     first = engine.prepare({}, None, None, (1, 2, "own"))
     assert first["gpu"] == "1" and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    engine.end(flush=False)  # the run is over: per-run state goes, the engine's GPUs stay known
     again = engine.prepare({}, None, None, (1, 2, "own"))
     assert again["gpu"] == "1" and "gpu_error" not in again
     crowded = engine.prepare({}, None, None, (2, 3, "own"))
