@@ -162,6 +162,34 @@ def test_fit_syncs_broadcasts_warms_up_and_averages_metrics(tmp_path):
 @pytest.mark.horovod
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_broadcast_covers_a_model_with_no_trainable_variable_from_root_rank_1(tmp_path):
+    run_ranks(WORKERS / "keras_hvd_worker.py", ["frozen"], tmp_path)
+    (a0, i0), (a1, i1) = load(tmp_path, "frozen")
+    assert i0["all_trainable"] == i1["all_trainable"] == 0
+    inits = keys(a0, "all_init")
+    assert len(inits) == 8  # kernel, bias, BN gamma/beta/mean/variance, kernel, bias
+    assert max(float(np.max(np.abs(a0[k] - a1[k]))) for k in inits) > 1e-3  # started apart
+    # every variable, trainable or not (BatchNorm's statistics too), is rank 1's, exactly
+    for k in inits:
+        after = k.replace("init", "after")
+        np.testing.assert_array_equal(a0[after], a1[k], err_msg=k)
+        np.testing.assert_array_equal(a1[after], a1[k], err_msg=k)
+    np.testing.assert_array_equal(a0["all_after4"], np.full((4,), 2.0))  # rank 1's moving mean
+    # with the first kernel local: it stays each rank's own, the rest come from rank 1
+    for k in keys(a0, "local_init"):
+        after = k.replace("init", "after")
+        if k == "local_init0":
+            np.testing.assert_array_equal(a0[after], a0[k])
+            np.testing.assert_array_equal(a1[after], a1[k])
+            assert not np.array_equal(a0[after], a1[after])
+        else:
+            np.testing.assert_array_equal(a0[after], a1[k], err_msg=k)
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_stock_horovod_keras_does_not_sync_under_keras3(tmp_path):
     """Why the binding exists: Horovod's own module lets ranks drift apart silently."""
     run_ranks(WORKERS / "keras_hvd_worker.py", ["stock"], tmp_path)

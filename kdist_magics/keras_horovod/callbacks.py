@@ -65,8 +65,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         model = self.model
         # An unbuilt model (e.g. a Sequential without an Input, fed a dataset) gets its
         # weights in the first step; some layers (Dropout's seed state) already have
-        # variables. Wait for the weights, as Horovod does (after the first batch).
-        if not getattr(model, "built", True) or not model.trainable_variables:
+        # variables. Wait for the weights, as Horovod does (after the first batch). A model
+        # whose weights are all frozen (no trainable variable) is broadcast like any other.
+        if not getattr(model, "built", True) or not any(not _is_seed_state(v) for v in model.variables):
             return False
         model_vars, opt_vars = self._variables()
         with tf.device(self.device):

@@ -226,7 +226,35 @@ def scenario_aggregate(outdir):
           "loss_b": [float(v) for v in hist.history["loss"]]})
 
 
-SCENARIOS = {"train": scenario_train, "stock": scenario_stock, "aggregate": scenario_aggregate}
+def scenario_frozen(outdir):
+    """BroadcastGlobalVariablesCallback from root rank 1 on a model with no trainable variable
+    (every layer frozen, BatchNorm statistics included), once without and once with a local
+    variable: Horovod broadcasts every variable, trainable or not."""
+    import kdist_magics.keras_horovod as hvd
+    import keras
+
+    hvd.init()
+    rank = hvd.rank()
+    x, y = rank_data(rank)
+    arrays, info = {}, {"rank": rank}
+    for case in ("all", "local"):
+        keras.utils.set_random_seed(100 * rank + (case == "local"))
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4),
+                                  keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+        model.layers[1].moving_mean.assign(np.full((4,), float(rank + 1), "float32"))
+        for layer in model.layers:
+            layer.trainable = False
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+        info[f"{case}_trainable"] = len(model.trainable_variables)
+        local = [model.layers[0].kernel] if case == "local" else None
+        arrays.update(weights_dict(model, f"{case}_init"))
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(1, local_variables=local)])
+        arrays.update(weights_dict(model, f"{case}_after"))
+    save(outdir, "frozen", rank, arrays, info)
+
+
+SCENARIOS = {"frozen": scenario_frozen, "train": scenario_train, "stock": scenario_stock, "aggregate": scenario_aggregate}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](sys.argv[2])
