@@ -41,7 +41,7 @@ from typing import Any
 
 from ..cluster import EngineCluster
 from ..errors import KDistError
-from ..network import engine_address, free_port
+from ..network import engine_address, free_port, join
 from ..placement import host_grouped_ranks
 from .base import RunContext
 from .processes import ProcessGroupStrategy
@@ -94,8 +94,7 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
             raise KDistError("no coordinator address: " + "; ".join(bad))
         first = infos[ranks.index(0)]
         self.check_reachable(first["address"], cluster, "JAX's coordinator")
-        address = f"[{first['address']}]" if ":" in first["address"] else first["address"]
-        self.coordinator = f"{address}:{first['port']}"
+        self.coordinator = join(first["address"], first["port"])
         self._bind = self.coordinator  # the coordinator binds this address only, never [::]
         return ""
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..cluster import EngineCluster
 from ..errors import KDistError
-from ..network import engine_address, interface_of
+from ..network import engine_address, interface_of, join
 from ..placement import host_grouped_ranks
 from .base import RunContext
 from .processes import ProcessGroupStrategy
@@ -87,7 +87,7 @@ class TorchMultiWorkerStrategy(ProcessGroupStrategy):
                              f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}") from None
         address, port = opened["address"], opened["port"]
         self.check_reachable(address, cluster, "torch's store")
-        self.store = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        self.store = join(address, port)
         gpus = [(e.hostname, ar.get(timeout=60)) for e, ar in
                 zip(cluster.engines, [cluster.client[e.engine_id].apply_async(_cuda) for e in cluster.engines])]
         # NCCL when every rank has a GPU of its own (it refuses two ranks on one GPU)
