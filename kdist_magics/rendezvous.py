@@ -34,13 +34,19 @@ def assign(hostnames: Sequence[str]):
 
 
 class Rendezvous:
-    """A Horovod (Gloo) rendezvous for one run; ``env(i)`` is engine i's environment."""
+    """A Horovod (Gloo) rendezvous for one run; ``env(i)`` is engine i's environment.
 
-    def __init__(self, hostnames: Sequence[str], address: str = "127.0.0.1", iface: str = "lo"):
+    ``elastic``: the ranks run with ``HOROVOD_ELASTIC=1`` and :meth:`shrink` re-forms the
+    job with the engines still alive (see :class:`ElasticPlan`).
+    """
+
+    def __init__(self, hostnames: Sequence[str], address: str = "127.0.0.1", iface: str = "lo",
+                 elastic: bool = False):
         self.hostnames = list(hostnames)
         self.address = address
         self.iface = iface
         self.slots = assign(self.hostnames)
+        self.plan = ElasticPlan(self.hostnames, self.slots) if elastic else None
         self._httpd = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
@@ -49,7 +55,8 @@ class Rendezvous:
     def start(self) -> int:
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-        self._httpd = RendezvousHTTPServer((self.address, 0), RendezvousHandler, 0)
+        handler = RendezvousHandler if self.plan is None else self.plan.handler()
+        self._httpd = RendezvousHTTPServer((self.address, 0), handler, 0)
         self.port = self._httpd.server_address[1]
         self._httpd.init(self.slots)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="kdist-rendezvous",
@@ -76,7 +83,16 @@ class Rendezvous:
             "HOROVOD_CONTROLLER": "gloo",
             "HOROVOD_CPU_OPERATIONS": "gloo",
             "HOROVOD_GLOO_IFACE": iface or self.iface,
+            **({"HOROVOD_ELASTIC": "1"} if self.plan is not None else {}),
         }
+
+    def shrink(self, lost: Sequence[int]) -> dict[int, object]:
+        """Re-form an elastic job without engines ``lost`` (indices); ``{engine: new slot}``
+        for the engines still in it. Their next ``hvd.init()`` after the failure asks the
+        store for their new rank and size and waits until this has answered."""
+        if self.plan is None:
+            raise RuntimeError("shrink() needs an elastic rendezvous")
+        return self.plan.shrink(lost, self._httpd)
 
     def stop(self) -> None:
         if self.abort_line is not None:
@@ -96,6 +112,72 @@ class Rendezvous:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class ElasticPlan:
+    """Which engine is which rank in an elastic job, as it shrinks; answers the store's
+    ``rank_and_size`` questions (Horovod's scope for them).
+
+    A rank re-initialising after a failure asks with its current ``host:local_rank`` and is
+    told its new ``rank,size,local_rank,local_size,cross_rank,cross_size`` (rank -1: not in
+    the job any more). Each answer is given once: a question asked before the kernel has
+    re-formed the job (the survivors often see the failure first) waits for it (Horovod's
+    store does not retry a missing key here), up to ``wait`` seconds, then is told it is out.
+    """
+
+    wait = 120.0
+
+    def __init__(self, hostnames: Sequence[str], slots):
+        self.hostnames = list(hostnames)
+        self.slots = {i: slot for i, slot in enumerate(slots)}  # engines still in the job
+        self.sizes = [len(self.slots)]  # the world size after each re-forming
+        self._answers: dict[str, bytes] = {}
+        self._lock = threading.Condition()
+
+    def shrink(self, lost: Sequence[int], httpd) -> dict[int, object]:
+        from horovod.runner.common.util.hosts import SlotInfo
+
+        with self._lock:
+            old = self.slots
+            alive = [i for i in sorted(old) if i not in set(lost)]
+            new = dict(zip(alive, assign([self.hostnames[i] for i in alive]))) if alive else {}
+            answers = {}
+            for i, slot in old.items():
+                key = f"{slot.hostname}:{slot.local_rank}"
+                if i in new:
+                    answers[key] = new[i].to_response_string().encode("ascii")
+                else:
+                    gone = SlotInfo(slot.hostname, -1, -1, -1, -1, -1, -1)
+                    answers[key] = gone.to_response_string().encode("ascii")
+            self._answers = {}
+            if httpd is not None:
+                httpd.init(list(new.values()))  # clears the store: the old addresses go
+            self._answers = answers
+            self.slots = new
+            self.sizes.append(len(new))
+            self._lock.notify_all()
+        return dict(new)
+
+    def answer(self, key: str) -> bytes:
+        with self._lock:
+            self._lock.wait_for(lambda: key in self._answers, timeout=self.wait)
+            return self._answers.pop(key, b"-1,-1,-1,-1,-1,-1")
+
+    def handler(self):
+        from horovod.runner.http.http_server import RendezvousHandler
+
+        plan = self
+
+        class ElasticHandler(RendezvousHandler):
+            def _get_value(self, scope, key):
+                if scope == RANK_AND_SIZE:
+                    return plan.answer(key)
+                return super()._get_value(scope, key)
+
+        return ElasticHandler
+
+
+RANK_AND_SIZE = "rank_and_size"  # Horovod's HOROVOD_GLOO_GET_RANK_AND_SIZE scope
 
 
 class AbortLine:

@@ -190,6 +190,109 @@ def test_broadcast_covers_a_model_with_no_trainable_variable_from_root_rank_1(tm
 @pytest.mark.horovod
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_partial_distributed_optimizer_keeps_local_layers_gradients_local(tmp_path):
+    run_ranks(WORKERS / "keras_hvd_worker.py", ["partial"], tmp_path)
+    ranks = load(tmp_path, "partial")
+    (a0, i0), _ = ranks
+    lr, size = i0["lr"], i0["size"]
+    assert i0["modules"] == ["kdist_magics.keras_horovod"] * 2
+    assert "keras.layers.Layer" in i0["bad_layers"]
+    grads = [[a[k] for k in keys(a, "g")] for a, _ in ranks]
+    n_vars = len(grads[0])
+    local = {n_vars - 2, n_vars - 1}  # the last Dense layer's kernel and bias
+    for j in range(n_vars):
+        w0 = a0[f"w0_{j}"]
+        mean = sum(g[j] for g in grads) / size
+        for r, (a, info) in enumerate(ranks):
+            own = grads[r][j]
+            want = {
+                "binding": w0 - lr * (own / size if j in local else mean),
+                "keras": w0 - lr * (own / size if j in local else mean),
+                "tfkeras": w0 - lr * (own / size if j in local else mean),
+                "unscaled": w0 - lr * (own if j in local else mean),
+                "nolocal": w0 - lr * mean,  # no local_layers: DistributedOptimizer's update
+            }
+            for name, expected in want.items():
+                assert info[f"{name}_class"] == "SGD"
+                np.testing.assert_allclose(a[f"{name}_{j}"], expected, rtol=1e-4, atol=1e-6,
+                                           err_msg=f"{name} variable {j} rank {r}")
+    # the local layer really differs between ranks; the shared ones do not
+    last = n_vars - 1
+    assert np.abs(ranks[0][0][f"binding_{last}"] - ranks[1][0][f"binding_{last}"]).max() > 1e-6
+    np.testing.assert_allclose(ranks[0][0]["binding_0"], ranks[1][0]["binding_0"], atol=1e-6)
+
+
+def run_elastic_ranks(script: Path, args: list[str], outdir: Path, n: int,
+                      timeout: float = 200) -> dict[int, int]:
+    """Start ``n`` elastic ranks; when one dies, re-form the job without it (as kdist's
+    kernel does). Returns each rank's exit code. Every child is killed by PID at the end."""
+    import time
+
+    from kdist_magics.rendezvous import Rendezvous
+
+    procs: list[subprocess.Popen] = []
+    with Rendezvous(["localhost"] * n, elastic=True) as rdv:
+        try:
+            for i in range(n):
+                env = {**os.environ, **rdv.env(i), "TF_NUM_INTRAOP_THREADS": "1",
+                       "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                       "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1",
+                       "HOROVOD_GLOO_TIMEOUT_SECONDS": "8",
+                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+                env.pop("TF_USE_LEGACY_KERAS", None)
+                with open(outdir / f"rank{i}.log", "w") as log:
+                    procs.append(subprocess.Popen([sys.executable, str(script), *args, str(outdir)],
+                                                  env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  cwd=str(outdir)))
+            lost: set[int] = set()
+            deadline = time.monotonic() + timeout
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                for i, p in enumerate(procs):
+                    if p.poll() not in (None, 0) and i not in lost:
+                        lost.add(i)
+                        rdv.shrink([i])
+                time.sleep(0.1)
+            return {i: p.poll() for i, p in enumerate(procs)}
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(timeout=30)
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_elastic_state_restores_the_last_commit_on_the_ranks_left(tmp_path):
+    """hvd.elastic on 3 real ranks, one lost mid-epoch: KerasState, the three callbacks and
+    hvd.elastic.run bring the other two back to the last commit, as 2 ranks, in step."""
+    codes = run_elastic_ranks(WORKERS / "keras_hvd_worker.py", ["shrink"], tmp_path, n=3)
+    logs = {i: (tmp_path / f"rank{i}.log").read_text()[-3000:] for i in range(3)}
+    assert codes == {0: 0, 1: -9, 2: 0}, logs
+    infos = {r: json.loads((tmp_path / f"shrink-rank{r}.json").read_text()) for r in (0, 2)}
+    arrays = {r: dict(np.load(tmp_path / f"shrink-rank{r}.npz")) for r in (0, 2)}
+    for first, info in infos.items():
+        # re-formed as 2 ranks, in the old order; one reset, at the commit of (epoch 1, batch 2)
+        # (CommitStateCallback runs before UpdateBatchStateCallback there: batch 1 is saved)
+        assert (info["size"], info["rank"]) == (2, {0: 0, 2: 1}[first])
+        assert [(x["size"], x["rank"], x["epoch"], x["batch"]) for x in info["resets"]] == [
+            (2, {0: 0, 2: 1}[first], 1, 1)]
+        # the weights after the reset are the committed ones, exactly
+        for got, want in zip(info["resets"][0]["weights"], info["commit"]):
+            np.testing.assert_array_equal(np.array(got, "float32"), np.array(want, "float32"))
+        # 8 steps in epoch 0, 3 in epoch 1 up to the commit (restored with the optimizer),
+        # then epochs 1 and 2 again in full: 8 + 3 + 16
+        assert info["iterations"] == 27
+        assert (info["epoch"], info["batch"]) == (3, 0)
+    for k in arrays[0]:
+        np.testing.assert_array_equal(arrays[0][k], arrays[2][k], err_msg=k)
+
+
+@needs_horovod
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_stock_horovod_keras_does_not_sync_under_keras3(tmp_path):
     """Why the binding exists: Horovod's own module lets ranks drift apart silently."""
     run_ranks(WORKERS / "keras_hvd_worker.py", ["stock"], tmp_path)
@@ -389,7 +492,33 @@ with warnings.catch_warnings(record=True) as w:
 assert any(issubclass(x.category, DeprecationWarning) for x in w)
 raises(RuntimeError, hvd.broadcast_global_variables, 0, match="broadcast_variables")
 raises(ValueError, hvd.load_model, "x.keras", legacy_opts=True, match="legacy")
-raises(NotImplementedError, lambda: hvd.elastic.KerasState, match="elastic")
+# hvd.elastic on one rank: sync, commit, restore of the model, the optimizer and attributes
+m1 = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+m1.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.1)), loss="mse")
+state = hvd.elastic.KerasState(m1, epoch=3, note="a")
+assert m1.optimizer.built and (state.epoch, state.note) == (3, "a")
+w_committed = [w.copy() for w in m1.get_weights()]
+m1.fit(np.ones((4, 2), "float32"), np.zeros((4, 1), "float32"), epochs=1, verbose=0)
+assert int(m1.optimizer.iterations.numpy()) == 1 and not np.allclose(m1.get_weights()[0], w_committed[0])
+state.epoch, state.note = 4, "b"
+state.restore()
+assert (state.epoch, state.note) == (3, "a") and int(m1.optimizer.iterations.numpy()) == 0
+assert all(np.array_equal(a, b) for a, b in zip(m1.get_weights(), w_committed))
+state.epoch = 5
+state.commit(); state.epoch = 6; state.restore()
+assert state.epoch == 5
+raises(ValueError, hvd.elastic.KerasState, keras.Sequential([keras.layers.Dense(1)]), match="built")
+calls = []
+@hvd.elastic.run
+def train(st, calls=calls):
+    calls.append(st.epoch)
+    if len(calls) == 1:  # a pending host change interrupts at a commit: reset, no restore
+        from kdist_magics.keras_horovod import _notices
+        assert _notices.hosts_updated() == 1
+        st.epoch = 7
+        st.commit()
+    return "trained"
+assert train(state) == "trained" and calls == [5, 7] and hvd.size() == 1
 
 # A 1-rank fit through every callback, eager (run_eagerly) with local aggregation.
 x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32"); y = x.sum(1, keepdims=True)

@@ -30,7 +30,7 @@ import sys
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
-    "cross_size", "cross_rank", "DistributedOptimizer", "allreduce", "allgather", "broadcast",
+    "cross_size", "cross_rank", "DistributedOptimizer", "PartialDistributedOptimizer", "allreduce", "allgather", "broadcast",
     "reducescatter", "broadcast_variables", "broadcast_global_variables", "load_model",
     "Compression", "Average", "Sum", "Adasum", "callbacks", "install", "uninstall",
     "is_installed", "keras3_active",
@@ -203,6 +203,42 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
         groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=None,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=None, local_layers=None,
+                                scale_local_gradients=True):
+    """``DistributedOptimizer`` whose ``local_layers`` keep their gradients to themselves.
+
+    Horovod's ``horovod.keras.PartialDistributedOptimizer``: the trainable weights of
+    ``local_layers`` (a Keras layer or a list of them) are registered as worker-local, so
+    their gradients are not allreduced; with ``scale_local_gradients`` (the default) they
+    are divided by the number of ranks instead, as Horovod does. Every other gradient is
+    averaged as by ``DistributedOptimizer``. Without ``local_layers`` the two are the same.
+    The other arguments are ``DistributedOptimizer``'s.
+    """
+    import keras
+
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    opt = DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
 
 
 # ----------------------------------------------------------------------------------------

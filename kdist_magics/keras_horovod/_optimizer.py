@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import tensorflow as tf
@@ -16,6 +17,12 @@ def _check_backend():
         raise RuntimeError(
             "the Keras 3 Horovod binding needs Keras' TensorFlow backend "
             f"(KERAS_BACKEND=tensorflow); the active backend is {keras.backend.backend()!r}")
+
+
+def elastic() -> bool:
+    """True in an elastic run (``HOROVOD_ELASTIC=1``): sizes are read by ops at run time, as
+    Horovod's own collectives do, because a compiled step outlives a reset."""
+    return os.environ.get("HOROVOD_ELASTIC", "0").strip() not in ("", "0")
 
 
 def tf_variable(v):
@@ -92,7 +99,8 @@ class _State:
         todo = [i for i, (g, v) in enumerate(zip(grads, variables))
                 if g is not None and not self.is_local(v)]
         out = list(grads)
-        if todo and ps.included() and ps.size() > 1:
+        # elastic: the world size changes between resets, so it is read when the step runs
+        if todo and ps.included() and (elastic() or ps.size() > 1):
             if s.op == hvd_tf.Average:
                 pre, post = 1.0 / s.gradient_predivide_factor, s.gradient_predivide_factor
             else:
@@ -106,9 +114,11 @@ class _State:
                     for i, r in zip(chunk, reduced):
                         out[i] = r
         if self.local and s.scale_local_gradients:
-            n = float(ps.size())
+            n = ps.size()
             for i, (g, v) in enumerate(zip(out, variables)):
                 if g is not None and self.is_local(v):
+                    if elastic():
+                        n = tf.cast(hvd_tf.size_op(process_set_id=ps.process_set_id), g.dtype)
                     if isinstance(g, tf.IndexedSlices):
                         out[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
                     else:

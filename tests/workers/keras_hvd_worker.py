@@ -254,7 +254,94 @@ def scenario_frozen(outdir):
     save(outdir, "frozen", rank, arrays, info)
 
 
-SCENARIOS = {"frozen": scenario_frozen, "train": scenario_train, "stock": scenario_stock, "aggregate": scenario_aggregate}
+def scenario_partial(outdir):
+    """PartialDistributedOptimizer reached three ways (the binding, and horovod.keras /
+    horovod.tensorflow.keras once installed): one fit step from the same weights on each
+    rank's own batch; the test recomputes every update from the gradients saved here."""
+    import kdist_magics.keras_horovod as binding
+    import keras
+    import tensorflow as tf
+
+    binding.install()
+    import horovod.keras as hk
+    import horovod.tensorflow.keras as htk
+
+    binding.init()
+    rank = binding.rank()
+    x, y = rank_data(rank, n=32)
+    lr = 0.1
+    model = build_model(keras, seed=0)
+    arrays = weights_dict(model, "w0_")
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(y, model(x, training=True))
+    for i, g in enumerate(tape.gradient(loss, model.trainable_variables)):
+        arrays[f"g{i}"] = g.numpy()
+    cases = {"binding": (binding, {}), "keras": (hk, {}), "tfkeras": (htk, {}),
+             "unscaled": (binding, {"scale_local_gradients": False}),
+             "nolocal": (binding, None)}
+    info = {"rank": rank, "size": binding.size(), "lr": lr,
+            "modules": [hk.__name__, htk.__name__]}
+    for name, (module, extra) in cases.items():
+        m = build_model(keras, seed=0)
+        if extra is None:
+            opt = module.PartialDistributedOptimizer(keras.optimizers.SGD(lr))
+        else:  # the last Dense layer (kernel and bias) is local
+            opt = module.PartialDistributedOptimizer(keras.optimizers.SGD(lr),
+                                                     local_layers=[m.layers[-1]], **extra)
+        info[f"{name}_class"] = type(opt).__name__
+        m.compile(optimizer=opt, loss="mse")
+        m.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+        arrays.update(weights_dict(m, f"{name}_"))
+    try:
+        binding.PartialDistributedOptimizer(keras.optimizers.SGD(lr), local_layers=["dense"])
+    except ValueError as exc:
+        info["bad_layers"] = str(exc)
+    save(outdir, "partial", rank, arrays, info)
+
+
+def scenario_shrink(outdir):
+    """hvd.elastic on 3 ranks: rank 1 kills itself after batch 2 of epoch 1 (its commit
+    done); the others restore that commit, re-form as 2 ranks and finish the 3 epochs."""
+    import kdist_magics.keras_horovod as hvd
+    import keras
+
+    hvd.init()
+    first = hvd.rank()
+    x, y = rank_data(first, n=64)
+    model = build_model(keras, seed=first)  # different on purpose: sync makes them rank 0's
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+    resets, commits = [], []
+    state.register_reset_callbacks([lambda: resets.append(
+        {"size": hvd.size(), "rank": hvd.rank(), "epoch": state.epoch, "batch": state.batch,
+         "weights": [w.tolist() for w in model.get_weights()]})])
+
+    class Committed(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if (state.epoch, batch) == (1, 2):
+                commits.append([w.tolist() for w in model.get_weights()])
+                if first == 1 and hvd.size() == 3:
+                    os.kill(os.getpid(), 9)
+
+    callbacks = [hvd.elastic.CommitStateCallback(state), Committed(),
+                 hvd.elastic.UpdateBatchStateCallback(state),
+                 hvd.elastic.UpdateEpochStateCallback(state)]
+
+    @hvd.elastic.run
+    def train(state):
+        model.fit(x, y, batch_size=8, epochs=3 - state.epoch, shuffle=False, verbose=0,
+                  callbacks=callbacks)
+
+    train(state)
+    save(outdir, "shrink", first, weights_dict(model),
+         {"first": first, "rank": hvd.rank(), "size": hvd.size(), "epoch": state.epoch,
+          "batch": state.batch, "resets": resets, "commit": commits[0],
+          "iterations": int(model.optimizer.iterations.numpy())})
+
+
+SCENARIOS = {"frozen": scenario_frozen, "train": scenario_train, "stock": scenario_stock, "aggregate": scenario_aggregate,
+             "partial": scenario_partial,
+             "shrink": scenario_shrink}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](sys.argv[2])
