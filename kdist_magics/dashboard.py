@@ -31,7 +31,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from .messages import lost_batches, say
+from .messages import lost_batches, resized_note, say
 from .record import RunRecord
 from .spec import KERNEL_STRATEGIES
 
@@ -246,6 +246,8 @@ class Dashboard:
             "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
             "lost_batches": rec.lost_batches,
+            "world_size": rec.world_size,
+            "resize_note": resized_note(rec.size, rec.resizes) if rec.resizes else "",
             "lost_note": lost_batches(rec.lost_batches) if rec.lost_batches else "",
             "progress": {"fraction": _round(fraction), "step": done, "total_steps": total,
                          "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
@@ -346,6 +348,8 @@ class Dashboard:
             lines.append(f'<div style="color:#c62828">{esc(state["error"])}</div>')
         if state["lost_batches"]:
             lines.append(f'<div style="color:#666">{esc(state["lost_note"])}</div>')
+        if state["resize_note"]:
+            lines.append(f'<div style="color:#6d4c41">{esc(state["resize_note"])}</div>')
         name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
         if name:
             lines.append(svg_curves(curves["series"][name], title=name))

@@ -28,3 +28,27 @@ def lost_batches(n: int) -> str:
     static view and its live widget (which gets them in its state) all use these."""
     return (f"{n} telemetry batch{'' if n == 1 else 'es'} lost in transit: curves and last_run() "
             f"have gaps there (training was not affected)")
+
+
+def world_resized(before: int, after: int) -> str:
+    """An elastic run's size change, as the summary, the dashboard and the progress line say it."""
+    return f"world size {before} \u2192 {after}"
+
+
+def went_on_without(lost: dict[int, str], size: int, before: int) -> str:
+    """The line kdist prints when an elastic run re-forms without ranks ``lost`` ({rank: how})."""
+    what = "; ".join(f"rank {r} {how}" for r, how in sorted(lost.items()))
+    return (f"{what}: going on with {size} ranks ({world_resized(before, size)}) from the last "
+            f"commit; the next cell starts a full set of engines")
+
+
+def too_few_left(size: int, min_np: int) -> str:
+    return f"only {size} ranks left, fewer than --min-np {min_np}"
+
+
+def resized_note(size: int, resizes: list[dict]) -> str:
+    """The dashboard's line for an elastic run that went on without some ranks."""
+    gone = sorted(r for e in resizes for r in e["lost"])
+    ranks = ", ".join(str(r) for r in gone)
+    return (f"elastic: {world_resized(size, resizes[-1]['size'])}, rank{'s' if len(gone) > 1 else ''} "
+            f"{ranks} lost; the others went on from the last commit")

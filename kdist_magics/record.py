@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .messages import lost_batches
+from .messages import lost_batches, world_resized
 
-RANK_STATES = ("starting", "running", "done", "failed", "stopped")
+RANK_STATES = ("starting", "running", "done", "failed", "stopped", "lost")
 
 
 @dataclass
@@ -48,6 +48,8 @@ class RunRecord:
         # telemetry batches the ranks sent that never arrived: their rows are missing from
         # ``metrics``/``samples`` (the curves have gaps there); training itself is unaffected
         self.lost_batches = 0
+        # an elastic run's re-formings: {"time", "lost": [ranks], "size": world size after}
+        self.resizes: list[dict[str, Any]] = []
         self._lock = threading.RLock()
         self._listeners: list[Callable[[str, Any], None]] = []
 
@@ -82,6 +84,21 @@ class RunRecord:
                 setattr(state, key, value)
             self.size = max(self.size, len(self.ranks))
         self._notify("rank", state)
+
+    def note_resize(self, lost: list[int], size: int, error: str = "") -> None:
+        """An elastic run went on without ranks ``lost``; ``size`` ranks are left."""
+        with self._lock:
+            for rank in lost:
+                state = self.ranks.setdefault(rank, RankState(rank))
+                state.state, state.error = "lost", error or state.error
+            self.resizes.append({"time": time.time(), "lost": sorted(lost), "size": int(size)})
+        self._notify("resize", self.resizes[-1])
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job now (``size`` less any an elastic run went on without)."""
+        with self._lock:
+            return self.resizes[-1]["size"] if self.resizes else self.size
 
     def note_lost_batches(self, count: int) -> None:
         """Say how many telemetry batches of this run never arrived."""
@@ -125,8 +142,13 @@ class RunRecord:
         last = self.metrics[-1] if self.metrics else {}
         loss = f", last loss {last['loss']:.4g}" if isinstance(last.get("loss"), (int, float)) else ""
         lost = f"; {lost_batches(self.lost_batches)}" if self.lost_batches else ""
+        shrunk = ""
+        if self.resizes:
+            gone = sorted(r for e in self.resizes for r in e["lost"])
+            shrunk = (f", {world_resized(self.size, self.world_size)} (lost "
+                      f"{', '.join(f'rank {r}' for r in gone)})")
         return (f"{self.strategy}: {self.status} in {self.duration:.1f} s, "
-                f"{done}/{len(self.ranks)} ranks done{loss}{lost}")
+                f"{done}/{len(self.ranks)} ranks done{shrunk}{loss}{lost}")
 
     def __repr__(self) -> str:
         return f"<RunRecord {self.summary()}>"

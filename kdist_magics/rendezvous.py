@@ -123,6 +123,9 @@ class ElasticPlan:
     the job any more). Each answer is given once: a question asked before the kernel has
     re-formed the job (the survivors often see the failure first) waits for it (Horovod's
     store does not retry a missing key here), up to ``wait`` seconds, then is told it is out.
+
+    Until :meth:`started`, the first plan is the answer: a warm engine whose Horovod ran
+    before asks too (Horovod takes the re-initialising path after any earlier shutdown).
     """
 
     wait = 120.0
@@ -131,8 +134,14 @@ class ElasticPlan:
         self.hostnames = list(hostnames)
         self.slots = {i: slot for i, slot in enumerate(slots)}  # engines still in the job
         self.sizes = [len(self.slots)]  # the world size after each re-forming
-        self._answers: dict[str, bytes] = {}
+        self._answers = {f"{slot.hostname}:{slot.local_rank}": slot.to_response_string().encode("ascii")
+                         for slot in slots}
         self._lock = threading.Condition()
+
+    def started(self) -> None:
+        """Every rank has initialised: from now on only a re-forming answers."""
+        with self._lock:
+            self._answers = {}
 
     def shrink(self, lost: Sequence[int], httpd) -> dict[int, object]:
         from horovod.runner.common.util.hosts import SlotInfo

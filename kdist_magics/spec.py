@@ -32,6 +32,9 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
         help=f"how to distribute the cell: {', '.join(STRATEGIES)} (default: %%config KDist.strategy, 'auto')")),
     (("--np", "-n"), dict(default=None, type=int, metavar="N",
         help="number of ranks (engines) for horovod/multiworker, N >= 1")),
+    (("--min-np",), dict(default=None, type=int, dest="min_np", metavar="K",
+        help="horovod only: elastic run; when ranks are lost the rest re-form and go on while "
+             "at least K are left (the cell uses hvd.elastic.run and a state object)")),
     (("--devices",), dict(default=None, type=int, metavar="N",
         help="number of replicas for mirrored (GPUs, or logical CPU devices without GPUs), N >= 1")),
     (("--timeout",), dict(default=None, type=float, metavar="SECONDS",
@@ -73,6 +76,7 @@ class RunSpec:
 
     strategy: str = "auto"
     np: int | None = None
+    min_np: int | None = None
     devices: int | None = None
     timeout: float | None = None
     push: tuple[str, ...] = ()
@@ -124,6 +128,13 @@ def validate(spec: RunSpec) -> RunSpec:
     if spec.timeout is not None and not spec.timeout > 0:
         raise UsageError(f"--timeout: {spec.timeout:g} seconds is not possible; give SECONDS > 0")
     s = spec.strategy
+    if spec.min_np is not None:
+        if spec.min_np < 1:
+            raise UsageError(f"--min-np: {spec.min_np} ranks is not possible; give K >= 1")
+        if spec.np is not None and spec.min_np > spec.np:
+            raise UsageError(f"--min-np {spec.min_np} is more than --np {spec.np}; give K <= N")
+        if s not in ("auto", "horovod"):
+            raise UsageError(f"--min-np applies to horovod (an elastic Horovod run), not {s}")
     if s in KERNEL_STRATEGIES:
         for opt, name in (("--np", "np"), ("--push", "push"), ("--pull", "pull"),
                           ("--cluster-id", "cluster_id"), ("--profile", "profile")):
@@ -147,7 +158,7 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
     defaults = dict(defaults or {})
     given = set()
     values: dict[str, Any] = {}
-    for key in ("strategy", "np", "devices", "timeout", "out", "checkpoint", "cluster_id", "profile"):
+    for key in ("strategy", "np", "min_np", "devices", "timeout", "out", "checkpoint", "cluster_id", "profile"):
         v = getattr(args, key)
         if v is None:
             v = defaults.get(key)

@@ -115,6 +115,11 @@ def test_engine_options_mean_an_engine_strategy(line):
     assert "given" in advice.reason
 
 
+def test_min_np_means_horovod_elastic():
+    advice = advice_for(dict(cpu_cores=2, horovod=True), SMALL_MODEL, TINY_DATA, line="--np 4 --min-np 2")
+    assert advice.strategy == "horovod" and "--min-np 2 given" in advice.reason
+
+
 def test_engine_options_without_horovod_use_multiworker():
     advice = advice_for(dict(cpu_cores=2, horovod=False), line="--np 2")
     assert advice.strategy == "multiworker"

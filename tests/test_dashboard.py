@@ -350,3 +350,29 @@ def test_saved_notebook_shows_static_summary_without_widget_state(tmp_path, test
     assert "widgets" not in nb.metadata or not nb.metadata["widgets"]
     body, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
     assert "kdist-static" in body and "<polyline" in body  # nbconvert falls back to the HTML
+
+
+def test_an_elastic_run_that_lost_a_rank_shows_the_world_size_and_the_lost_rank():
+    rec = RunRecord("horovod", size=4)
+    dash = Dashboard(rec, interval=None)
+    state = dash.snapshot()[0]
+    assert (state["world_size"], state["resize_note"]) == (4, "")
+    rec.note_resize([1], 3, error="process was killed by SIGKILL")
+    rec.finish("done")
+    state = dash.snapshot()[0]
+    assert state["world_size"] == 3 and state["size"] == 4
+    assert state["resize_note"] == ("elastic: world size 4 \u2192 3, rank 1 lost; the others "
+                                    "went on from the last commit")
+    assert [r["state"] for r in state["ranks"]][1] == "lost"  # finish() leaves it lost
+    assert state["resize_note"] in _unescape(dash.html())
+    assert "world size 4 \u2192 3 (lost rank 1)" in rec.summary()
+    js = (Path(kdist_magics.__file__).parent / "static" / "dashboard.js").read_text()
+    assert "st.resize_note" in js and "st.world_size" in js and "went on" not in js
+    css = (Path(kdist_magics.__file__).parent / "static" / "dashboard.css").read_text()
+    assert ".kdist-badge.kdist-lost" in css
+
+
+def _unescape(text):
+    import html
+
+    return html.unescape(text)

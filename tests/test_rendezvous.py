@@ -91,3 +91,40 @@ def test_abort_watch_ends_quietly_on_hang_up_and_on_stop(monkeypatch):
     assert not thread.is_alive() and not called.is_set()
     assert "abort" not in engine._run_hvd
     line.close()
+
+
+def test_elastic_plan_answers_each_rank_once_and_waits_for_the_re_forming():
+    import threading
+
+    def get(port, key):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/rank_and_size/{key}", timeout=30) as r:
+            return r.read().decode()
+
+    with Rendezvous(["h1", "h2", "h1", "h2"], elastic=True) as rdv:
+        assert rdv.env(0)["HOROVOD_ELASTIC"] == "1"
+        # before the ranks have started, a warm engine re-initialising gets the first plan
+        assert get(rdv.port, "h2:0") == "2,4,0,2,1,2"
+        rdv.plan.started()
+        # a rank that sees the failure before the kernel re-forms waits for it
+        early = {}
+        asker = threading.Thread(target=lambda: early.setdefault("h1:1", get(rdv.port, "h1:1")))
+        asker.start()
+        asker.join(timeout=0.5)
+        assert asker.is_alive() and not early
+        # engine 1 (h2, local rank 0) is lost: h2 keeps engine 3 alone
+        new = rdv.shrink([1])
+        asker.join(timeout=10)
+        assert early == {"h1:1": "1,3,1,2,0,1"}  # only h1 has a local rank 1 now
+        assert {i: (s.rank, s.size, s.local_rank, s.local_size) for i, s in new.items()} == {
+            0: (0, 3, 0, 2), 2: (1, 3, 1, 2), 3: (2, 3, 0, 1)}
+        assert get(rdv.port, "h2:1") == "2,3,0,1,1,2"
+        assert get(rdv.port, "h2:0") == "-1,-1,-1,-1,-1,-1"  # the lost engine's slot: out
+        assert rdv.plan.sizes == [4, 3]
+        # an answer is given once: asking again waits for the next re-forming
+        rdv.plan.wait = 0.3
+        assert get(rdv.port, "h1:0") == "0,3,0,2,0,2"
+        assert get(rdv.port, "h1:0") == "-1,-1,-1,-1,-1,-1"
+    with Rendezvous(["a"]) as fixed:
+        assert "HOROVOD_ELASTIC" not in fixed.env(0)
+        with pytest.raises(RuntimeError, match="elastic"):
+            fixed.shrink([0])

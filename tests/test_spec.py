@@ -72,6 +72,10 @@ def test_attach_options():
         ("-s horovod --devices 2", ["--devices", "--np"]),
         ("-s tpu --devices 2", ["--devices", "tpu"]),
         ("--pull 'unbalanced", ["cannot read"]),
+        ("-s horovod --min-np 0", ["--min-np", "K >= 1"]),
+        ("-s horovod --np 2 --min-np 3", ["--min-np 3", "--np 2", "K <= N"]),
+        ("-s multiworker --min-np 2", ["--min-np", "horovod", "multiworker"]),
+        ("-s mirrored --min-np 2", ["--min-np", "horovod", "mirrored"]),
     ],
 )
 def test_bad_options_raise_exactly_usage_error(line, words):
@@ -94,3 +98,11 @@ def test_with_strategy_revalidates():
     assert spec.with_strategy("mirrored").devices == 2
     with pytest.raises(UsageError):
         spec.with_strategy("horovod")
+
+
+def test_min_np_makes_an_elastic_horovod_request():
+    spec = parse_line("-s horovod --np 4 --min-np 2")
+    assert (spec.np, spec.min_np) == (4, 2) and "min_np" in spec.given
+    assert parse_line("--np 4").min_np is None
+    with pytest.raises(UsageError, match="--min-np applies to horovod"):
+        parse_line("--np 4 --min-np 2").with_strategy("multiworker")

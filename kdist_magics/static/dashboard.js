@@ -141,12 +141,14 @@ function render({ model, el }) {
 
     // header
     const head = h("div", "kdist-head");
-    head.appendChild(h("span", "kdist-title", `kdist · ${st.strategy || "?"} · ${st.size || 0} rank${st.size === 1 ? "" : "s"}`));
+    const world = st.world_size != null && st.world_size !== st.size ? `${st.world_size} of ` : "";
+    head.appendChild(h("span", "kdist-title", `kdist · ${st.strategy || "?"} · ${world}${st.size || 0} rank${st.size === 1 ? "" : "s"}`));
     head.appendChild(h("span", `kdist-badge kdist-status kdist-${status}`, status));
     const elapsed = st.running ? (st.elapsed || 0) + (Date.now() - received) / 1000 : st.elapsed;
     head.appendChild(h("span", "kdist-elapsed", `elapsed ${fmtTime(elapsed)}`));
     top.appendChild(head);
     if (st.reason) top.appendChild(h("div", "kdist-reason", `auto: ${st.reason}`));
+    if (st.resize_note) top.appendChild(h("div", "kdist-resized", st.resize_note));  // words from messages.resized_note
     if (st.lost_note) {  // the words come from Python (kdist_magics.messages.lost_batches)
       top.appendChild(h("div", "kdist-lost", st.lost_note));
     }

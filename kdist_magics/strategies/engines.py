@@ -26,6 +26,9 @@ Hooks for subclasses (Horovod here; MultiWorkerMirroredStrategy later, with
 ``abort_collectives(cluster, ranks)``
     when a run is being stopped (a rank raised, timeout, interrupt): make ranks
     blocked inside collectives return, so they need not be killed.
+``go_on_without(cluster, ctx, deaths) -> {rank: new rank} | None``
+    an engine died (``deaths``: ``{rank: how}``): an elastic strategy re-forms the job
+    with the ranks left and returns their new ranks; None (the default) stops the run.
 ``bound_names`` (class attribute)
     names the strategy binds in the engine namespace (documentation/status).
 
@@ -84,6 +87,7 @@ class EngineStrategy(Strategy):
         self.needs_restart: str | None = None  # why the next run must restart the engines
         self.last_timing: dict[str, float] = {}
         self.supervisor: RunSupervisor | None = None  # the run in progress, if any
+        self.lost: set[int] = set()  # engine ids an elastic run went on without (this run)
 
     # -- hooks ---------------------------------------------------------------
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
@@ -105,6 +109,14 @@ class EngineStrategy(Strategy):
         its collectives from outside (Horovod: a coordinated shutdown) does it here so the
         engines stay warm. Default: nothing (stuck ranks are killed after ``stop_grace``).
         """
+
+    def go_on_without(self, cluster: EngineCluster, ctx: RunContext,
+                      deaths: dict[int, str]) -> dict[int, int] | None:
+        return None
+
+    def live_view(self, cluster: EngineCluster):
+        """The engines of this run still in it (all, unless an elastic run lost some)."""
+        return cluster.view([e.engine_id for e in cluster.engines if e.engine_id not in self.lost])
 
     # -- for subclasses whose set-up runs on every engine at once ----------------
     def _setup_results(self, ars, ranks: list[int], what: str, reach: str, timeout: float,
@@ -186,14 +198,21 @@ class EngineStrategy(Strategy):
         if pushed:
             cluster.view().push(pushed, block=True)
         ok = False
+        self.lost = set()
+        renumbered = None
         try:
             self.before_cell(cluster, ctx, ranks)
             t_ready = time.monotonic()
             self.last_timing = {"cluster_s": t_cluster - t0, "setup_s": t_ready - t_cluster}
             value_ar = self._execute(cell, cluster, ctx, ranks)
             ok = True
+            renumbered = self.supervisor.renumbered
         finally:
             self._finish_engines(cluster, ctx, ranks, ok)
+            if self.lost:
+                self.needs_restart = self.needs_restart or "ranks were lost in the previous run"
+        if renumbered:  # an elastic run that lost ranks: rank 0 is the first one left
+            by_rank = {new: by_rank[old] for old, new in renumbered.items()}
         value = self._pull(cluster, ctx, by_rank, value_ar)
         return value
 
@@ -283,11 +302,12 @@ class EngineStrategy(Strategy):
             sup.printer.flush()
         if self.needs_restart is None and cluster.running:
             try:
-                ar = cluster.view().apply_async(engine.end, True)
+                ar = self.live_view(cluster).apply_async(engine.end, True)
                 ar.wait(timeout=10)
                 if ar.ready() and sup is not None:
                     ar.wait_for_output(timeout=5)  # the final batch is published before idle
-                    sup.drain_outputs(ar, ranks)
+                    sup.drain_outputs(ar, [r for r, e in zip(ranks, cluster.engines)
+                                           if e.engine_id not in self.lost])
             except Exception:
                 pass
         if sup is not None and sup.lost_batches:
@@ -311,8 +331,17 @@ class EngineStrategy(Strategy):
                  for e, rank in zip(cluster.engines, ranks)]
         for b in begun:
             b.get(timeout=60)
+        by_rank = {rank: e.engine_id for rank, e in zip(ranks, cluster.engines)}
+
+        def go_on(deaths):
+            renumbered = self.go_on_without(cluster, ctx, deaths)
+            if renumbered is not None:
+                self.lost |= {by_rank[r] for r in deaths}
+            return renumbered
+
         sup = self.supervisor = RunSupervisor(record, spec.out,
-                                              lambda busy: self.abort_collectives(cluster, busy))
+                                              lambda busy: self.abort_collectives(cluster, busy),
+                                              on_lost=go_on)
         ar = cluster.view().execute(cell, silent=False, block=False)
         for rank, fut in zip(ranks, children(ar)):
             sup.listen(fut, rank)

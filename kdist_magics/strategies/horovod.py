@@ -7,6 +7,11 @@ hostnames, every engine gets its HOROVOD_* and Gloo variables and calls
 ``hvd.init()`` (after ``hvd.shutdown()`` of the previous run, so warm engines
 re-initialise in well under a second), ``hvd`` is bound in the engine
 namespace, and Horovod is shut down after the cell.
+
+With ``--min-np K`` the run is elastic: the ranks run with ``HOROVOD_ELASTIC=1``, and when
+an engine dies while at least K ranks are left, the kernel acts as Horovod's elastic driver:
+it re-forms the rendezvous with the engines left (:meth:`HorovodStrategy.go_on_without`),
+whose ``hvd.elastic.run`` restores the last commit and re-initialises as the smaller job.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 from ..cluster import EngineCluster
 from ..errors import KDistError, StrategyUnavailable
+from ..messages import say
 from ..network import interface_of, route_iface
 from .base import RunContext
 from .engines import EngineStrategy
@@ -31,6 +37,11 @@ def iface_for(address: str) -> str:
         return interface_of(address)
     except LookupError:
         raise KDistError(f"KDist.bind_address {address} is not an address of this machine") from None
+
+
+#: an elastic run's bound on one Gloo wait: a rank blocked on a peer that is itself stuck in
+#: the lost rank's collective notices this late at most (Horovod's default is 30 s)
+ELASTIC_GLOO_TIMEOUT = "10"
 
 
 class HorovodStrategy(EngineStrategy):
@@ -48,6 +59,7 @@ class HorovodStrategy(EngineStrategy):
                 "every other strategy works without it)"
             ) from exc
         self.rendezvous = None
+        self.min_np: int | None = None  # the run's --min-np: elastic when set
 
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
         from ..rendezvous import assign
@@ -66,15 +78,20 @@ class HorovodStrategy(EngineStrategy):
                 raise KDistError(
                     f"the engines run on {len(set(hosts))} hosts but the rendezvous would listen on "
                     f"loopback; set %config KDist.bind_address = '<an address every engine reaches>'")
-        self.rendezvous = Rendezvous(hosts, address=address, iface=iface_for(address))
+        self.min_np = ctx.spec.min_np
+        self.rendezvous = Rendezvous(hosts, address=address, iface=iface_for(address),
+                                     elastic=self.min_np is not None)
         if cluster.owned:
             ifaces = [self.rendezvous.iface] * len(hosts)
         else:  # each engine names its own interface towards the rendezvous
             ifaces = cluster.view().apply_sync(route_iface, address)
         self.rendezvous.start()
         abort = (self.rendezvous.address, self.rendezvous.abort_line.port)
-        ars = [cluster.client[e.engine_id].apply_async(hvd_init,
-                                                       self.rendezvous.env(i, iface=ifaces[i]), abort)
+        envs = [self.rendezvous.env(i, iface=ifaces[i]) for i in range(len(hosts))]
+        if self.min_np is not None:
+            timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", ELASTIC_GLOO_TIMEOUT)
+            envs = [{**env, "HOROVOD_GLOO_TIMEOUT_SECONDS": timeout} for env in envs]
+        ars = [cluster.client[e.engine_id].apply_async(hvd_init, envs[i], abort)
                for i, e in enumerate(cluster.engines)]
         for ar in ars:
             ar.wait(timeout=120)
@@ -90,6 +107,26 @@ class HorovodStrategy(EngineStrategy):
                 raise KDistError(f"hvd.init() failed on rank {rank}: {detail}") from None
             if info["rank"] != rank:  # pragma: no cover - defensive
                 raise KDistError(f"engine became Horovod rank {info['rank']}, expected {rank}")
+        if self.rendezvous.plan is not None:
+            self.rendezvous.plan.started()
+
+    def go_on_without(self, cluster: EngineCluster, ctx: RunContext,
+                      deaths: dict[int, str]) -> dict[int, int] | None:
+        """Elastic runs: re-form the job without the dead ranks while ``--min-np`` are left;
+        ``{rank: new rank}`` of the ranks left (None: too few, the run stops)."""
+        from ..messages import too_few_left
+
+        rdv = self.rendezvous
+        if rdv is None or rdv.plan is None:
+            return None
+        rank_of = {i: slot.rank for i, slot in enumerate(rdv.slots)}  # engine index -> rank
+        index_of = {r: i for i, r in rank_of.items()}
+        left = len(rdv.plan.slots) - len(deaths)
+        if left < self.min_np:
+            say(too_few_left(left, self.min_np) + "; stopping the run", warn=True)
+            return None
+        new = rdv.shrink([index_of[r] for r in deaths])
+        return {rank_of[i]: slot.rank for i, slot in new.items()}
 
     def abort_collectives(self, cluster: EngineCluster, ranks: list[int]) -> None:
         """Ask every rank's abort watcher (see :func:`_watch_abort`) to shut Horovod down."""
@@ -101,7 +138,7 @@ class HorovodStrategy(EngineStrategy):
 
         try:
             if cluster.running and self.needs_restart is None:
-                ar = cluster.view().apply_async(hvd_shutdown)
+                ar = self.live_view(cluster).apply_async(hvd_shutdown)
                 ar.wait(timeout=10)
         finally:
             if self.rendezvous is not None:

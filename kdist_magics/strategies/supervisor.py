@@ -35,6 +35,7 @@ from ..messages import say
 
 POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
 DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
+VANISHED_GRACE = 5.0  # seconds an "engine died" reply waits for the death check to confirm it
 
 
 class Printer:
@@ -49,10 +50,11 @@ class Printer:
 
     def __init__(self, mode: str):
         self.mode = mode
+        self.lead = 0  # whose output "rank0" shows: rank 0, or the first left after losing it
         self.pending: dict[tuple[int, str], str] = {}
 
     def write(self, rank: int, name: str, text: str) -> None:
-        if self.mode == "none" or (self.mode == "rank0" and rank != 0):
+        if self.mode == "none" or (self.mode == "rank0" and rank != self.lead):
             return
         if self.mode == "all":
             text = self._lines(rank, name, text)
@@ -86,12 +88,20 @@ class RunSupervisor:
 
     ``record``: the run's RunRecord; ``out``: whose output is printed (``rank0|all|none``);
     ``abort_collectives(ranks)``: the strategy's way to make ranks blocked in the library's
-    collectives return (called first when stopping).
+    collectives return (called first when stopping). ``on_lost({rank: how})``: an elastic
+    strategy's way to go on without dead ranks; it returns ``{rank: new rank}`` for the ranks
+    left, or None when the run cannot go on (then a death stops the run, as without it).
     """
 
     def __init__(self, record, out: str = "rank0",
-                 abort_collectives: Callable[[list[int]], None] = lambda ranks: None):
+                 abort_collectives: Callable[[list[int]], None] = lambda ranks: None,
+                 on_lost: Callable[[dict[int, str]], dict[int, int] | None] | None = None):
         self.record = record
+        self.on_lost = on_lost
+        self.lost: dict[int, str] = {}  # ranks an elastic run went on without: how they ended
+        self.renumbered: dict[int, int] | None = None  # rank -> rank now, after going on
+        self.vanishing: dict[int, tuple[float, Any]] = {}  # "engine died" replies not yet seen dead
+        self.late_failures: dict[int, Any] = {}  # ... that the death check never confirmed
         self.printer = Printer(out)
         self.abort_collectives = abort_collectives
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -165,7 +175,7 @@ class RunSupervisor:
                     from IPython.display import publish_display_data
 
                     publish_display_data(content.get("data", {}), content.get("metadata") or {})
-            elif kind == "execute_result" and rank == 0:
+            elif kind == "execute_result" and rank == printer.lead:
                 result = content
 
     def drain_outputs(self, ar, ranks: list[int]) -> None:
@@ -209,15 +219,19 @@ class RunSupervisor:
                 result_content = self.drain(wait) or result_content
                 if self._settle(ranks, children, failures):
                     first_failure = first_failure or time.monotonic()
-                if all(f.done() for f in children):
-                    break
                 now = time.monotonic()
-                if now >= next_death_check:
+                gone = self._vanished(now)  # ipyparallel says an engine died: look now
+                if not gone and all(f.done() for r, f in zip(ranks, children) if r not in self.lost):
+                    break
+                if now >= next_death_check or gone:
                     deaths = cluster.dead()
                     next_death_check = time.monotonic() + DEATH_CHECK
-                    if deaths:
-                        by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
-                        deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items()}
+                    by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
+                    deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items()
+                                      if by_engine[eid] not in self.lost}
+                    if deaths_by_rank and self._go_on(deaths_by_rank):
+                        deaths_by_rank = {}
+                    if deaths_by_rank:
                         for rank, how in deaths_by_rank.items():
                             record.set_rank(rank, state="failed", error=f"process {how}")
                         self.drain()
@@ -245,7 +259,12 @@ class RunSupervisor:
             raise
         # every rank is done: wait for the trailing output (IOPub idle) and drain it
         try:
-            ar.wait_for_output(timeout=10)
+            if not self.lost:
+                ar.wait_for_output(timeout=10)
+            else:  # a lost rank's output never ends
+                for rank, fut in zip(ranks, children):
+                    if rank not in self.lost:
+                        fut.output.result(timeout=10)
         except Exception:
             pass
         result_content = self.drain() or result_content
@@ -253,16 +272,54 @@ class RunSupervisor:
             raise RankFailed(failures, [])
         return result_content
 
+    def _vanished(self, now: float) -> bool:
+        """True while a rank's request ended with "engine died" and the death check has not
+        yet seen the process gone; after ``VANISHED_GRACE`` s it counts as that rank's error."""
+        waiting = False
+        for rank, (since, exc) in list(self.vanishing.items()):
+            if rank in self.lost or self.record.ranks[rank].state == "failed":
+                del self.vanishing[rank]
+            elif now - since > VANISHED_GRACE:
+                del self.vanishing[rank]
+                self.late_failures[rank] = exc
+            else:
+                waiting = True
+        return waiting
+
+    def _go_on(self, deaths: dict[int, str]) -> bool:
+        """An elastic run re-forms without ranks that died; True when it goes on."""
+        if self.on_lost is None:
+            return False
+        renumbered = self.on_lost(deaths)
+        if renumbered is None:
+            return False
+        from ..messages import went_on_without
+
+        before = self.record.world_size
+        self.lost.update(deaths)
+        self.renumbered = renumbered
+        self.printer.lead = min(renumbered, key=renumbered.get)
+        self.record.note_resize(sorted(deaths), len(renumbered),
+                                error="; ".join(f"process {how}" for how in deaths.values()))
+        self.drain()
+        say(went_on_without(deaths, len(renumbered), before))
+        return True
+
     def _settle(self, ranks, children, failures: dict[int, Any]) -> bool:
         """Mark ranks whose request finished done or failed; True when one newly failed."""
         record, failed = self.record, False
         for rank, fut in zip(ranks, children):
-            if not fut.done() or rank in failures or record.ranks[rank].state in ("done", "failed"):
+            if not fut.done() or rank in self.lost or rank in failures or record.ranks[rank].state in ("done", "failed"):
                 continue
             exc = fut.exception()
             if exc is None:  # ipyparallel resolves a failed request with its error
                 reply = fut.result()
                 exc = reply if isinstance(reply, BaseException) else None
+            if exc is not None and getattr(exc, "ename", type(exc).__name__) == "EngineError":
+                # the engine died: the death check names how (and an elastic run goes on)
+                if rank not in self.late_failures:
+                    self.vanishing.setdefault(rank, (time.monotonic(), exc))
+                    continue
             if exc is None:
                 record.set_rank(rank, state="done")
             else:
@@ -278,7 +335,8 @@ class RunSupervisor:
         Returns the ranks that had to be stopped. With ``hard`` (a rank died, so the
         survivors' collectives can never complete), kill at once.
         """
-        busy = [(r, e, f) for r, e, f in zip(ranks, cluster.engines, children) if not f.done()]
+        busy = [(r, e, f) for r, e, f in zip(ranks, cluster.engines, children)
+                if not f.done() and r not in self.lost]
         if not busy:
             return []
         if not hard:
