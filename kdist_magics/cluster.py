@@ -40,73 +40,19 @@ def _identify():  # runs on an engine
     return os.getpid(), socket.gethostname()
 
 
-def _watch_kernel(kernel_pid: int, kernel_started: float, controller_pid: int | None,
-                  controller_started: float | None, every: float = 0.5) -> bool:  # runs on an engine
-    """Follow the kernel that started this cluster: when it is gone (SIGKILL, crash), end the
-    controller, this engine's own children (its nanny) and this engine.
+def _following():
+    """Launcher configuration: an owned cluster's controller and engines start through
+    :mod:`kdist_magics.follow`, so they (and their nannies and schedulers) end with this
+    kernel from their first instant, even while they are still starting."""
+    from traitlets.config import Config
 
-    ipyparallel has no such option, and a kernel that is killed runs no ``atexit``.
-    Processes are recognised by pid *and* creation time, so a reused pid is never hit.
+    from .follow import command
 
-    Long on purpose: it runs on an engine as one self-contained function (it is shipped there by
-    ipyparallel), so its helpers live inside it.
-    """
-    import os
-    import threading
-
-    import psutil
-
-    def alive(pid, started):
-        try:
-            proc = psutil.Process(pid)
-            return abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    def wait_for_exit():
-        # Linux: a pidfd turns readable when the process ends, so the thread sleeps
-        # without waking at all while the kernel lives; elsewhere, look every ``every`` s
-        try:
-            import select
-
-            fd = os.pidfd_open(kernel_pid)
-        except (AttributeError, OSError):
-            fd = None
-        if fd is not None:
-            try:
-                if alive(kernel_pid, kernel_started):  # the fd is the kernel, not a reused pid
-                    select.select([fd], [], [])
-                return
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-        while alive(kernel_pid, kernel_started):
-            threading.Event().wait(every)
-
-    def watch():
-        wait_for_exit()
-        procs = []
-        if controller_pid and alive(controller_pid, controller_started):
-            controller = psutil.Process(controller_pid)
-            procs.append(controller)
-            try:
-                procs += controller.children(recursive=True)  # its scheduler processes
-            except psutil.Error:
-                pass
-        try:
-            procs += psutil.Process().children(recursive=True)
-        except psutil.Error:
-            pass
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        os._exit(0)
-
-    threading.Thread(target=watch, name="kdist-kernel-watch", daemon=True).start()
-    return True
+    config = Config()
+    config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller")
+    config.LocalEngineLauncher.engine_cmd = command("ipyparallel.engine")
+    config.LocalEngineSetLauncher.engine_cmd = command("ipyparallel.engine")
+    return config
 
 
 def describe_exit(code: int | None) -> str:
@@ -166,7 +112,7 @@ class EngineCluster:
             if self.owned:
                 self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
                 self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
-                                           log_level=40, shutdown_atexit=True)
+                                           log_level=40, shutdown_atexit=True, config=_following())
                 self.cluster.start_cluster_sync()
                 self.client = self.cluster.connect_client_sync()
             else:
@@ -209,20 +155,6 @@ class EngineCluster:
         if self.owned:
             self._pids_started |= {e.pid for e in self.engines}
             self._pids_started |= set(self._process_tree_pids())
-            self._watch_kernel(ids)
-
-    def _watch_kernel(self, ids) -> None:
-        """Owned engines end themselves and the controller if this kernel is killed."""
-        import psutil
-
-        me = psutil.Process()
-        controller = getattr(self.cluster, "controller", None)
-        cpid = getattr(controller, "pid", None) if controller is not None else None
-        try:
-            cstarted = psutil.Process(cpid).create_time() if cpid else None
-        except psutil.Error:
-            cpid, cstarted = None, None
-        self.client[ids].apply_sync(_watch_kernel, me.pid, me.create_time(), cpid, cstarted)
 
     def view(self, engine_ids: Iterable[int] | None = None):
         ids = [e.engine_id for e in self.engines] if engine_ids is None else list(engine_ids)

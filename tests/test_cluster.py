@@ -17,7 +17,7 @@ from kdist_magics.record import RunRecord
 from kdist_magics.strategies.engines import EngineStrategy
 from kdist_magics.strategies.supervisor import Printer as _Printer, RunSupervisor
 
-from conftest import python_without
+from conftest import ROOT, python_without
 
 
 def test_exit_status_words():
@@ -404,3 +404,47 @@ def test_what_a_quick_rank_sent_before_kdist_listened_is_not_lost():
     assert sup.started == {0}  # rank 1 has not begun: no SIGINT yet (it would be lost)
     fut1.iopub_callbacks[0]({"header": {"msg_type": "execute_input"}, "content": {"code": ""}})
     assert sup.started == {0, 1}
+
+
+def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp_path):
+    """kdist_magics.follow, as the controller's and every engine's launcher command: the watch is
+    in place before the module runs, and takes the module's children along."""
+    import os
+
+    import psutil
+
+    from kdist_magics.follow import command
+    from kernel_driver import wait_gone
+
+    (tmp_path / "kd_follow_probe.py").write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "open(sys.argv[1], 'w').write(f'{child.pid} {sys.argv[2]}')\n"
+        "time.sleep(120)\n")
+    kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    procs = [kernel]
+    try:
+        cmd = command("kd_follow_probe", kernel.pid, psutil.Process(kernel.pid).create_time())
+        assert cmd[1:3] == ["-m", "kdist_magics.follow"] and cmd[-1] == "kd_follow_probe"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+        out = tmp_path / "child.txt"
+        follower = subprocess.Popen(cmd + [str(out), "argv-kept"], env=env)
+        procs.append(follower)
+        deadline = time.monotonic() + 60
+        while not out.exists() or not out.read_text():
+            assert time.monotonic() < deadline and follower.poll() is None
+            time.sleep(0.05)
+        child, argv = out.read_text().split()
+        assert argv == "argv-kept"  # the module ran as __main__ with its own arguments
+        time.sleep(0.5)
+        assert follower.poll() is None and psutil.pid_exists(int(child))  # all alive meanwhile
+        kernel.kill()
+        kernel.wait(timeout=10)
+        left, _ = wait_gone([follower.pid, int(child)], 10)
+        follower.wait(timeout=10)
+        assert not left, left
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)

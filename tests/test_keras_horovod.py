@@ -426,6 +426,9 @@ from horovod.tensorflow import keras as hvd2
 import horovod.keras as hvd3
 assert callbacks is callbacks2 is kh.callbacks and hvd2 is kh and hvd3 is kh
 assert hvd.callbacks.BroadcastGlobalVariablesCallback.__module__ == "kdist_magics.keras_horovod.callbacks"
+import horovod.tensorflow.keras.elastic as elastic1
+from horovod.keras import elastic as elastic2
+assert elastic1 is elastic2 is kh.elastic and elastic1.KerasState.__module__ == "kdist_magics.keras_horovod.elastic"
 hvd.init(); hvd.init()
 assert hvd.size() == 1 and hvd.rank() == 0 and hvd.local_rank() == 0
 import keras
@@ -513,8 +516,8 @@ calls = []
 def train(st, calls=calls):
     calls.append(st.epoch)
     if len(calls) == 1:  # a pending host change interrupts at a commit: reset, no restore
-        from kdist_magics.keras_horovod import _notices
-        assert _notices.hosts_updated() == 1
+        from horovod.runner.elastic.worker import HostUpdateResult
+        st.on_hosts_updated(1, HostUpdateResult.added)
         st.epoch = 7
         st.commit()
     return "trained"

@@ -356,7 +356,7 @@ def is_installed() -> bool:
 
 def install() -> bool:
     """Alias this module as ``horovod.tensorflow.keras`` and ``horovod.keras`` (and their
-    ``.callbacks``) when Keras 3 is active; returns whether it did. Idempotent."""
+    ``.callbacks`` and ``.elastic``) when Keras 3 is active; returns whether it did. Idempotent."""
     global _saved
     if _saved is not None:
         return True
@@ -364,9 +364,10 @@ def install() -> bool:
         return False
     me = sys.modules[__name__]
     cb = importlib.import_module(f"{__name__}.callbacks")
+    elastic = importlib.import_module(f"{__name__}.elastic")
     saved: dict = {"modules": {}, "attrs": []}
     for alias in _ALIASES:
-        for name, module in ((alias, me), (f"{alias}.callbacks", cb)):
+        for name, module in ((alias, me), (f"{alias}.callbacks", cb), (f"{alias}.elastic", elastic)):
             saved["modules"][name] = sys.modules.get(name)
             sys.modules[name] = module
         parent_name, _, child = alias.rpartition(".")

@@ -13,11 +13,12 @@ Horovod 0.28.1's semantics (``horovod.tensorflow.keras.elastic``), on Keras 3:
 * :func:`run` wraps a training function ``train(state, ...)``: sync, call it, and when a
   collective fails because a rank was lost (``HorovodInternalError``) restore the last commit,
   re-initialise Horovod (the rendezvous names the new ranks and size) and call it again; a
-  pending host change (``HostsUpdatedInterrupt``) resets without restoring.
+  pending host change (``state.on_hosts_updated(...)``, then ``HostsUpdatedInterrupt`` at
+  the next commit) resets without restoring.
 
 Under ``%%kdist --strategy horovod --min-np K`` the kernel is the elastic driver: it re-forms
 the rendezvous with the ranks still alive. Horovod's own worker notification service (a
-listener on every rank) is not started; kdist tells ranks of a change through its abort line.
+listener on every rank) is not started.
 """
 
 from __future__ import annotations
@@ -183,29 +184,23 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        from . import _notices
-
-        _notices.register(state)
         skip_sync = False
-        try:
-            while True:
-                try:
-                    if not skip_sync:
-                        state.sync()
-                    return func(state, *args, **kwargs)
-                except HorovodInternalError:
-                    state.restore()
-                    skip_sync = False
-                except HostsUpdatedInterrupt as exc:
-                    skip_sync = exc.skip_sync
-                except Exception as exc:
-                    if not _lost_rank_error(exc):
-                        raise
-                    state.restore()
-                    skip_sync = False
-                _reset()
-                state.on_reset()
-        finally:
-            _notices.unregister(state)
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError:
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as exc:
+                skip_sync = exc.skip_sync
+            except Exception as exc:
+                if not _lost_rank_error(exc):
+                    raise
+                state.restore()
+                skip_sync = False
+            _reset()
+            state.on_reset()
 
     return wrapper

@@ -1,0 +1,97 @@
+"""Processes that follow the kernel from their first instant.
+
+``python -m kdist_magics.follow PID STARTED MODULE ARGS...`` runs ``MODULE`` (ipyparallel's
+controller or engine) as ``__main__``, after starting a thread that waits for process PID
+(created at STARTED, so a reused pid is never taken for it) to end; then it kills this
+process's children (an engine's nanny, the controller's schedulers) and itself.
+
+kdist starts an owned cluster's controller and engines through this (their launchers'
+``controller_cmd`` / ``engine_cmd``), so a kernel that is killed at any moment, even while
+the engines are still starting, takes them with it: a killed kernel runs no ``atexit``, and
+ipyparallel has no such option. The watcher sleeps on a pidfd (Linux), waking only when the
+kernel ends; elsewhere it looks every half second.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+
+def alive(pid: int, started: float) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_for_exit(pid: int, started: float, every: float = 0.5) -> None:
+    """Return once process ``pid`` (created at ``started``) is gone."""
+    try:
+        import select
+
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            if alive(pid, started):  # the fd is the kernel, not a reused pid
+                select.select([fd], [], [])
+            return
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    while alive(pid, started):
+        threading.Event().wait(every)
+
+
+def end_with(pid: int, started: float) -> threading.Thread:
+    """Start the thread that ends this process and its children once ``pid`` is gone."""
+
+    def watch():
+        import psutil
+
+        wait_for_exit(pid, started)
+        try:
+            children = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            children = []
+        for child in children:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        os._exit(0)
+
+    thread = threading.Thread(target=watch, name="kdist-kernel-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def command(module: str, pid: int | None = None, started: float | None = None) -> list[str]:
+    """The command line that runs ``python -m module`` following process ``pid`` (this one)."""
+    import psutil
+
+    if pid is None:
+        pid = os.getpid()
+    if started is None:
+        started = psutil.Process(pid).create_time()
+    return [sys.executable, "-m", "kdist_magics.follow", str(pid), repr(started), module]
+
+
+def main(argv: list[str]) -> None:
+    import runpy
+
+    pid, started, module, *rest = argv
+    end_with(int(pid), float(started))
+    sys.argv = [module, *rest]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
