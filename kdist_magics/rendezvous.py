@@ -120,57 +120,64 @@ class ElasticPlan:
 
     A rank re-initialising after a failure asks with its current ``host:local_rank`` and is
     told its new ``rank,size,local_rank,local_size,cross_rank,cross_size`` (rank -1: not in
-    the job any more). Each answer is given once: a question asked before the kernel has
-    re-formed the job (the survivors often see the failure first) waits for it (Horovod's
-    store does not retry a missing key here), up to ``wait`` seconds, then is told it is out.
+    the job any more). The answers of a re-forming are given only once every rank left has
+    asked, as Horovod's own driver does: a rank blocked on another survivor (not on the lost
+    one) notices the failure only when its Gloo wait times out, and the first ones to ask
+    must not be in the new rendezvous already, waiting for it with the same timeout. So a
+    question waits (Horovod's store does not retry a missing key here) for the kernel to
+    re-form the job and for the others, up to ``wait`` seconds; then the rank is told it is out.
 
-    Until :meth:`started`, the first plan is the answer: a warm engine whose Horovod ran
-    before asks too (Horovod takes the re-initialising path after any earlier shutdown).
+    Until :meth:`started`, the first plan is the answer, at once: a warm engine whose Horovod
+    ran before asks too (Horovod takes the re-initialising path after any earlier shutdown).
     """
 
     wait = 120.0
+    GONE = b"-1,-1,-1,-1,-1,-1"
 
     def __init__(self, hostnames: Sequence[str], slots):
         self.hostnames = list(hostnames)
         self.slots = {i: slot for i, slot in enumerate(slots)}  # engines still in the job
         self.sizes = [len(self.slots)]  # the world size after each re-forming
-        self._answers = {f"{slot.hostname}:{slot.local_rank}": slot.to_response_string().encode("ascii")
-                         for slot in slots}
+        self._answers = {_key(slot): slot.to_response_string().encode("ascii") for slot in slots}
+        self._asked: set[str] = set()  # who is waiting for the next re-forming
+        self._open = True  # the answers go out (the first plan; then once all have asked)
         self._lock = threading.Condition()
 
     def started(self) -> None:
         """Every rank has initialised: from now on only a re-forming answers."""
         with self._lock:
-            self._answers = {}
+            self._answers, self._open = {}, False
 
     def shrink(self, lost: Sequence[int], httpd) -> dict[int, object]:
-        from horovod.runner.common.util.hosts import SlotInfo
-
         with self._lock:
             old = self.slots
             alive = [i for i in sorted(old) if i not in set(lost)]
             new = dict(zip(alive, assign([self.hostnames[i] for i in alive]))) if alive else {}
-            answers = {}
-            for i, slot in old.items():
-                key = f"{slot.hostname}:{slot.local_rank}"
-                if i in new:
-                    answers[key] = new[i].to_response_string().encode("ascii")
-                else:
-                    gone = SlotInfo(slot.hostname, -1, -1, -1, -1, -1, -1)
-                    answers[key] = gone.to_response_string().encode("ascii")
-            self._answers = {}
             if httpd is not None:
                 httpd.init(list(new.values()))  # clears the store: the old addresses go
-            self._answers = answers
+            self._answers = {_key(old[i]): slot.to_response_string().encode("ascii")
+                             for i, slot in new.items()}
+            self._open = False
             self.slots = new
             self.sizes.append(len(new))
-            self._lock.notify_all()
+            self._release()
         return dict(new)
+
+    def _release(self) -> None:
+        if self._answers and set(self._answers) <= self._asked:
+            self._open = True
+            self._lock.notify_all()
 
     def answer(self, key: str) -> bytes:
         with self._lock:
-            self._lock.wait_for(lambda: key in self._answers, timeout=self.wait)
-            return self._answers.pop(key, b"-1,-1,-1,-1,-1,-1")
+            self._asked.add(key)
+            self._release()
+            self._lock.wait_for(lambda: self._open and key in self._answers, timeout=self.wait)
+            self._asked.discard(key)
+            answer = self._answers.pop(key, self.GONE) if self._open else self.GONE
+            if not self._answers:
+                self._open = False  # this re-forming is over; the next one waits again
+            return answer
 
     def handler(self):
         from horovod.runner.http.http_server import RendezvousHandler
@@ -187,6 +194,11 @@ class ElasticPlan:
 
 
 RANK_AND_SIZE = "rank_and_size"  # Horovod's HOROVOD_GLOO_GET_RANK_AND_SIZE scope
+
+
+def _key(slot) -> str:
+    """How a rank names itself when it asks: its host and its current local rank."""
+    return f"{slot.hostname}:{slot.local_rank}"
 
 
 class AbortLine:

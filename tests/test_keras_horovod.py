@@ -232,6 +232,7 @@ def run_elastic_ranks(script: Path, args: list[str], outdir: Path, n: int,
 
     procs: list[subprocess.Popen] = []
     with Rendezvous(["localhost"] * n, elastic=True) as rdv:
+        rdv.plan.started()  # fresh processes: no rank re-initialises before the first failure
         try:
             for i in range(n):
                 env = {**os.environ, **rdv.env(i), "TF_NUM_INTRAOP_THREADS": "1",

@@ -93,36 +93,45 @@ def test_abort_watch_ends_quietly_on_hang_up_and_on_stop(monkeypatch):
     line.close()
 
 
-def test_elastic_plan_answers_each_rank_once_and_waits_for_the_re_forming():
+def test_elastic_plan_answers_once_every_rank_left_has_asked():
     import threading
 
     def get(port, key):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/rank_and_size/{key}", timeout=30) as r:
             return r.read().decode()
 
+    def ask(port, key, into):
+        thread = threading.Thread(target=lambda: into.setdefault(key, get(port, key)))
+        thread.start()
+        return thread
+
     with Rendezvous(["h1", "h2", "h1", "h2"], elastic=True) as rdv:
         assert rdv.env(0)["HOROVOD_ELASTIC"] == "1"
         # before the ranks have started, a warm engine re-initialising gets the first plan
         assert get(rdv.port, "h2:0") == "2,4,0,2,1,2"
         rdv.plan.started()
-        # a rank that sees the failure before the kernel re-forms waits for it
-        early = {}
-        asker = threading.Thread(target=lambda: early.setdefault("h1:1", get(rdv.port, "h1:1")))
-        asker.start()
-        asker.join(timeout=0.5)
-        assert asker.is_alive() and not early
+        got: dict[str, str] = {}
+        # a rank that sees the failure before the kernel re-forms waits for it ...
+        early = ask(rdv.port, "h1:1", got)
+        early.join(timeout=0.5)
+        assert early.is_alive() and not got
         # engine 1 (h2, local rank 0) is lost: h2 keeps engine 3 alone
         new = rdv.shrink([1])
-        asker.join(timeout=10)
-        assert early == {"h1:1": "1,3,1,2,0,1"}  # only h1 has a local rank 1 now
         assert {i: (s.rank, s.size, s.local_rank, s.local_size) for i, s in new.items()} == {
             0: (0, 3, 0, 2), 2: (1, 3, 1, 2), 3: (2, 3, 0, 1)}
-        assert get(rdv.port, "h2:1") == "2,3,0,1,1,2"
-        assert get(rdv.port, "h2:0") == "-1,-1,-1,-1,-1,-1"  # the lost engine's slot: out
+        # ... and for every other rank left (one blocked on a survivor asks late)
+        second = ask(rdv.port, "h2:1", got)
+        second.join(timeout=0.5)
+        assert early.is_alive() and second.is_alive() and not got
+        last = ask(rdv.port, "h1:0", got)
+        for thread in (early, second, last):
+            thread.join(timeout=10)
+        assert got == {"h1:1": "1,3,1,2,0,1",  # only h1 has a local rank 1 now
+                       "h2:1": "2,3,0,1,1,2", "h1:0": "0,3,0,2,0,2"}
         assert rdv.plan.sizes == [4, 3]
-        # an answer is given once: asking again waits for the next re-forming
+        # the lost engine's slot, or asking again before another re-forming: out, after `wait`
         rdv.plan.wait = 0.3
-        assert get(rdv.port, "h1:0") == "0,3,0,2,0,2"
+        assert get(rdv.port, "h2:0") == "-1,-1,-1,-1,-1,-1"
         assert get(rdv.port, "h1:0") == "-1,-1,-1,-1,-1,-1"
     with Rendezvous(["a"]) as fixed:
         assert "HOROVOD_ELASTIC" not in fixed.env(0)
