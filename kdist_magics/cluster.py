@@ -20,7 +20,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .compat_ipyparallel import LauncherExits, end_sync_thread
 from .errors import ClusterError
@@ -88,6 +88,8 @@ class EngineCluster:
         self.start_timeout = start_timeout
         self.cluster = None  # ipyparallel.Cluster when owned
         self.client = None
+        #: called with the number of engines registered so far while :meth:`start` waits
+        self.on_registered: Callable[[int], None] | None = None
         self.engines: list[EngineInfo] = []
         self._pids_started: set[int] = set()
         self._exits = LauncherExits()
@@ -122,6 +124,7 @@ class EngineCluster:
                 if self.profile is not None:
                     kwargs["profile"] = self.profile
                 self.client = ipp.Client(**kwargs)
+            self._wait_for_engines()
             self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
         except KeyboardInterrupt:
             self.stop()  # interrupted while starting: leave nothing half-started behind
@@ -145,6 +148,20 @@ class EngineCluster:
             atexit.register(lambda: ref() is not None and ref().stop())
             self._atexit = True
         return self
+
+    def _wait_for_engines(self, every: float = 0.1) -> None:
+        """Until ``n`` engines have registered (or the start timeout), telling
+        :attr:`on_registered` each new count; ``wait_for_engines`` then checks and raises."""
+        deadline = time.monotonic() + self.start_timeout
+        told = -1
+        while time.monotonic() < deadline:
+            count = len(self.client.ids)
+            if count != told and self.on_registered is not None:
+                self.on_registered(min(count, self.n))
+                told = count
+            if count >= self.n:
+                return
+            time.sleep(every)
 
     def _identify(self) -> None:
         ids = sorted(self.client.ids)[: self.n]

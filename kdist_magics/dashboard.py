@@ -187,6 +187,7 @@ class Dashboard:
         with rec._lock:
             rank_states = [(r, vars(s).copy()) for r, s in sorted(rec.ranks.items())]
             progress = dict(rec.progress)
+            phases = [dict(p) for p in rec.phases]
         with self._lock:
             per_rank = [dict(p) for p in self.progress_by_rank.values()]
         if per_rank:  # ranks report their own progress: the slowest one bounds the run's
@@ -247,6 +248,9 @@ class Dashboard:
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
             "lost_batches": rec.lost_batches,
             "world_size": rec.world_size,
+            # the current phase, with its time so far; and every phase's time (the summary)
+            "phase": _current_phase(phases, now if rec.status == "running" else None),
+            "phases": [[p["name"], _round((p["ended"] or now) - p["started"])] for p in phases],
             "resize_note": resized_note(rec.size, rec.resizes) if rec.resizes else "",
             "lost_note": lost_batches(rec.lost_batches) if rec.lost_batches else "",
             "progress": {"fraction": _round(fraction), "step": done, "total_steps": total,
@@ -348,6 +352,9 @@ class Dashboard:
             lines.append(f'<div style="color:#c62828">{esc(state["error"])}</div>')
         if state["lost_batches"]:
             lines.append(f'<div style="color:#666">{esc(state["lost_note"])}</div>')
+        if state["phases"]:
+            lines.append('<div style="color:#666">' + esc(" \u00b7 ".join(
+                f"{name} {seconds:.1f} s" for name, seconds in state["phases"])) + "</div>")
         if state["resize_note"]:
             lines.append(f'<div style="color:#6d4c41">{esc(state["resize_note"])}</div>')
         name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
@@ -361,6 +368,14 @@ class Dashboard:
         lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
                      f'<th>last loss</th></tr>{rows}</table></div>')
         return "\n".join(lines)
+
+
+def _current_phase(phases: list[dict[str, Any]], now: float | None) -> dict[str, Any] | None:
+    """The phase a running run is in: name, detail ("1 of 2 registered") and seconds so far."""
+    if now is None or not phases or phases[-1]["ended"] is not None:
+        return None
+    p = phases[-1]
+    return {"name": p["name"], "detail": p.get("detail"), "elapsed": _round(now - p["started"])}
 
 
 def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,

@@ -15,7 +15,7 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from . import spec as specmod
 from .errors import CellFailed, KDistError
-from .messages import say
+from .messages import PHASE_CELL, say
 from .placement import RANK_GPUS
 from .strategies.base import RunOptions
 from .record import RunRecord
@@ -134,6 +134,8 @@ class KDist(Magics):
         from .strategies import RunContext
 
         ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self))
+        if strategy.in_kernel:
+            record.phase(PHASE_CELL)  # engine strategies name their own phases
         try:
             with quiet_info(not self.tf_info_logs):  # the strategy's set-up logs too
                 value = strategy.run(cell, ctx)

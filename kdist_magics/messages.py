@@ -52,3 +52,21 @@ def resized_note(size: int, resizes: list[dict]) -> str:
     ranks = ", ".join(str(r) for r in gone)
     return (f"elastic: {world_resized(size, resizes[-1]['size'])}, rank{'s' if len(gone) > 1 else ''} "
             f"{ranks} lost; the others went on from the last commit")
+
+
+# -- the phases of a run, as the dashboard and last_run().phases name them ----------------
+def phase_engines(n: int) -> str:
+    return f"starting {n} engine{'' if n == 1 else 's'}"
+
+
+def registered(k: int, n: int) -> str:
+    return f"{k} of {n} registered"
+
+
+def phase_setup(what: str) -> str:
+    return f"setting up {what}"
+
+
+PHASE_CELL = "running the cell"
+PHASE_TRAINING = "training"
+PHASE_FINISHING = "finishing"

@@ -81,3 +81,20 @@ def gpu_env(gpus: list[str], local_rank: int, local_size: int, policy: str = "ow
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.9 / sharing:.2f}"
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     return env
+
+
+def default_np() -> int:
+    """Ranks when ``--np`` is not given: one per GPU when NVML sees GPUs, else 2."""
+    try:
+        import pynvml  # type: ignore
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+        if count:
+            return int(count)
+    except Exception:
+        pass
+    return 2

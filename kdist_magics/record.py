@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .messages import lost_batches, world_resized
+from .messages import PHASE_CELL, PHASE_TRAINING, lost_batches, world_resized
 
 RANK_STATES = ("starting", "running", "done", "failed", "stopped", "lost")
 
@@ -50,6 +50,9 @@ class RunRecord:
         self.lost_batches = 0
         # an elastic run's re-formings: {"time", "lost": [ranks], "size": world size after}
         self.resizes: list[dict[str, Any]] = []
+        # what the run did before and around training, in order: {"name", "started", "ended",
+        # "detail"} ("starting 2 engines", "setting up Horovod", "running the cell", ...)
+        self.phases: list[dict[str, Any]] = []
         self._lock = threading.RLock()
         self._listeners: list[Callable[[str, Any], None]] = []
 
@@ -66,15 +69,20 @@ class RunRecord:
 
     def add(self, kind: str, row: dict[str, Any]) -> None:
         """Add a ``metric`` or ``sample`` row, or a ``progress`` update."""
+        began = None
         with self._lock:
             if kind == "metric":
                 self.metrics.append(row)
+                if self.phases and self.phases[-1]["name"] == PHASE_CELL and self.ended is None:
+                    began = self._begin_phase(PHASE_TRAINING, None)  # the first row from fit()
             elif kind == "sample":
                 self.samples.append(row)
             elif kind == "progress":
                 self.progress.update(row)
             else:
                 raise ValueError(f"unknown record row kind {kind!r}")
+        if began is not None:
+            self._notify("phase", began)
         self._notify(kind, row)
 
     def set_rank(self, rank: int, **fields: Any) -> None:
@@ -84,6 +92,28 @@ class RunRecord:
                 setattr(state, key, value)
             self.size = max(self.size, len(self.ranks))
         self._notify("rank", state)
+
+    def phase(self, name: str, detail: str | None = None) -> None:
+        """The run now does ``name`` (the previous phase ends here)."""
+        with self._lock:
+            began = self._begin_phase(name, detail)
+        self._notify("phase", began)
+
+    def phase_detail(self, detail: str) -> None:
+        """More about the current phase ("1 of 2 registered")."""
+        with self._lock:
+            if not self.phases or self.phases[-1]["ended"] is not None:
+                return
+            self.phases[-1]["detail"] = detail
+            current = dict(self.phases[-1])
+        self._notify("phase", current)
+
+    def _begin_phase(self, name: str, detail: str | None) -> dict[str, Any]:
+        now = time.time()
+        if self.phases and self.phases[-1]["ended"] is None:
+            self.phases[-1]["ended"] = now
+        self.phases.append({"name": name, "started": now, "ended": None, "detail": detail})
+        return dict(self.phases[-1])
 
     def note_resize(self, lost: list[int], size: int, error: str = "") -> None:
         """An elastic run went on without ranks ``lost``; ``size`` ranks are left."""
@@ -111,6 +141,8 @@ class RunRecord:
             self.status = status
             self.error = error
             self.ended = time.time()
+            if self.phases and self.phases[-1]["ended"] is None:
+                self.phases[-1]["ended"] = self.ended
             final = {"done": "done", "failed": "failed"}.get(status, "stopped")
             for state in self.ranks.values():
                 if state.state in ("starting", "running"):

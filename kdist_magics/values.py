@@ -106,3 +106,24 @@ def unpack(packed) -> Any:
             history.set_model(unpack(data["model"]))
         return history
     raise ValueError(f"unknown packed kind {kind!r}")
+
+
+def pushable(ns: dict, names) -> dict:
+    """The ``--push`` values from namespace ``ns``, checked before anything starts: defined,
+    and able to travel (as ipyparallel will send them; functions included)."""
+    from ipyparallel.serialize import serialize_object
+
+    from .errors import KDistError
+
+    missing = [n for n in names if n not in ns]
+    if missing:
+        raise KDistError(f"--push: {', '.join(missing)} not defined in the notebook")
+    out = {}
+    for name in names:
+        try:
+            serialize_object(ns[name])
+        except Exception as exc:
+            raise KDistError(f"--push: {name} ({type(ns[name]).__name__}) cannot travel to the "
+                             f"engines: {type(exc).__name__}: {exc}") from None
+        out[name] = ns[name]
+    return out

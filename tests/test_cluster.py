@@ -303,11 +303,16 @@ def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch
     def ctx(**kw):
         c = Ctx()
         c.spec = RunSpec(strategy="horovod", **kw)
+        c.record = RunRecord("horovod", size=kw.get("np", 2))
         return c
 
-    first = strategy._cluster(ctx(np=2))
+    starting = ctx(np=2)
+    first = strategy._cluster(starting)
     assert first.n == 2 and first.ip == "127.0.0.1" and first.owned and first.calls == ["start"]
-    assert strategy._cluster(ctx(np=2)) is first and first.calls == ["start"]  # warm
+    assert [p["name"] for p in starting.record.phases] == ["starting 2 engines"]  # the run's first
+    warm = ctx(np=2)
+    assert strategy._cluster(warm) is first and first.calls == ["start"]  # warm
+    assert warm.record.phases == []  # nothing to start
     first.deaths = {1: "exited with status 3"}
     assert strategy._cluster(ctx(np=2)) is first and first.calls == ["start", "restart"]
     strategy.needs_restart = "stopped ranks did not answer"

@@ -376,3 +376,25 @@ def _unescape(text):
     import html
 
     return html.unescape(text)
+
+
+def test_before_training_the_dashboard_says_which_phase_the_run_is_in():
+    now = [1000.0]
+    rec = RunRecord("horovod", size=2)
+    dash = Dashboard(rec, interval=None, clock=lambda: now[0])
+    rec.phase("starting 2 engines")
+    rec.phases[-1]["started"] = 1000.0
+    rec.phase_detail("1 of 2 registered")
+    now[0] = 1003.5
+    state = dash.snapshot()[0]
+    assert state["phase"] == {"name": "starting 2 engines", "detail": "1 of 2 registered",
+                              "elapsed": 3.5}
+    assert state["phases"] == [["starting 2 engines", 3.5]]
+    rec.phase("setting up Horovod")
+    rec.finish("done")
+    state = dash.snapshot()[0]
+    assert state["phase"] is None and [n for n, _ in state["phases"]] == [
+        "starting 2 engines", "setting up Horovod"]
+    assert "starting 2 engines" in dash.html()
+    js = (Path(kdist_magics.__file__).parent / "static" / "dashboard.js").read_text()
+    assert "st.phase" in js and "st.phases" in js and "registered" not in js  # words from Python

@@ -315,6 +315,9 @@ def test_horovod_keras_mnist_example_cell(hip, tmp_path, capsys):
     assert "Epoch 3/3" in out and out.count("Epoch 1/3") == 1  # rank 0's progress, once
     rec = kdist_magics.last_run()
     assert rec.status == "done"
+    # what the run did, in order (the engines were warm: no start-up phase)
+    assert [p["name"] for p in rec.phases] == [
+        "setting up Horovod (TensorFlow import, hvd.init)", "running the cell", "training", "finishing"]
     # every rank ends with identical weights (a silently drifting binding fails here)
     kdist(hip, "", "kd_weights = [v.numpy() for v in mnist_model.weights]")
     w0, w1 = engine_values("kd_weights")
@@ -473,6 +476,10 @@ def test_a_dying_rank_is_reported_with_its_exit_status_and_engines_restart(hip):
     assert rec.status == "failed" and rec.ranks[1].state == "failed" and "status 3" in rec.ranks[1].error
     assert kdist(hip, "", "(hvd.rank(), hvd.size())") == (0, 2)  # restarted automatically
     assert not cluster_pids() & old
+    phases = kdist_magics.last_run().phases  # the restart is the run's first phase, counted
+    assert [p["name"] for p in phases] == ["starting 2 engines", "setting up Horovod (TensorFlow "
+                                           "import, hvd.init)", "running the cell", "finishing"]
+    assert phases[0]["detail"] == "2 of 2 registered"
 
 
 

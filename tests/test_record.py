@@ -52,3 +52,32 @@ def test_to_pandas():
     assert len(rec.to_pandas("ranks")) == 1
     with pytest.raises(ValueError):
         rec.to_pandas("nope")
+
+
+def test_phases_follow_each_other_and_training_begins_with_the_first_metric_row():
+    from kdist_magics.messages import PHASE_CELL, PHASE_TRAINING
+
+    rec = RunRecord("horovod", size=2)
+    seen = []
+    rec.subscribe(lambda kind, payload: seen.append((kind, dict(payload) if kind == "phase" else None)))
+    rec.phase("starting 2 engines")
+    rec.phase_detail("1 of 2 registered")
+    rec.phase("setting up Horovod")
+    rec.phase(PHASE_CELL)
+    rec.add("sample", {"rank": 0, "cpu": 1.0})  # not a metric: still running the cell
+    assert rec.phases[-1]["name"] == PHASE_CELL
+    rec.add("metric", {"rank": 0, "step": 1, "loss": 1.0})
+    rec.add("metric", {"rank": 1, "step": 1, "loss": 1.0})
+    rec.finish("done")
+    names = [p["name"] for p in rec.phases]
+    assert names == ["starting 2 engines", "setting up Horovod", PHASE_CELL, PHASE_TRAINING]
+    assert rec.phases[0]["detail"] == "1 of 2 registered"
+    assert all(p["ended"] is not None and p["ended"] >= p["started"] for p in rec.phases)
+    assert rec.phases[-1]["ended"] == rec.ended
+    for before, after in zip(rec.phases, rec.phases[1:]):
+        assert before["ended"] == after["started"]
+    phase_events = [p["name"] for kind, p in seen if kind == "phase"]
+    assert phase_events == ["starting 2 engines", "starting 2 engines", "setting up Horovod",
+                            PHASE_CELL, PHASE_TRAINING]  # the detail is news too
+    rec.phase_detail("late")  # after the end: nothing changes
+    assert rec.phases[-1]["detail"] is None

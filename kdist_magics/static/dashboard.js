@@ -168,8 +168,19 @@ function render({ model, el }) {
       const eta = st.running ? p.eta_s - (Date.now() - received) / 1000 : p.eta_s;
       parts.push(`ETA ${fmtTime(eta)}`);
     }
-    const prog = bar("progress", p.fraction, parts.join(" · ") || "waiting for fit()…", "kdist-progress");
+    // before fit() reports, say what the run is doing (phase names come from Python)
+    const ph = st.phase;
+    let waiting = "waiting for fit()…";
+    if (ph && !parts.length) {
+      const since = (ph.elapsed || 0) + (st.running ? (Date.now() - received) / 1000 : 0);
+      waiting = `${ph.name}${ph.detail ? " (" + ph.detail + ")" : ""} · ${fmtTime(since)}`;
+    }
+    const prog = bar("progress", p.fraction, parts.join(" · ") || waiting, "kdist-progress");
     top.appendChild(prog);
+    if ((st.phases || []).length) {
+      top.appendChild(h("div", "kdist-phases",
+        st.phases.map(([name, secs]) => `${name} ${fmtTime(secs)}`).join(" · ")));
+    }
 
     // curves
     const names = cv.names || [];

@@ -50,34 +50,21 @@ from typing import Any
 from ..cluster import EngineCluster
 from ..compat_ipyparallel import children
 from ..errors import CellFailed, KDistError
-from ..messages import say
+from ..messages import PHASE_CELL, PHASE_FINISHING, phase_engines, phase_setup, registered, say
+from ..placement import default_np
+from ..values import pushable
 from .base import RunContext, Strategy
 from .supervisor import RunSupervisor
 
 FEED_INTERVAL = 0.5  # seconds between a rank's telemetry batches (the dashboard redraws at 2/s)
 
 
-def default_np() -> int:
-    """One rank per GPU when NVML sees GPUs, else 2."""
-    try:
-        import pynvml  # type: ignore
-
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-        if count:
-            return int(count)
-    except Exception:
-        pass
-    return 2
-
-
 class EngineStrategy(Strategy):
     """Base class of strategies whose cell runs on ipyparallel engines (see module doc)."""
 
     name = "engines"
+    #: what the set-up phase is called on the dashboard ("setting up Horovod ...")
+    setup_words = "the ranks"
     bound_names: tuple[str, ...] = ()
     #: --pull and the cell's value run on every rank, not rank 0 alone (see _from_rank0)
     collective_values = False
@@ -186,7 +173,7 @@ class EngineStrategy(Strategy):
     def run(self, cell: str, ctx: RunContext) -> Any:
         spec, record = ctx.spec, ctx.record
         self._check_syntax(cell, ctx)
-        pushed = self._pushable(ctx) if spec.push else {}
+        pushed = pushable(ctx.shell.user_ns, ctx.spec.push) if spec.push else {}
         t0 = time.monotonic()
         cluster = self._cluster(ctx)
         t_cluster = time.monotonic()
@@ -194,6 +181,7 @@ class EngineStrategy(Strategy):
         by_rank = dict(zip(ranks, cluster.engines))
         for rank, eng in by_rank.items():
             record.set_rank(rank, state="starting", host=eng.hostname, pid=eng.pid)
+        record.phase(phase_setup(self.setup_words))
         self._prepare(cluster, ctx, ranks)
         if pushed:
             cluster.view().push(pushed, block=True)
@@ -243,19 +231,30 @@ class EngineStrategy(Strategy):
                 why = self.needs_restart or "an engine died"
                 say(f"restarting the engines ({why})")
                 if cluster.owned:
-                    cluster.restart()
+                    self._start(cluster, ctx, cluster.restart)
                 else:
                     cluster.stop()
-                    cluster.start()
+                    self._start(cluster, ctx, cluster.start)
         if cluster is None or not cluster.running:
             address = ctx.options.bind_address if spec.attach else "127.0.0.1"
             cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address)
             if not spec.attach:
                 say(f"starting {n} engines on this machine (loopback only)...")
             self.cluster = cluster
-            cluster.start()
+            self._start(cluster, ctx, cluster.start)
         self.needs_restart = None
         return cluster
+
+    @staticmethod
+    def _start(cluster: EngineCluster, ctx: RunContext, start) -> None:
+        """``start()`` the cluster as the run's first phase, counting the engines as they come."""
+        record, n = ctx.record, cluster.n
+        record.phase(phase_engines(n))
+        cluster.on_registered = lambda k: record.phase_detail(registered(k, n))
+        try:
+            start()
+        finally:
+            cluster.on_registered = None
 
     def _prepare(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         """Thread variables, the strategy's environment and each rank's GPU, on every engine
@@ -275,29 +274,12 @@ class EngineStrategy(Strategy):
         if errors:
             raise KDistError(errors[0] + ". The cell did not run.")
 
-    def _pushable(self, ctx: RunContext) -> dict[str, Any]:
-        """The ``--push`` values, checked before anything starts: defined, and able to travel."""
-        from ipyparallel.serialize import serialize_object
-
-        ns = ctx.shell.user_ns
-        missing = [n for n in ctx.spec.push if n not in ns]
-        if missing:
-            raise KDistError(f"--push: {', '.join(missing)} not defined in the notebook")
-        values = {}
-        for name in ctx.spec.push:
-            try:
-                serialize_object(ns[name])  # what ipyparallel will do (functions included)
-            except Exception as exc:
-                raise KDistError(f"--push: {name} ({type(ns[name]).__name__}) cannot travel to the "
-                                 f"engines: {type(exc).__name__}: {exc}") from None
-            values[name] = ns[name]
-        return values
-
     def _finish_engines(self, cluster, ctx, ranks, ok) -> None:
         """Undo per-run engine state; after a failure, only on engines that still answer."""
         from .. import engine
 
         sup, self.supervisor = self.supervisor, None
+        ctx.record.phase(PHASE_FINISHING)
         if sup is not None:
             sup.printer.flush()
         if self.needs_restart is None and cluster.running:
@@ -339,6 +321,7 @@ class EngineStrategy(Strategy):
                 self.lost |= {by_rank[r] for r in deaths}
             return renumbered
 
+        record.phase(PHASE_CELL)
         sup = self.supervisor = RunSupervisor(record, spec.out,
                                               lambda busy: self.abort_collectives(cluster, busy),
                                               on_lost=go_on)

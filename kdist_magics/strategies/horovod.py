@@ -46,6 +46,7 @@ ELASTIC_GLOO_TIMEOUT = "10"
 
 class HorovodStrategy(EngineStrategy):
     name = "horovod"
+    setup_words = "Horovod (TensorFlow import, hvd.init)"
     bound_names = ("hvd",)
 
     def __init__(self):
