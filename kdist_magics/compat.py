@@ -93,3 +93,28 @@ def colab_widgets_enabled() -> bool:
     except Exception:
         return False
     return True
+
+
+def keras_name_uids() -> dict | None:
+    """Keras 3's per-process counters behind automatic names ("dense_3"), or None when Keras
+    is not imported. Keras 3.0-3.15 keep them in ``global_state`` as ``object_name_uids``
+    (``keras.src.utils.naming.get_uid``). A process that joins an elastic run takes the
+    others' counters, so the same cell names its layers (and so Horovod's collectives, which
+    are keyed by op names) as theirs."""
+    import sys
+
+    if "keras" not in sys.modules:
+        return None
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:
+        return None
+    return dict(global_state.get_global_attribute("object_name_uids") or {})
+
+
+def set_keras_name_uids(uids: dict) -> None:
+    import collections
+
+    from keras.src.backend.common import global_state
+
+    global_state.set_global_attribute("object_name_uids", collections.defaultdict(int, uids))

@@ -251,7 +251,7 @@ class Dashboard:
             # the current phase, with its time so far; and every phase's time (the summary)
             "phase": _current_phase(phases, now if rec.status == "running" else None),
             "phases": [[p["name"], _round((p["ended"] or now) - p["started"])] for p in phases],
-            "resize_note": resized_note(rec.size, rec.resizes) if rec.resizes else "",
+            "resize_note": resized_note(rec.first_size, rec.resizes) if rec.resizes else "",
             "lost_note": lost_batches(rec.lost_batches) if rec.lost_batches else "",
             "progress": {"fraction": _round(fraction), "step": done, "total_steps": total,
                          "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),

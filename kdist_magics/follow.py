@@ -54,11 +54,28 @@ def end_with(pid: int, started: float) -> threading.Thread:
     """Start the thread that ends this process and its children once ``pid`` is gone."""
 
     def watch():
-        import psutil
-
         wait_for_exit(pid, started)
+        end_children()
+        os._exit(0)
+
+    thread = threading.Thread(target=watch, name="kdist-kernel-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def end_children(quiet: float = 0.1, bound: float = 5.0) -> None:
+    """Kill this process's children and theirs, again until none has appeared for ``quiet``
+    seconds: the main thread may be starting one (an engine its nanny) as the kernel dies."""
+    import time
+
+    import psutil
+
+    me = psutil.Process()
+    calm_since = time.monotonic()
+    deadline = calm_since + bound
+    while time.monotonic() < deadline:
         try:
-            children = psutil.Process().children(recursive=True)
+            children = [c for c in me.children(recursive=True) if _running(c)]
         except psutil.Error:
             children = []
         for child in children:
@@ -66,11 +83,21 @@ def end_with(pid: int, started: float) -> threading.Thread:
                 child.kill()
             except psutil.Error:
                 pass
-        os._exit(0)
+        now = time.monotonic()
+        if children:
+            calm_since = now
+        elif now - calm_since >= quiet:
+            return
+        time.sleep(0.02)
 
-    thread = threading.Thread(target=watch, name="kdist-kernel-watch", daemon=True)
-    thread.start()
-    return thread
+
+def _running(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE  # killed, not yet reaped: done
+    except psutil.Error:
+        return False
 
 
 def command(module: str, pid: int | None = None, started: float | None = None) -> list[str]:

@@ -46,12 +46,25 @@ def too_few_left(size: int, min_np: int) -> str:
     return f"only {size} ranks left, fewer than --min-np {min_np}"
 
 
-def resized_note(size: int, resizes: list[dict]) -> str:
-    """The dashboard's line for an elastic run that went on without some ranks."""
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}"
+
+
+def resized_summary(before: int, after: int, resizes: list[dict]) -> str:
+    """What an elastic run's size changes were, for ``last_run().summary()``."""
     gone = sorted(r for e in resizes for r in e["lost"])
-    ranks = ", ".join(str(r) for r in gone)
-    return (f"elastic: {world_resized(size, resizes[-1]['size'])}, rank{'s' if len(gone) > 1 else ''} "
-            f"{ranks} lost; the others went on from the last commit")
+    came = sorted(r for e in resizes for r in e.get("added", []))
+    what = [f"lost {_ranks(gone)}"] * bool(gone) + [f"{_ranks(came)} joined"] * bool(came)
+    return f"{world_resized(before, after)} ({'; '.join(what)})"
+
+
+def resized_note(before: int, resizes: list[dict]) -> str:
+    """The dashboard's line for an elastic run whose size changed."""
+    gone = sorted(r for e in resizes for r in e["lost"])
+    came = sorted(r for e in resizes for r in e.get("added", []))
+    parts = [f"{_ranks(gone)} lost; the others went on from the last commit"] * bool(gone)
+    parts += [f"{_ranks(came)} joined at a commit"] * bool(came)
+    return f"elastic: {world_resized(before, resizes[-1]['size'])}, " + "; ".join(parts)
 
 
 # -- the phases of a run, as the dashboard and last_run().phases name them ----------------

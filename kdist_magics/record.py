@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .messages import PHASE_CELL, PHASE_TRAINING, lost_batches, world_resized
+from .messages import PHASE_CELL, PHASE_TRAINING, lost_batches, resized_summary
 
 RANK_STATES = ("starting", "running", "done", "failed", "stopped", "lost")
 
@@ -37,6 +37,7 @@ class RunRecord:
         self.spec = spec
         self.reason = reason  # why --strategy auto chose this strategy
         self.size = size
+        self.started_size = size  # ranks the run started with (size counts every rank seen)
         self.started = time.time()
         self.ended: float | None = None
         self.status = "running"  # running | done | failed | interrupted | timeout
@@ -115,13 +116,19 @@ class RunRecord:
         self.phases.append({"name": name, "started": now, "ended": None, "detail": detail})
         return dict(self.phases[-1])
 
-    def note_resize(self, lost: list[int], size: int, error: str = "") -> None:
-        """An elastic run went on without ranks ``lost``; ``size`` ranks are left."""
+    def note_resize(self, lost: list[int], size: int, error: str = "",
+                    added: list[int] | None = None) -> None:
+        """An elastic run went on without ranks ``lost`` (or took in ranks ``added``); it has
+        ``size`` ranks now."""
         with self._lock:
+            # the size before: the last re-forming's, or the run's at its start (set_rank
+            # below may already have counted a rank that is joining)
+            before = self.resizes[-1]["size"] if self.resizes else self.started_size
             for rank in lost:
                 state = self.ranks.setdefault(rank, RankState(rank))
                 state.state, state.error = "lost", error or state.error
-            self.resizes.append({"time": time.time(), "lost": sorted(lost), "size": int(size)})
+            self.resizes.append({"time": time.time(), "lost": sorted(lost),
+                                 "added": sorted(added or []), "before": before, "size": int(size)})
         self._notify("resize", self.resizes[-1])
 
     @property
@@ -129,6 +136,12 @@ class RunRecord:
         """Ranks in the job now (``size`` less any an elastic run went on without)."""
         with self._lock:
             return self.resizes[-1]["size"] if self.resizes else self.size
+
+    @property
+    def first_size(self) -> int:
+        """Ranks the run started with."""
+        with self._lock:
+            return self.resizes[0]["before"] if self.resizes else self.size
 
     def note_lost_batches(self, count: int) -> None:
         """Say how many telemetry batches of this run never arrived."""
@@ -174,11 +187,8 @@ class RunRecord:
         last = self.metrics[-1] if self.metrics else {}
         loss = f", last loss {last['loss']:.4g}" if isinstance(last.get("loss"), (int, float)) else ""
         lost = f"; {lost_batches(self.lost_batches)}" if self.lost_batches else ""
-        shrunk = ""
-        if self.resizes:
-            gone = sorted(r for e in self.resizes for r in e["lost"])
-            shrunk = (f", {world_resized(self.size, self.world_size)} (lost "
-                      f"{', '.join(f'rank {r}' for r in gone)})")
+        shrunk = f", {resized_summary(self.first_size, self.world_size, self.resizes)}" \
+            if self.resizes else ""
         return (f"{self.strategy}: {self.status} in {self.duration:.1f} s, "
                 f"{done}/{len(self.ranks)} ranks done{shrunk}{loss}{lost}")
 

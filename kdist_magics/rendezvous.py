@@ -71,13 +71,21 @@ class Rendezvous:
             raise RuntimeError("Rendezvous.start() first")
         slot = self.slots[index]
         return {
-            "HOROVOD_HOSTNAME": slot.hostname,
+            **self.common_env(slot.hostname, iface),
             "HOROVOD_RANK": str(slot.rank),
             "HOROVOD_SIZE": str(slot.size),
             "HOROVOD_LOCAL_RANK": str(slot.local_rank),
             "HOROVOD_LOCAL_SIZE": str(slot.local_size),
             "HOROVOD_CROSS_RANK": str(slot.cross_rank),
             "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        }
+
+    def common_env(self, hostname: str, iface: str | None = None) -> dict[str, str]:
+        """The variables every rank on ``hostname`` gets, whatever its rank."""
+        if self.port is None:
+            raise RuntimeError("Rendezvous.start() first")
+        return {
+            "HOROVOD_HOSTNAME": hostname,
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.address,
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.port),
             "HOROVOD_CONTROLLER": "gloo",
@@ -93,6 +101,16 @@ class Rendezvous:
         if self.plan is None:
             raise RuntimeError("shrink() needs an elastic rendezvous")
         return self.plan.shrink(lost, self._httpd)
+
+    def grow(self, hostname: str) -> tuple[int, str, dict[int, object]]:
+        """Re-form an elastic job with one more engine, on ``hostname``: ``(its index, the key
+        it asks the store with, {engine: new slot})``. The ranks in the job learn their new
+        slot at their next reset; the new engine by asking with the key (``hvd_join``)."""
+        if self.plan is None:
+            raise RuntimeError("grow() needs an elastic rendezvous")
+        index = len(self.hostnames)
+        self.hostnames.append(hostname)
+        return (index, join_key(index), self.plan.grow(index, hostname, self._httpd))
 
     def stop(self) -> None:
         if self.abort_line is not None:
@@ -163,6 +181,30 @@ class ElasticPlan:
             self._release()
         return dict(new)
 
+    def grow(self, index: int, hostname: str, httpd) -> dict[int, object]:
+        """Take engine ``index`` on ``hostname`` in; it asks with :func:`join_key`."""
+        with self._lock:
+            self.hostnames.append(hostname)
+            old = self.slots
+            members = sorted([*old, index])
+            new = dict(zip(members, assign([self.hostnames[i] for i in members])))
+            if httpd is not None:
+                httpd.init(list(new.values()))
+            self._answers = {(_key(old[i]) if i in old else join_key(i)):
+                             slot.to_response_string().encode("ascii") for i, slot in new.items()}
+            self._open = False
+            self.slots = new
+            self.sizes.append(len(new))
+            self._release()
+        return dict(new)
+
+    def withdraw(self, key: str) -> None:
+        """The run is over before the engine asking with ``key`` could join: tell it it is out."""
+        with self._lock:
+            self._answers = {key: self.GONE}
+            self._open = True
+            self._lock.notify_all()
+
     def _release(self) -> None:
         if self._answers and set(self._answers) <= self._asked:
             self._open = True
@@ -172,7 +214,10 @@ class ElasticPlan:
         with self._lock:
             self._asked.add(key)
             self._release()
-            self._lock.wait_for(lambda: self._open and key in self._answers, timeout=self.wait)
+            # an engine joining waits as long as the ranks take to reach a commit; the kernel
+            # lets it go (withdraw) if the run ends first
+            timeout = None if key.startswith(JOIN_PREFIX) else self.wait
+            self._lock.wait_for(lambda: self._open and key in self._answers, timeout=timeout)
             self._asked.discard(key)
             answer = self._answers.pop(key, self.GONE) if self._open else self.GONE
             if not self._answers:
@@ -194,6 +239,14 @@ class ElasticPlan:
 
 
 RANK_AND_SIZE = "rank_and_size"  # Horovod's HOROVOD_GLOO_GET_RANK_AND_SIZE scope
+
+
+JOIN_PREFIX = "join-"
+
+
+def join_key(index: int) -> str:
+    """How an engine joining an elastic run asks for its slot (it has no local rank yet)."""
+    return f"{JOIN_PREFIX}{index}"
 
 
 def _key(slot) -> str:
@@ -233,11 +286,16 @@ class AbortLine:
 
     def abort(self) -> int:
         """Tell every connected rank to abort; returns how many were told."""
+        return self.tell(b"!")
+
+    def tell(self, what: bytes) -> int:
+        """Send one byte to every connected rank (``!``: abort; ``+``: an elastic run takes
+        in engines at the next commit); returns how many were told."""
         self._accept_waiting()
         told = 0
         for conn in self._conns:
             try:
-                conn.sendall(b"!")
+                conn.sendall(what)
                 told += 1
             except OSError:  # that rank is gone already
                 pass

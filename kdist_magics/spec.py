@@ -35,6 +35,9 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--min-np",), dict(default=None, type=int, dest="min_np", metavar="K",
         help="horovod only: elastic run; when ranks are lost the rest re-form and go on while "
              "at least K are left (the cell uses hvd.elastic.run and a state object)")),
+    (("--max-np",), dict(default=None, type=int, dest="max_np", metavar="M",
+        help="horovod only: elastic run that takes in engines registering with the cluster "
+             "during the run, up to M ranks (they join at the next commit)")),
     (("--devices",), dict(default=None, type=int, metavar="N",
         help="number of replicas for mirrored (GPUs, or logical CPU devices without GPUs), N >= 1")),
     (("--timeout",), dict(default=None, type=float, metavar="SECONDS",
@@ -77,6 +80,7 @@ class RunSpec:
     strategy: str = "auto"
     np: int | None = None
     min_np: int | None = None
+    max_np: int | None = None
     devices: int | None = None
     timeout: float | None = None
     push: tuple[str, ...] = ()
@@ -135,6 +139,12 @@ def validate(spec: RunSpec) -> RunSpec:
             raise UsageError(f"--min-np {spec.min_np} is more than --np {spec.np}; give K <= N")
         if s not in ("auto", "horovod"):
             raise UsageError(f"--min-np applies to horovod (an elastic Horovod run), not {s}")
+    if spec.max_np is not None:
+        low = max(spec.np or 1, spec.min_np or 1)
+        if spec.max_np < low:
+            raise UsageError(f"--max-np {spec.max_np} is less than --np/--min-np {low}; give M >= {low}")
+        if s not in ("auto", "horovod"):
+            raise UsageError(f"--max-np applies to horovod (an elastic Horovod run), not {s}")
     if s in KERNEL_STRATEGIES:
         for opt, name in (("--np", "np"), ("--push", "push"), ("--pull", "pull"),
                           ("--cluster-id", "cluster_id"), ("--profile", "profile")):
@@ -158,7 +168,7 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
     defaults = dict(defaults or {})
     given = set()
     values: dict[str, Any] = {}
-    for key in ("strategy", "np", "min_np", "devices", "timeout", "out", "checkpoint", "cluster_id", "profile"):
+    for key in ("strategy", "np", "min_np", "max_np", "devices", "timeout", "out", "checkpoint", "cluster_id", "profile"):
         v = getattr(args, key)
         if v is None:
             v = defaults.get(key)

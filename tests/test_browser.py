@@ -205,9 +205,14 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
         # for in-kernel strategies: updates come from the dashboard's background thread)
         deadline = time.time() + 400
         first = None
+        bar_texts = []  # what the progress line said while the run went on
         while time.time() < deadline:
             status = dash.get_attribute("data-status")
             n = _points(dash)
+            try:
+                bar_texts.append(dash.locator(".kdist-progress .kdist-bar-text").inner_text(timeout=2000))
+            except Exception:
+                pass
             if status != "running":
                 break
             if n > 0 and first is None:
@@ -238,6 +243,16 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
         assert lines == expected_lines and running_lines >= 1
         assert dash.locator(".kdist-progress .kdist-bar-text").inner_text().startswith("epoch 5/5")
         assert dash.locator(".kdist-cpu").count() == RANKS[strategy]
+        # the phases, on screen and in order: first engines starting (this kernel's first
+        # horovod cell) with their count, then set-up, the cell, training, finishing
+        phases = dash.locator(".kdist-phases").inner_text()
+        expected = (["starting 2 engines", "setting up Horovod", "running the cell", "training",
+                     "finishing"] if strategy == "horovod" else ["running the cell", "training"])
+        where = [phases.find(name) for name in expected]
+        assert -1 not in where and where == sorted(where), phases
+        if strategy == "horovod":
+            assert any(t.startswith("starting 2 engines (") and "registered)" in t
+                       for t in bar_texts), bar_texts[:20]
         dash.screenshot(path=str(test_output / f"dashboard-{strategy}.png"))
         page.screenshot(path=str(test_output / f"dashboard-{strategy}-page.png"), full_page=True)
         # the last cell (%kdist stop) ran: the kernel is free again

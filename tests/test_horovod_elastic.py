@@ -107,3 +107,102 @@ def test_fewer_ranks_left_than_min_np_stops_the_run(eip, capsys):
     assert list(info.value.deaths) == [2] and "SIGKILL" in info.value.deaths[2]
     assert "only 3 ranks left, fewer than --min-np 4" in capsys.readouterr().err
     assert eip.run_cell_magic("kdist", "--strategy horovod --np 4", "hvd.size()") == 4
+
+
+#: every rank trains at a steady pace (so an engine has time to register and join mid-run)
+GROW_CELL = """
+import time, keras, numpy as np
+first = hvd.rank()
+rng = np.random.default_rng(first)
+x = rng.normal(size=(64, 8)).astype('float32'); y = x.sum(1, keepdims=True)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation='tanh'),
+                          keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.02)), loss='mse')
+state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+resets = []
+state.register_reset_callbacks([lambda: resets.append((hvd.size(), state.epoch))])
+
+class Pace(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.25)
+
+@hvd.elastic.run
+def train(state):
+    model.fit(x, y, batch_size=8, epochs=EPOCHS - state.epoch, shuffle=False, verbose=0,
+              callbacks=[hvd.elastic.CommitStateCallback(state), Pace(),
+                         hvd.elastic.UpdateBatchStateCallback(state),
+                         hvd.elastic.UpdateEpochStateCallback(state)])
+
+train(state)
+weights = hvd.allgather_object(np.concatenate([w.ravel() for w in model.get_weights()]))
+{"size": hvd.size(), "epoch": state.epoch, "resets": resets, "ranks": len(weights),
+ "spread": float(max(np.abs(w - weights[0]).max() for w in weights))}
+"""
+
+
+def test_an_engine_registering_mid_run_joins_at_the_next_commit(eip, capsys):
+    """--max-np on an attached cluster: a third engine started while 2 ranks train is taken
+    in at their next commit; the run ends as 3 ranks in step, rank 0's state synced to it."""
+    import os
+    import threading
+    import time
+
+    import ipyparallel as ipp
+
+    import subprocess
+    import sys
+
+    theirs = ipp.Cluster(n=2, cluster_id=f"grow-{os.getpid()}", controller_ip="127.0.0.1",
+                         log_level=40)
+    theirs.start_cluster_sync()
+    stop = threading.Event()
+    extra: list[subprocess.Popen] = []
+    try:
+        client = theirs.connect_client_sync()
+        client.wait_for_engines(2, timeout=120, interactive=False)
+        client.close()
+
+        def add_an_engine_once_training():  # as `ipcluster engines` or a batch job would
+            while not stop.is_set():
+                rec = kdist_magics.last_run()
+                if rec is not None and rec.strategy == "horovod" and rec.metrics:
+                    extra.append(subprocess.Popen(
+                        [sys.executable, "-m", "ipyparallel.engine",
+                         f"--cluster-id={theirs.cluster_id}", "--log-level=40"]))
+                    return
+                time.sleep(0.2)
+
+        adder = threading.Thread(target=add_an_engine_once_training, daemon=True)
+        adder.start()
+        eip.user_ns["EPOCHS"] = 8
+        out = eip.run_cell_magic(
+            "kdist", f"--strategy horovod --np 2 --max-np 3 --cluster-id {theirs.cluster_id} "
+                     "--push EPOCHS", GROW_CELL)
+        adder.join(timeout=60)
+        printed = capsys.readouterr().out
+        assert (out["size"], out["ranks"], out["epoch"]) == (3, 3, 8)
+        assert out["spread"] == 0.0  # the joined rank holds exactly what the others hold
+        assert [n for n, _ in out["resets"]] == [3]  # rank 0 reset once, into 3 ranks
+        rec = kdist_magics.last_run()
+        assert rec.status == "done" and rec.world_size == 3
+        assert [(e["added"], e["size"]) for e in rec.resizes] == [([2], 3)]
+        assert all(rec.ranks[r].state == "done" for r in (0, 1, 2))
+        assert "world size 2 \u2192 3 (rank 2 joined)" in rec.summary()
+        assert "rank 2 joins the run at its next commit" in printed
+        # the next cell uses the cluster as asked (2 ranks), the third engine idle
+        assert eip.run_cell_magic("kdist", f"--strategy horovod --np 2 --cluster-id "
+                                           f"{theirs.cluster_id}", "hvd.size()") == 2
+        eip.run_line_magic("kdist", "stop")
+    finally:
+        stop.set()
+        import psutil
+
+        for proc in extra:  # the engine this test started (and its nanny), by pid
+            try:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()
+            except psutil.Error:
+                pass
+            proc.kill()
+            proc.wait(timeout=30)
+        theirs.stop_cluster_sync()

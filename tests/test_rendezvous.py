@@ -137,3 +137,36 @@ def test_elastic_plan_answers_once_every_rank_left_has_asked():
         assert "HOROVOD_ELASTIC" not in fixed.env(0)
         with pytest.raises(RuntimeError, match="elastic"):
             fixed.shrink([0])
+
+
+def test_elastic_plan_grows_by_an_engine_that_asks_with_its_join_key():
+    import threading
+
+    from kdist_magics.rendezvous import join_key
+
+    def get(port, key):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/rank_and_size/{key}", timeout=30) as r:
+            return r.read().decode()
+
+    with Rendezvous(["a", "a"], elastic=True) as rdv:
+        rdv.plan.started()
+        index, key, new = rdv.grow("b")
+        assert (index, key) == (2, join_key(2)) and rdv.plan.sizes == [2, 3]
+        assert {i: (s.hostname, s.rank, s.size, s.local_rank) for i, s in new.items()} == {
+            0: ("a", 0, 3, 0), 1: ("a", 1, 3, 1), 2: ("b", 2, 3, 0)}
+        got: dict[str, str] = {}
+        threads = [threading.Thread(target=lambda k=k: got.setdefault(k, get(rdv.port, k)))
+                   for k in ("a:0", key)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=0.5)
+        assert not got  # rank 1 has not reached its commit yet: everyone waits
+        assert get(rdv.port, "a:1") == "1,3,1,2,0,1"
+        for t in threads:
+            t.join(timeout=10)
+        assert got == {"a:0": "0,3,0,2,0,2", key: "2,3,0,1,1,2"}
+        # a run that ends before a joiner got in lets it go
+        _, late, _ = rdv.grow("c")
+        rdv.plan.withdraw(late)
+        assert get(rdv.port, late) == "-1,-1,-1,-1,-1,-1"

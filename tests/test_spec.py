@@ -76,6 +76,9 @@ def test_attach_options():
         ("-s horovod --np 2 --min-np 3", ["--min-np 3", "--np 2", "K <= N"]),
         ("-s multiworker --min-np 2", ["--min-np", "horovod", "multiworker"]),
         ("-s mirrored --min-np 2", ["--min-np", "horovod", "mirrored"]),
+        ("-s horovod --np 3 --max-np 2", ["--max-np 2", "M >= 3"]),
+        ("-s horovod --min-np 3 --max-np 2", ["--max-np 2", "M >= 3"]),
+        ("-s multiworker --max-np 4", ["--max-np", "horovod", "multiworker"]),
     ],
 )
 def test_bad_options_raise_exactly_usage_error(line, words):
@@ -104,5 +107,6 @@ def test_min_np_makes_an_elastic_horovod_request():
     spec = parse_line("-s horovod --np 4 --min-np 2")
     assert (spec.np, spec.min_np) == (4, 2) and "min_np" in spec.given
     assert parse_line("--np 4").min_np is None
+    assert parse_line("-s horovod --np 2 --max-np 4").max_np == 4
     with pytest.raises(UsageError, match="--min-np applies to horovod"):
         parse_line("--np 4 --min-np 2").with_strategy("multiworker")

@@ -17,13 +17,17 @@ Horovod 0.28.1's semantics (``horovod.tensorflow.keras.elastic``), on Keras 3:
   the next commit) resets without restoring.
 
 Under ``%%kdist --strategy horovod --min-np K`` the kernel is the elastic driver: it re-forms
-the rendezvous with the ranks still alive. Horovod's own worker notification service (a
-listener on every rank) is not started.
+the rendezvous with the ranks still alive; with ``--max-np M`` it also takes in engines that
+register during the run, telling the ranks through its abort line (:func:`hosts_added`)
+instead of Horovod's worker notification service, a listener on every rank, which is not
+started.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
+import time
 
 import numpy as np
 
@@ -76,9 +80,10 @@ class KerasState(ObjectState):
         super().restore()
 
     def sync(self):
-        tf_vars = [tf_variable(v) for v in self._variables()]
-        if tf_vars:
-            hvd_tf.broadcast_variables(tf_vars, root_rank=0)
+        # named by position, not by Keras' per-process variable names: a rank that joins
+        # the run is a fresh process whose automatic names may differ
+        for i, var in enumerate(tf_variable(v) for v in self._variables()):
+            var.assign(hvd_tf.broadcast(var, root_rank=0, name=f"KDistElasticSync.{i}"))
         self._save_model()
         super().sync()
 
@@ -170,6 +175,23 @@ def _lost_rank_error(exc: BaseException) -> bool:
     return "Horovod" in text or "gloo" in text.lower()
 
 
+_waiting: list = []  # the states of running hvd.elastic.run calls
+_waiting_lock = threading.Lock()
+
+
+def hosts_added() -> int:
+    """Hosts were added: each running state raises ``HostsUpdatedInterrupt`` at its next
+    commit (rank 0's view decides, so every rank at the same one). Returns how many states
+    were told. kdist's abort-line watcher calls this."""
+    from horovod.runner.elastic.worker import HostUpdateResult
+
+    with _waiting_lock:
+        states = list(_waiting)
+    for state in states:
+        state.on_hosts_updated(time.time(), HostUpdateResult.added)
+    return len(states)
+
+
 def _reset():
     hvd_tf.shutdown()
     hvd_tf.init()
@@ -184,23 +206,35 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        skip_sync = False
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                state.restore()
-                skip_sync = False
-            except HostsUpdatedInterrupt as exc:
-                skip_sync = exc.skip_sync
-            except Exception as exc:
-                if not _lost_rank_error(exc):
-                    raise
-                state.restore()
-                skip_sync = False
-            _reset()
-            state.on_reset()
+        with _waiting_lock:
+            _waiting.append(state)
+        try:
+            return _loop(func, state, args, kwargs)
+        finally:
+            with _waiting_lock:
+                if state in _waiting:
+                    _waiting.remove(state)
 
     return wrapper
+
+
+def _loop(func, state, args, kwargs):
+    skip_sync = False
+    while True:
+        try:
+            if not skip_sync:
+                state.sync()
+            return func(state, *args, **kwargs)
+        except HorovodInternalError:
+            state.restore()
+            skip_sync = False
+        except HostsUpdatedInterrupt as exc:
+            skip_sync = exc.skip_sync
+        except Exception as exc:
+            if not _lost_rank_error(exc):
+                raise
+            state.restore()
+            skip_sync = False
+        _reset()
+        state.on_reset()
+

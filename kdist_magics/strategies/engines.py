@@ -75,6 +75,8 @@ class EngineStrategy(Strategy):
         self.last_timing: dict[str, float] = {}
         self.supervisor: RunSupervisor | None = None  # the run in progress, if any
         self.lost: set[int] = set()  # engine ids an elastic run went on without (this run)
+        self.cell: str | None = None  # the cell of the run in progress
+        self.pushed: dict[str, Any] = {}  # its --push values
 
     # -- hooks ---------------------------------------------------------------
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
@@ -99,6 +101,16 @@ class EngineStrategy(Strategy):
 
     def go_on_without(self, cluster: EngineCluster, ctx: RunContext,
                       deaths: dict[int, str]) -> dict[int, int] | None:
+        return None
+
+    def grow(self, cluster: EngineCluster, ctx: RunContext, final: bool) -> list:
+        """Engines that begin the cell now, joining the run: ``[(rank, EngineInfo, future)]``
+        (an elastic Horovod run under ``--max-np``; none by default). ``final``: the run's
+        ranks are done; let any joining engine go."""
+        return []
+
+    def rank_engines(self, cluster: EngineCluster) -> dict | None:
+        """``{rank: EngineInfo}`` after a run whose ranks changed (elastic); None: as started."""
         return None
 
     def live_view(self, cluster: EngineCluster):
@@ -173,7 +185,8 @@ class EngineStrategy(Strategy):
     def run(self, cell: str, ctx: RunContext) -> Any:
         spec, record = ctx.spec, ctx.record
         self._check_syntax(cell, ctx)
-        pushed = pushable(ctx.shell.user_ns, ctx.spec.push) if spec.push else {}
+        self.cell = cell
+        pushed = self.pushed = pushable(ctx.shell.user_ns, ctx.spec.push) if spec.push else {}
         t0 = time.monotonic()
         cluster = self._cluster(ctx)
         t_cluster = time.monotonic()
@@ -187,20 +200,22 @@ class EngineStrategy(Strategy):
             cluster.view().push(pushed, block=True)
         ok = False
         self.lost = set()
-        renumbered = None
+        now = None
         try:
             self.before_cell(cluster, ctx, ranks)
             t_ready = time.monotonic()
             self.last_timing = {"cluster_s": t_cluster - t0, "setup_s": t_ready - t_cluster}
             value_ar = self._execute(cell, cluster, ctx, ranks)
             ok = True
-            renumbered = self.supervisor.renumbered
+            now = self.rank_engines(cluster)
         finally:
             self._finish_engines(cluster, ctx, ranks, ok)
             if self.lost:
                 self.needs_restart = self.needs_restart or "ranks were lost in the previous run"
-        if renumbered:  # an elastic run that lost ranks: rank 0 is the first one left
-            by_rank = {new: by_rank[old] for old, new in renumbered.items()}
+            elif len(cluster.engines) != cluster.n:  # an elastic run took in engines
+                self.needs_restart = self.needs_restart or "the previous run took in engines"
+        if now:  # an elastic run that lost or took in ranks: who is rank 0 now
+            by_rank = now
         value = self._pull(cluster, ctx, by_rank, value_ar)
         return value
 
@@ -313,18 +328,18 @@ class EngineStrategy(Strategy):
                  for e, rank in zip(cluster.engines, ranks)]
         for b in begun:
             b.get(timeout=60)
-        by_rank = {rank: e.engine_id for rank, e in zip(ranks, cluster.engines)}
-
         def go_on(deaths):
             renumbered = self.go_on_without(cluster, ctx, deaths)
-            if renumbered is not None:
+            if renumbered is not None:  # ranks and engines grow together (see RunSupervisor.take)
+                by_rank = {rank: e.engine_id for rank, e in zip(ranks, cluster.engines)}
                 self.lost |= {by_rank[r] for r in deaths}
             return renumbered
 
         record.phase(PHASE_CELL)
         sup = self.supervisor = RunSupervisor(record, spec.out,
                                               lambda busy: self.abort_collectives(cluster, busy),
-                                              on_lost=go_on)
+                                              on_lost=go_on,
+                                              on_grow=lambda final: self.grow(cluster, ctx, final))
         ar = cluster.view().execute(cell, silent=False, block=False)
         for rank, fut in zip(ranks, children(ar)):
             sup.listen(fut, rank)

@@ -44,6 +44,16 @@ def iface_for(address: str) -> str:
 ELASTIC_GLOO_TIMEOUT = "10"
 
 
+#: variables only elastic runs set (removed again on an engine's next non-elastic run)
+ELASTIC_VARS = ("HOROVOD_ELASTIC", "HOROVOD_GLOO_TIMEOUT_SECONDS")
+
+
+def elastic_env(env: dict[str, str]) -> dict[str, str]:
+    """An elastic rank's variables: ``env`` plus the Gloo wait bound (see ELASTIC_GLOO_TIMEOUT)."""
+    timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", ELASTIC_GLOO_TIMEOUT)
+    return {**env, "HOROVOD_GLOO_TIMEOUT_SECONDS": timeout}
+
+
 class HorovodStrategy(EngineStrategy):
     name = "horovod"
     setup_words = "Horovod (TensorFlow import, hvd.init)"
@@ -61,6 +71,9 @@ class HorovodStrategy(EngineStrategy):
             ) from exc
         self.rendezvous = None
         self.min_np: int | None = None  # the run's --min-np: elastic when set
+        self.labels: dict[int, int] = {}  # engine index -> rank label, this run
+        self.engine_of: dict = {}  # engine index -> EngineInfo, this run
+        self.growth = None  # the run's Growth under --max-np
 
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
         from ..rendezvous import assign
@@ -79,9 +92,14 @@ class HorovodStrategy(EngineStrategy):
                 raise KDistError(
                     f"the engines run on {len(set(hosts))} hosts but the rendezvous would listen on "
                     f"loopback; set %config KDist.bind_address = '<an address every engine reaches>'")
-        self.min_np = ctx.spec.min_np
+        spec = ctx.spec
+        elastic = spec.min_np is not None or spec.max_np is not None
+        self.min_np = (spec.min_np or len(hosts)) if elastic else None
         self.rendezvous = Rendezvous(hosts, address=address, iface=iface_for(address),
-                                     elastic=self.min_np is not None)
+                                     elastic=elastic)
+        self.labels = {i: slot.rank for i, slot in enumerate(self.rendezvous.slots)}
+        self.engine_of = dict(enumerate(cluster.engines))  # engine index -> EngineInfo
+        self.growth = None
         if cluster.owned:
             ifaces = [self.rendezvous.iface] * len(hosts)
         else:  # each engine names its own interface towards the rendezvous
@@ -89,13 +107,13 @@ class HorovodStrategy(EngineStrategy):
         self.rendezvous.start()
         abort = (self.rendezvous.address, self.rendezvous.abort_line.port)
         envs = [self.rendezvous.env(i, iface=ifaces[i]) for i in range(len(hosts))]
-        if self.min_np is not None:
-            timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", ELASTIC_GLOO_TIMEOUT)
-            envs = [{**env, "HOROVOD_GLOO_TIMEOUT_SECONDS": timeout} for env in envs]
+        if elastic:
+            envs = [elastic_env(env) for env in envs]
         ars = [cluster.client[e.engine_id].apply_async(hvd_init, envs[i], abort)
                for i, e in enumerate(cluster.engines)]
         for ar in ars:
             ar.wait(timeout=120)
+        infos = {}
         for ar, rank in zip(ars, ranks):
             if not ar.ready():
                 self.needs_restart = "Horovod initialisation did not finish"
@@ -108,8 +126,27 @@ class HorovodStrategy(EngineStrategy):
                 raise KDistError(f"hvd.init() failed on rank {rank}: {detail}") from None
             if info["rank"] != rank:  # pragma: no cover - defensive
                 raise KDistError(f"engine became Horovod rank {info['rank']}, expected {rank}")
-        if self.rendezvous.plan is not None:
+            infos[rank] = info
+        if elastic:
             self.rendezvous.plan.started()
+        if spec.max_np is not None:
+            from .horovod_grow import Growth
+
+            self.growth = Growth(self, cluster, ctx, self.cell, spec.max_np,
+                                 infos[0].get("keras_names"))
+
+    def rank_engines(self, cluster: EngineCluster) -> dict | None:
+        rdv = self.rendezvous
+        if rdv is None or rdv.plan is None or len(rdv.plan.sizes) == 1:
+            return None
+        return {slot.rank: self.engine_of[i] for i, slot in rdv.plan.slots.items()}
+
+    def next_label(self) -> int:
+        """The rank label (in the record and the dashboard) of an engine joining the run."""
+        return max(self.labels.values()) + 1 + len(self.growth.joining if self.growth else ())
+
+    def grow(self, cluster: EngineCluster, ctx: RunContext, final: bool):
+        return self.growth.step(final) if self.growth is not None else []
 
     def go_on_without(self, cluster: EngineCluster, ctx: RunContext,
                       deaths: dict[int, str]) -> dict[int, int] | None:
@@ -120,7 +157,7 @@ class HorovodStrategy(EngineStrategy):
         rdv = self.rendezvous
         if rdv is None or rdv.plan is None:
             return None
-        rank_of = {i: slot.rank for i, slot in enumerate(rdv.slots)}  # engine index -> rank
+        rank_of = self.labels  # engine index -> its rank label in this run
         index_of = {r: i for i, r in rank_of.items()}
         left = len(rdv.plan.slots) - len(deaths)
         if left < self.min_np:
@@ -168,6 +205,13 @@ def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[
     """
     from IPython import get_ipython
 
+    # what a previous (elastic) run set and this one does not: a warm engine whose Horovod
+    # was shut down would otherwise take Horovod's elastic re-initialising path
+    before = set(_run_hvd.pop("env_set", ()))
+    for name in before - set(env):
+        os.environ.pop(name, None)
+    _run_hvd["env_set"] = [k for k in ELASTIC_VARS
+                           if k in env and (k in before or k not in os.environ)]
     os.environ.update(env)
     import horovod.tensorflow as core
 
@@ -190,8 +234,49 @@ def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[
     shell = get_ipython()
     if shell is not None:
         shell.user_ns["hvd"] = hvd
+    from ..compat import keras_name_uids
+
     return {"rank": core.rank(), "size": core.size(), "local_rank": core.local_rank(),
-            "binding": hvd.__name__}
+            "binding": hvd.__name__, "keras_names": keras_name_uids()}
+
+
+def warm_imports() -> bool:
+    """An engine about to join an elastic run: import what ``hvd_init`` needs now, so that
+    joining later is quick (the others wait for it in the rendezvous)."""
+    import horovod.tensorflow  # noqa: F401  (TensorFlow too)
+    import keras  # noqa: F401
+
+    from .. import keras_horovod
+
+    keras_horovod.install()
+    return True
+
+
+def hvd_join(env: dict[str, str], store: tuple[str, int], key: str,
+             abort: tuple[str, int] | None, keras_names: dict | None) -> dict[str, Any]:
+    """Join an elastic run that is under way: ask the kernel's store for this engine's rank
+    (the answer comes once every rank of the re-formed job is ready), then ``hvd_init``.
+    ``keras_names``: the other ranks' Keras naming counters at the start of the cell, so
+    this fresh process names the cell's layers (and Horovod's collectives) as they do."""
+    import urllib.request
+
+    if keras_names is not None:
+        import keras  # noqa: F401
+
+        from ..compat import set_keras_name_uids
+
+        set_keras_name_uids(keras_names)
+    url = f"http://{store[0]}:{store[1]}/rank_and_size/{key}"
+    if ":" in store[0]:
+        url = f"http://[{store[0]}]:{store[1]}/rank_and_size/{key}"
+    with urllib.request.urlopen(url, timeout=None) as reply:  # the kernel decides how long
+        rank, size, local_rank, local_size, cross_rank, cross_size = reply.read().decode().split(",")
+    if int(rank) < 0:
+        raise RuntimeError("this engine was not taken into the elastic run")
+    env = {**env, "HOROVOD_RANK": rank, "HOROVOD_SIZE": size, "HOROVOD_LOCAL_RANK": local_rank,
+           "HOROVOD_LOCAL_SIZE": local_size, "HOROVOD_CROSS_RANK": cross_rank,
+           "HOROVOD_CROSS_SIZE": cross_size}
+    return hvd_init(env, abort)
 
 
 def _watch_abort(address: str, port: int) -> None:
@@ -212,16 +297,27 @@ def _watch_abort(address: str, port: int) -> None:
     stop = threading.Event()
 
     def watch():
-        try:
-            told = sock.recv(1)
-        except OSError:
-            told = b""
-        if told and not stop.is_set():
-            hvd_shutdown(_from_watch=True)
+        while True:
+            try:
+                told = sock.recv(1)
+            except OSError:
+                told = b""
+            if told == HOSTS_ADDED and not stop.is_set():
+                # an elastic run takes in a new engine: interrupt at the next commit
+                from ..keras_horovod import elastic
+
+                elastic.hosts_added()
+                continue
+            if told and not stop.is_set():
+                hvd_shutdown(_from_watch=True)
+            return
 
     thread = threading.Thread(target=watch, name="kdist-abort-watch", daemon=True)
     _run_hvd["abort"] = (stop, thread, sock)
     thread.start()
+
+
+HOSTS_ADDED = b"+"  # what the abort line says when an elastic run takes in engines
 
 
 def _stop_abort_watch() -> None:

@@ -91,13 +91,17 @@ class RunSupervisor:
     collectives return (called first when stopping). ``on_lost({rank: how})``: an elastic
     strategy's way to go on without dead ranks; it returns ``{rank: new rank}`` for the ranks
     left, or None when the run cannot go on (then a death stops the run, as without it).
+    ``on_grow(final)``: engines joining the run now, ``[(rank, EngineInfo, cell future)]``,
+    supervised from then on like the others (``final``: the run is over, let joiners go).
     """
 
     def __init__(self, record, out: str = "rank0",
                  abort_collectives: Callable[[list[int]], None] = lambda ranks: None,
-                 on_lost: Callable[[dict[int, str]], dict[int, int] | None] | None = None):
+                 on_lost: Callable[[dict[int, str]], dict[int, int] | None] | None = None,
+                 on_grow: Callable[[bool], list] | None = None):
         self.record = record
         self.on_lost = on_lost
+        self.on_grow = on_grow
         self.lost: dict[int, str] = {}  # ranks an elastic run went on without: how they ended
         self.renumbered: dict[int, int] | None = None  # rank -> rank now, after going on
         self.vanishing: dict[int, tuple[float, Any]] = {}  # "engine died" replies not yet seen dead
@@ -222,7 +226,12 @@ class RunSupervisor:
                 now = time.monotonic()
                 gone = self._vanished(now)  # ipyparallel says an engine died: look now
                 if not gone and all(f.done() for r, f in zip(ranks, children) if r not in self.lost):
+                    if self.on_grow is not None:
+                        self.on_grow(True)
                     break
+                if now >= next_death_check and self.on_grow is not None:
+                    for rank, info, fut in self.on_grow(False):
+                        self.take(cluster, ranks, children, rank, info, fut)
                 if now >= next_death_check or gone:
                     deaths = cluster.dead()
                     next_death_check = time.monotonic() + DEATH_CHECK
@@ -259,9 +268,9 @@ class RunSupervisor:
             raise
         # every rank is done: wait for the trailing output (IOPub idle) and drain it
         try:
-            if not self.lost:
+            if not self.lost and len(children) == len(list_children(ar)):
                 ar.wait_for_output(timeout=10)
-            else:  # a lost rank's output never ends
+            else:  # a lost rank's output never ends; a joined rank's request is its own
                 for rank, fut in zip(ranks, children):
                     if rank not in self.lost:
                         fut.output.result(timeout=10)
@@ -271,6 +280,16 @@ class RunSupervisor:
         if failures:
             raise RankFailed(failures, [])
         return result_content
+
+    def take(self, cluster, ranks: list[int], children: list, rank: int, info, fut) -> None:
+        """Supervise one more rank from now on (an engine that joined an elastic run): its
+        engine, rank and request are appended together, so they stay aligned."""
+        cluster.engines.append(info)
+        ranks.append(rank)
+        children.append(fut)
+        self.listen(fut, rank)
+        fut.add_done_callback(lambda _f, _r=rank: self.inbox.put((_r, "finished", None)))
+        self.record.set_rank(rank, state="running", host=info.hostname, pid=info.pid)
 
     def _vanished(self, now: float) -> bool:
         """True while a rank's request ended with "engine died" and the death check has not
