@@ -11,7 +11,7 @@ job has fewer than M ranks goes through:
 2. **joining**: the kernel re-forms the rendezvous with it (:meth:`Rendezvous.grow`) and says
    "hosts added" on the abort line, so every rank raises ``HostsUpdatedInterrupt`` at its
    next commit, resets and asks for its new rank; the new engine asks too
-   (``horovod.hvd_join``) and initialises Horovod with the others;
+   (``horovod_engine.hvd_join``) and initialises Horovod with the others;
 3. **running**: the cell is sent to it; ``hvd.elastic.run`` there syncs rank 0's state.
 
 If the run ends before the ranks reach a commit, a joining engine is let go (it never runs
@@ -95,7 +95,7 @@ class Growth:
     def _warm(self, eid: int) -> None:
         from .. import engine
         from .engines import FEED_INTERVAL, _prepare_remote
-        from .horovod import warm_imports
+        from .horovod_engine import warm_imports
 
         ctx, client = self.ctx, self.cluster.client[eid]
         pid, host = client.apply_sync(_identify)
@@ -115,7 +115,7 @@ class Growth:
                              "info": EngineInfo(eid, pid, host), "ar": client.apply_async(warm_imports)}
 
     def _join(self, eid: int, item: dict[str, Any]) -> None:
-        from .horovod import HOSTS_ADDED, elastic_env, hvd_join
+        from .horovod_engine import HOSTS_ADDED, elastic_env, hvd_join
 
         rdv = self.strategy.rendezvous
         info = item["info"]
