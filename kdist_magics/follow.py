@@ -9,7 +9,9 @@ kdist starts an owned cluster's controller and engines through this (their launc
 ``controller_cmd`` / ``engine_cmd``), so a kernel that is killed at any moment, even while
 the engines are still starting, takes them with it: a killed kernel runs no ``atexit``, and
 ipyparallel has no such option. The watcher sleeps on a pidfd (Linux), waking only when the
-kernel ends; elsewhere it looks every half second.
+kernel ends; elsewhere it looks every half second. A small guard process (``--guard``) does
+the same from outside, since a thread cannot run while the process's interpreter lock is held
+for seconds (TensorFlow's import does that).
 """
 
 from __future__ import annotations
@@ -74,10 +76,7 @@ def end_children(quiet: float = 0.1, bound: float = 5.0) -> None:
     calm_since = time.monotonic()
     deadline = calm_since + bound
     while time.monotonic() < deadline:
-        try:
-            children = [c for c in me.children(recursive=True) if _running(c)]
-        except psutil.Error:
-            children = []
+        children = [c for c in _descendants(me) if _running(c)]
         for child in children:
             try:
                 child.kill()
@@ -89,6 +88,22 @@ def end_children(quiet: float = 0.1, bound: float = 5.0) -> None:
         elif now - calm_since >= quiet:
             return
         time.sleep(0.02)
+
+
+def _descendants(root) -> list:
+    """Every process below ``root``, one level at a time: one that ends while the tree is
+    being read drops out alone (psutil's recursive listing gives up on the whole tree)."""
+    import psutil
+
+    out, todo = [], [root]
+    while todo:
+        try:
+            kids = todo.pop().children()
+        except psutil.Error:
+            continue
+        out += kids
+        todo += kids
+    return out
 
 
 def _running(proc) -> bool:
@@ -111,11 +126,54 @@ def command(module: str, pid: int | None = None, started: float | None = None) -
     return [sys.executable, "-m", "kdist_magics.follow", str(pid), repr(started), module]
 
 
+def guard(pid: int, started: float, target: int) -> None:
+    """``python -m kdist_magics.follow --guard PID STARTED TARGET``: a small process of its own
+    that ends process TARGET and its children once PID is gone, and ends itself when TARGET
+    does. A thread inside TARGET is not enough: while TARGET imports TensorFlow, the import
+    holds its interpreter lock for seconds, and a thread there cannot run."""
+    import select
+
+    import psutil
+
+    try:
+        kernel_fd, target_fd = os.pidfd_open(pid), os.pidfd_open(target)
+    except (AttributeError, OSError):  # no pidfds here: the thread in TARGET does the work
+        return
+    if alive(pid, started):
+        ready, _, _ = select.select([kernel_fd, target_fd], [], [])
+        if target_fd in ready and kernel_fd not in ready:
+            return  # TARGET ended first, as it should
+    try:
+        proc = psutil.Process(target)
+    except psutil.Error:
+        return
+    me = os.getpid()
+    for _ in range(3):  # TARGET may be starting a child (an engine its nanny) just now
+        for child in _descendants(proc):
+            if child.pid != me:
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+        threading.Event().wait(0.05)
+
+
 def main(argv: list[str]) -> None:
     import runpy
+    import subprocess
 
+    if argv[0] == "--guard":
+        guard(int(argv[1]), float(argv[2]), int(argv[3]))
+        return
     pid, started, module, *rest = argv
     end_with(int(pid), float(started))
+    # the guard: started before the module (and its heavy imports) runs
+    subprocess.Popen([sys.executable, "-m", "kdist_magics.follow", "--guard", pid, started,
+                      str(os.getpid())], stdin=subprocess.DEVNULL, close_fds=True)
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -367,6 +367,19 @@ def test_a_kernel_sigkilled_while_the_first_cell_starts_its_engines_leaves_nothi
         pids = set(k.tree()) - {k.pid}
         k.kill()
         left, _ = wait_gone(pids | k.seen_pids - {k.pid}, 10)
-        assert not left, f"{after} s into the first cell: still running 10 s after the kill: {left}"
+        assert not left, (f"{after} s into the first cell: still running 10 s after the kill: "
+                          f"{_described(left)}")
     finally:
         k.cleanup()
+
+
+def _described(pids) -> list[str]:
+    """What each process is (pid, parent, command line), for a failure message."""
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            out.append(f"{pid} (parent {proc.ppid()}, {proc.status()}): {' '.join(proc.cmdline())[:160]}")
+        except psutil.Error:
+            out.append(f"{pid} (gone)")
+    return out
