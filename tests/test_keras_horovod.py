@@ -31,6 +31,16 @@ except ImportError:
 needs_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="Horovod is not installed")
 
 
+def rank_env(horovod_env: dict[str, str], **extra: str) -> dict[str, str]:
+    """A rank subprocess's environment: its HOROVOD_* variables, one thread, Keras 3 on TF."""
+    env = {**os.environ, **horovod_env, "TF_NUM_INTRAOP_THREADS": "1",
+           "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1", **extra,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    return env
+
+
 def run_ranks(script: Path, args: list[str], outdir: Path, timeout: float = 150) -> None:
     """Start N ranks of ``script`` under one rendezvous; fail with their output if any fails.
     Every child is killed (by PID) whatever happens."""
@@ -41,11 +51,7 @@ def run_ranks(script: Path, args: list[str], outdir: Path, timeout: float = 150)
     with Rendezvous(["localhost"] * N) as rdv:
         try:
             for i in range(N):
-                env = {**os.environ, **rdv.env(i), "TF_NUM_INTRAOP_THREADS": "1",
-                       "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                       "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1",
-                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-                env.pop("TF_USE_LEGACY_KERAS", None)
+                env = rank_env(rdv.env(i))
                 log = open(outdir / f"rank{i}.log", "w+")
                 logs.append(log)
                 procs.append(subprocess.Popen([sys.executable, str(script), *args, str(outdir)],
@@ -235,12 +241,7 @@ def run_elastic_ranks(script: Path, args: list[str], outdir: Path, n: int,
         rdv.plan.started()  # fresh processes: no rank re-initialises before the first failure
         try:
             for i in range(n):
-                env = {**os.environ, **rdv.env(i), "TF_NUM_INTRAOP_THREADS": "1",
-                       "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                       "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1",
-                       "HOROVOD_GLOO_TIMEOUT_SECONDS": "8",
-                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-                env.pop("TF_USE_LEGACY_KERAS", None)
+                env = rank_env(rdv.env(i), HOROVOD_GLOO_TIMEOUT_SECONDS="8")
                 with open(outdir / f"rank{i}.log", "w") as log:
                     procs.append(subprocess.Popen([sys.executable, str(script), *args, str(outdir)],
                                                   env=env, stdout=log, stderr=subprocess.STDOUT,
