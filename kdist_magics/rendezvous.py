@@ -108,8 +108,7 @@ class Rendezvous:
         slot at their next reset; the new engine by asking with the key (``hvd_join``)."""
         if self.plan is None:
             raise RuntimeError("grow() needs an elastic rendezvous")
-        index = len(self.hostnames)
-        self.hostnames.append(hostname)
+        index = len(self.plan.hostnames)  # the plan keeps every engine's host, joined ones too
         return (index, join_key(index), self.plan.grow(index, hostname, self._httpd))
 
     def stop(self) -> None:

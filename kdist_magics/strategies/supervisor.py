@@ -103,7 +103,6 @@ class RunSupervisor:
         self.on_lost = on_lost
         self.on_grow = on_grow
         self.lost: dict[int, str] = {}  # ranks an elastic run went on without: how they ended
-        self.renumbered: dict[int, int] | None = None  # rank -> rank now, after going on
         self.vanishing: dict[int, tuple[float, Any]] = {}  # "engine died" replies not yet seen dead
         self.late_failures: dict[int, Any] = {}  # ... that the death check never confirmed
         self.printer = Printer(out)
@@ -316,7 +315,6 @@ class RunSupervisor:
 
         before = self.record.world_size
         self.lost.update(deaths)
-        self.renumbered = renumbered
         self.printer.lead = min(renumbered, key=renumbered.get)
         self.record.note_resize(sorted(deaths), len(renumbered),
                                 error="; ".join(f"process {how}" for how in deaths.values()))
