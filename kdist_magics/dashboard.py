@@ -20,6 +20,7 @@ result on GitHub/nbviewer where no widget state exists.
 
 from __future__ import annotations
 
+import collections
 import html as _html
 import json
 import math
@@ -31,7 +32,8 @@ from typing import Any
 import anywidget
 import traitlets
 
-from .messages import lost_batches, resized_note, say
+from . import stragglers
+from .messages import lost_batches, resized_note, say, straggler
 from .record import RunRecord
 from .svg import PALETTE, svg_curves  # noqa: F401  (PALETTE: the widget's colours too)
 from .spec import KERNEL_STRATEGIES
@@ -41,7 +43,7 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 #: row fields that are not curves
 NOT_CURVES = frozenset({"rank", "epoch", "step", "batch", "fit", "time", "kind", "steps_per_s",
-                        "samples_per_s", "size", "num_steps"})
+                        "samples_per_s", "size", "num_steps", "step_time", "gap_time"})
 #: at most this many distinct step-level series (loss first)
 MAX_SERIES = 8
 
@@ -94,6 +96,7 @@ class Dashboard:
         self.series: dict[str, dict[int, list]] = {}
         self.latest_sample: dict[int, dict[str, Any]] = {}
         self.latest_step: dict[int, dict[str, Any]] = {}
+        self.recent_steps: dict[int, collections.deque] = {}  # for the straggler check
         self.progress_by_rank: dict[int, dict[str, Any]] = {}
         self.curves: dict[str, Any] = {"names": [], "series": {}}  # what the front end has
         self._curves_version = 0  # bumped by every new curve point
@@ -127,6 +130,8 @@ class Dashboard:
         with self._lock:
             if kind == "step":
                 self.latest_step[rank] = row
+                self.recent_steps.setdefault(
+                    rank, collections.deque(maxlen=stragglers.WINDOW)).append(row)
             for key, value in row.items():
                 if key in NOT_CURVES or not isinstance(value, (int, float)):
                     continue
@@ -138,7 +143,8 @@ class Dashboard:
                         continue
                     series = self.series[key] = {}
                 pts = series.setdefault(rank, [])
-                pts.append([_round(x), _round(value)])  # rounded once, here, not per update
+                # [step, value, epoch]: rounded once, here, not per update; the epoch for hover
+                pts.append([_round(x), _round(value), row.get("epoch")])
                 self._curves_version += 1
                 if len(pts) > 8 * self.max_points:  # bound memory on very long runs
                     last = pts[-1]
@@ -189,6 +195,11 @@ class Dashboard:
             phases = [dict(p) for p in rec.phases]
         with self._lock:
             per_rank = [dict(p) for p in self.progress_by_rank.values()]
+            recent = [row for rows in self.recent_steps.values() for row in rows]
+        own = stragglers.own_times(recent)
+        cpu = {r: s.get("cpu_percent") for r, s in self.latest_sample.items()}
+        slow = {s.rank: straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
+                for s in stragglers.find(recent, cpu)}
         if per_rank:  # ranks report their own progress: the slowest one bounds the run's
             slowest = min(per_rank, key=lambda p: p.get("step") or 0)
             progress.update({k: v for k, v in slowest.items() if v is not None})
@@ -206,7 +217,8 @@ class Dashboard:
                      "pid": st.get("pid"), "device": st.get("device"), "error": st.get("error"),
                      "loss": _round(step.get("loss")), "step": step.get("step"),
                      "epoch": step.get("epoch"), "shared": shared,
-                     "total_steps": self.progress_by_rank.get(r, {}).get("total_steps")}
+                     "total_steps": self.progress_by_rank.get(r, {}).get("total_steps"),
+                     "own_step_s": _round(own.get(r)), "straggler": slow.get(r)}
             if sample:
                 gpus = list(sample.get("gpus") or [])
                 dev = str(st.get("device") or "")
@@ -252,6 +264,7 @@ class Dashboard:
             "phases": [[p["name"], _round((p["ended"] or now) - p["started"])] for p in phases],
             "resize_note": resized_note(rec.first_size, rec.resizes) if rec.resizes else "",
             "lost_note": lost_batches(rec.lost_batches) if rec.lost_batches else "",
+            "stragglers": [slow[r] for r in sorted(slow)],
             "progress": {"fraction": _round(fraction), "step": done, "total_steps": total,
                          "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
                          "steps_per_epoch": progress.get("steps_per_epoch"),
@@ -356,9 +369,12 @@ class Dashboard:
                 f"{name} {seconds:.1f} s" for name, seconds in state["phases"])) + "</div>")
         if state["resize_note"]:
             lines.append(f'<div style="color:#6d4c41">{esc(state["resize_note"])}</div>')
+        for note in state["stragglers"]:
+            lines.append(f'<div style="color:#ef6c00">{esc(note)}</div>')
         name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
         if name:
-            lines.append(svg_curves(curves["series"][name], title=name))
+            lines.append(svg_curves(curves["series"][name], title=name,
+                                    val=curves["series"].get(f"val_{name}")))
         rows = "".join(
             f"<tr><td>{r['rank']}</td><td>{esc(str(r['state']))}</td>"
             f"<td>{esc(str(r.get('host') or ''))}</td><td>{r.get('pid') or ''}</td>"

@@ -83,3 +83,16 @@ def phase_setup(what: str) -> str:
 PHASE_CELL = "running the cell"
 PHASE_TRAINING = "training"
 PHASE_FINISHING = "finishing"
+
+
+def straggler(rank: int, ratio: float, own_s: float, others_s: float,
+              cpu_percent: float | None) -> str:
+    """A rank clearly slower than the others (dashboard and ``last_run().summary()``)."""
+    cpu = f", CPU {cpu_percent:.0f} %" if cpu_percent is not None else ""
+    return (f"rank {rank}: steps {ratio:.1f}x the others' median ({own_s * 1e3:.0f} ms vs "
+            f"{others_s * 1e3:.0f} ms of its own work per step){cpu}")
+
+
+def tensorboard_line(directory: str) -> str:
+    return (f"writing every rank's metrics for TensorBoard to {directory}/rank<N> "
+            f"(%tensorboard --logdir {directory})")

@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .messages import PHASE_CELL, PHASE_TRAINING, lost_batches, resized_summary
+from . import stragglers as _stragglers
+from .messages import PHASE_CELL, PHASE_TRAINING, lost_batches, resized_summary, straggler
 
 RANK_STATES = ("starting", "running", "done", "failed", "stopped", "lost")
 
@@ -182,6 +183,30 @@ class RunRecord:
                 return pd.DataFrame([vars(s) for s in self.ranks.values()])
         raise ValueError("table must be 'metrics', 'samples' or 'ranks'")
 
+    def cpu_by_rank(self) -> dict[int, float | None]:
+        """Each rank's latest CPU reading (percent of one core)."""
+        with self._lock:
+            return {int(s.get("rank", 0) or 0): s.get("cpu_percent") for s in self.samples
+                    if s.get("cpu_percent") is not None}
+
+    def stragglers(self, window: int | None = None) -> list[_stragglers.Straggler]:
+        """Ranks clearly slower than the others, over the whole run (or each rank's last
+        ``window`` step rows); see :mod:`kdist_magics.stragglers` for how it is judged."""
+        with self._lock:
+            rows = list(self.metrics)
+        return _stragglers.find(rows, self.cpu_by_rank(), window)
+
+    def straggler_notes(self, window: int | None = None) -> list[str]:
+        return [straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
+                for s in self.stragglers(window)]
+
+    def plot(self, metric: str = "loss", ax=None, log: bool | None = None, smooth: bool = False):
+        """The dashboard's curves with matplotlib: ``metric`` per rank, ``val_<metric>`` per
+        epoch, a log axis when the curve spans more than a decade (see kdist_magics.plot)."""
+        from .plot import plot
+
+        return plot(self, metric, ax=ax, log=log, smooth=smooth)
+
     def summary(self) -> str:
         done = sum(1 for s in self.ranks.values() if s.state == "done")
         last = self.metrics[-1] if self.metrics else {}
@@ -189,8 +214,9 @@ class RunRecord:
         lost = f"; {lost_batches(self.lost_batches)}" if self.lost_batches else ""
         shrunk = f", {resized_summary(self.first_size, self.world_size, self.resizes)}" \
             if self.resizes else ""
+        slow = "".join(f"; {note}" for note in self.straggler_notes())
         return (f"{self.strategy}: {self.status} in {self.duration:.1f} s, "
-                f"{done}/{len(self.ranks)} ranks done{shrunk}{loss}{lost}")
+                f"{done}/{len(self.ranks)} ranks done{shrunk}{loss}{lost}{slow}")
 
     def __repr__(self) -> str:
         return f"<RunRecord {self.summary()}>"

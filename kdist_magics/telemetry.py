@@ -8,7 +8,9 @@ rows can cross process boundaries unchanged:
   :class:`KDistCallback` appended. It emits
 
   - ``metric`` rows ``{rank, epoch, step, batch, time, kind: "step", loss, <metrics>,
-    lr, steps_per_s, samples_per_s}`` at most every ``min_interval`` seconds
+    lr, steps_per_s, samples_per_s, step_time, gap_time}`` at most every ``min_interval`` seconds
+    (``step_time``/``gap_time``: mean seconds inside a step and between steps since the last
+    row, which :mod:`kdist_magics.stragglers` reads; None on JAX, whose batch ends run late)
     (plus the last step of every epoch), and ``kind: "epoch"`` rows with the
     epoch logs (validation metrics included) at every epoch end;
   - ``progress`` rows ``{rank, epochs, steps_per_epoch, epoch, step, total_steps,
@@ -105,6 +107,15 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
             # begin and epoch ends (training thread, state synced) and reused in between.
             self._live_lr = keras.backend.backend() == "tensorflow"
             self._last_emit_step = 0
+            # Step timing: the step begins at the *last* callback's batch begin and ends at the
+            # *first* callback's batch end (``markers``: one goes before the user's callbacks,
+            # one after), so other callbacks' work counts as time between steps. This one stays
+            # after the user's, so it reads their epoch logs (Horovod's averaged metrics).
+            self._timed = keras.backend.backend() != "jax"
+            self._began = self._ended = self._step_ended = None
+            self._in_step = self._between = 0.0
+            self._n_in = self._n_between = 0
+            self.markers = (_StepMark(self, "_step_ended"), _StepMark(self, "_began"))
 
         # -- helpers ---------------------------------------------------------
         def _rates(self, now: float) -> dict[str, Any]:
@@ -136,17 +147,37 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+            self._ended = None  # the last epoch's validation is not time between steps
+
+        def _time_step(self, now: float) -> None:
+            began, self._began = self._began, None
+            if not self._timed or began is None:
+                return
+            self._in_step += now - began
+            self._n_in += 1
+            if self._ended is not None:
+                self._between += max(0.0, began - self._ended)
+                self._n_between += 1
+            self._ended = now
+
+        def _timings(self) -> dict[str, Any]:
+            out = {"step_time": self._in_step / self._n_in if self._n_in else None,
+                   "gap_time": self._between / self._n_between if self._n_between else None}
+            self._in_step = self._between = 0.0
+            self._n_in = self._n_between = 0
+            return out
 
         def on_train_batch_end(self, batch, logs=None):
+            now, self._step_ended = self._step_ended or clock(), None
             with self._lock:
-                self._batch_end(batch, logs)
+                self._batch_end(batch, logs, now)
 
-        def _batch_end(self, batch, logs):
+        def _batch_end(self, batch, logs, now):
+            self._time_step(now)
             if self.steps_per_epoch:
                 self.step = max(self.step, self.epoch * self.steps_per_epoch + batch + 1)
             else:
                 self.step += 1
-            now = clock()
             last_of_epoch = self.steps_per_epoch is not None and batch + 1 >= self.steps_per_epoch
             if (not last_of_epoch and self._last_emit is not None
                     and now - self._last_emit < self.min_interval):
@@ -159,6 +190,7 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
                 self.lr = _learning_rate(self.model)
             row["lr"] = self.lr
             row.update(rates)
+            row.update(self._timings())
             sink("metric", row)
             self._progress(now, rates)
             self._last_emit, self._last_emit_step = now, self.step
@@ -185,6 +217,25 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
             sps = self.step / elapsed if elapsed > 0 and self.step else None
             self._progress(now, {"steps_per_s": sps, "samples_per_s":
                                  sps * self.batch_size if sps and self.batch_size else None})
+
+    class _StepMark(keras.callbacks.Callback):
+        """Stamps the time into ``owner.<field>``: at batch end (``_step_ended``, the first
+        callback: the step has just ended) or at batch begin (``_began``, the last callback:
+        the step starts now)."""
+
+        async_safe = True
+
+        def __init__(self, owner, field):
+            super().__init__()
+            self.owner, self.field = owner, field
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.field == "_began":
+                self.owner._began = clock()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.field == "_step_ended":
+                self.owner._step_ended = clock()
 
     return KDistCallback()
 
@@ -228,7 +279,8 @@ def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL):
             cb = make_callback(sink, rank, batch_size=_batch_size(args, kwargs),
                                min_interval=min_interval, step_offset=done["steps"],
                                fit_index=done["fits"])
-            callbacks.append(cb)
+            ended, began = cb.markers
+            callbacks = [ended, *callbacks, cb, began]  # see make_callback: step timing
         try:
             return original(model, *args, callbacks=callbacks, **kwargs)
         finally:

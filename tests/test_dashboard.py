@@ -53,7 +53,7 @@ def test_snapshot_has_ranks_curves_progress_and_eta():
     # curves: loss first, one line per rank, x = step
     assert curves["names"][0] == "loss" and "accuracy" in curves["names"] and "lr" in curves["names"]
     assert set(curves["series"]["loss"]) == {"0", "1"}
-    assert curves["series"]["loss"]["1"][-1] == [10, 0.2]
+    assert curves["series"]["loss"]["1"][-1] == [10, 0.2, 0]  # [step, value, epoch]
     # progress: 10 of 40 steps after 10 s -> 30 s to go; throughput summed over ranks
     p = state["progress"]
     assert p["fraction"] == 0.25 and p["total_steps"] == 40 and p["eta_s"] == pytest.approx(30.0)

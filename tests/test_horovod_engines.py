@@ -203,6 +203,36 @@ def test_custom_loop_on_core_collectives_keeps_ranks_identical(hip):
     assert l0[-1] < l0[0] / 10 and l1[-1] < l1[0] / 10
 
 
+STRAGGLER_CELL = """
+import time, numpy as np, keras
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(SLOW if hvd.rank() == 1 else 0)
+x = np.random.default_rng(hvd.rank()).normal(size=(512, 4)).astype('float32')
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss='mse')
+model.fit(x, x.sum(1, keepdims=True), batch_size=BATCH, epochs=EPOCHS, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Slow()])
+"""
+
+
+def test_a_slowed_rank_is_marked_as_the_straggler_and_a_balanced_run_has_none(hip):
+    from kdist_magics import stragglers
+
+    # rank 1 spends 30 ms outside every step: rank 0 steps as slowly, waiting in the allreduce
+    hip.user_ns.update(SLOW=0.03, BATCH=8, EPOCHS=1)
+    kdist(hip, "--push SLOW,BATCH,EPOCHS", STRAGGLER_CELL)
+    rec = kdist_magics.last_run()
+    assert rec.status == "done"
+    assert [s.rank for s in rec.stragglers()] == [1], stragglers.own_times(rec.metrics)
+    assert "rank 1: steps" in rec.summary() and "rank 0: steps" not in rec.summary()
+    hip.user_ns.update(SLOW=0.0, BATCH=4, EPOCHS=3)
+    kdist(hip, "--push SLOW,BATCH,EPOCHS", STRAGGLER_CELL)
+    rec = kdist_magics.last_run()
+    assert set(stragglers.own_times(rec.metrics)) == {0, 1}  # judged, on both ranks' timings
+    assert rec.stragglers() == [] and "steps" not in rec.summary()
+
+
 # Horovod's examples/tensorflow2/tensorflow2_keras_mnist.py training body as a notebook
 # cell. Edits: Keras 3 (keras.* for tf.keras.*, an Input layer, no
 # experimental_run_tf_function, .keras checkpoints in CKPT), data from a local .npz,

@@ -403,3 +403,34 @@ def test_callback_keeps_keras_batch_ends_off_the_training_loop():
     on_main = json.loads(out.stdout.split("RESULT", 1)[1])
     assert len(on_main) == 16  # min_interval=0: every step, none lost or doubled
     assert not any(on_main)  # all ran on Keras' callback threads
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_other_callbacks_time_counts_between_steps_not_inside_them():
+    """The straggler check needs the step itself timed: the user's callbacks (here 20 ms at
+    batch begin and 20 ms at batch end) fall between steps, whatever their order."""
+    import time as _time
+
+    import keras
+    import numpy as np
+
+    class Slow(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            _time.sleep(0.02)
+
+        def on_train_batch_end(self, batch, logs=None):
+            _time.sleep(0.02)
+
+    rows = []
+    x = np.ones((256, 2), "float32")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with telemetry.attached(lambda k, r: rows.append((k, r)), min_interval=0.0):
+        model.fit(x, x[:, :1], epochs=1, batch_size=8, verbose=0, callbacks=[Slow()])
+    steps = [r for k, r in rows if k == "metric" and r["kind"] == "step"]
+    assert len(steps) == 32
+    later = steps[2:]  # the first steps trace the train function
+    assert all(r["gap_time"] >= 0.039 for r in later)  # both sleeps, every step
+    in_step = sorted(r["step_time"] for r in later)
+    assert in_step[len(in_step) // 2] < 0.02  # neither sleep is inside the step
