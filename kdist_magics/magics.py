@@ -15,7 +15,7 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from . import spec as specmod
 from .errors import CellFailed, KDistError
-from .messages import PHASE_CELL, say
+from .messages import PHASE_CELL, say, tensorboard_line
 from .placement import RANK_GPUS
 from .strategies.base import RunOptions
 from .record import RunRecord
@@ -124,6 +124,11 @@ class KDist(Magics):
         self.last_record = record
         for observe in list(self._observers):
             observe(record)
+        if spec.tensorboard:
+            from .tensorboard import attach
+
+            events = attach(record, spec.tensorboard)
+            say(tensorboard_line(str(events.directory)))
         if spec.dashboard:
             from .dashboard import show
 

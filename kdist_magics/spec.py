@@ -50,6 +50,9 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
         help="whose output to show: rank0 (default), all (prefixed [rank N]) or none")),
     (("--checkpoint",), dict(default=None, metavar="DIR",
         help="rank 0 saves the model to DIR after every epoch (kept on interrupt or failure)")),
+    (("--tensorboard",), dict(default=None, metavar="DIR",
+        help="write every rank's step and epoch metrics as TensorBoard event files under "
+             "DIR/rank<N> (then %%tensorboard --logdir DIR)")),
     (("--no-dashboard",), dict(action="store_true", dest="no_dashboard",
         help="do not show the live dashboard widget")),
     (("--no-telemetry",), dict(action="store_true", dest="no_telemetry",
@@ -87,6 +90,7 @@ class RunSpec:
     pull: tuple[str, ...] = ()
     out: str = "rank0"
     checkpoint: str | None = None
+    tensorboard: str | None = None
     dashboard: bool = True
     telemetry: bool = True
     cluster_id: str | None = None
@@ -145,6 +149,8 @@ def validate(spec: RunSpec) -> RunSpec:
             raise UsageError(f"--max-np {spec.max_np} is less than --np/--min-np {low}; give M >= {low}")
         if s not in ("auto", "horovod"):
             raise UsageError(f"--max-np applies to horovod (an elastic Horovod run), not {s}")
+    if spec.tensorboard is not None and not spec.telemetry:
+        raise UsageError("--tensorboard writes what the telemetry reports; drop --no-telemetry")
     if s in KERNEL_STRATEGIES:
         for opt, name in (("--np", "np"), ("--push", "push"), ("--pull", "pull"),
                           ("--cluster-id", "cluster_id"), ("--profile", "profile")):
@@ -168,7 +174,7 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
     defaults = dict(defaults or {})
     given = set()
     values: dict[str, Any] = {}
-    for key in ("strategy", "np", "min_np", "max_np", "devices", "timeout", "out", "checkpoint", "cluster_id", "profile"):
+    for key in ("strategy", "np", "min_np", "max_np", "devices", "timeout", "out", "checkpoint", "tensorboard", "cluster_id", "profile"):
         v = getattr(args, key)
         if v is None:
             v = defaults.get(key)

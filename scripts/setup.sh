@@ -84,7 +84,8 @@ if [ "$env_name" = colab ]; then
     say "installing kdist_magics[tensorflow,jax] into $VENV under Colab's pins"
     # pip itself stays as venv made it: Colab's pip (24.1.2) is older than Python 3.13's ensurepip
     "$PY" -m pip install -q -c envs/colab-2026-08.txt -e ".[tensorflow,jax]" \
-      ipykernel notebook nbclient nbformat pandas scikit-learn pytest pytest-timeout playwright
+      ipykernel notebook nbclient nbformat pandas scikit-learn matplotlib tensorboard pytest \
+      pytest-timeout playwright
     echo "$want" > "$stamp"
   else
     say "$VENV is up to date"
