@@ -42,13 +42,16 @@ model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
 class Pace(keras.callbacks.Callback):  # keeps the run long enough to watch on any machine
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(0.04)
-history = model.fit(x, y, epochs=5, batch_size=32, verbose=0, callbacks=[Pace()])
+history = model.fit(x, y, epochs=5, batch_size=32, verbose=0, callbacks=[Pace()],
+                    validation_split=0.25)
 """
 
 CELLS = {
     "default": "%%kdist --strategy default\n" + TRAIN,
     "mirrored": "%%kdist --strategy mirrored --devices 2\n" + TRAIN,
-    "horovod": "%%kdist --strategy horovod --np 2\n" + TRAIN,
+    # rank 1 spends 60 ms more outside each step: the straggler the dashboard must mark
+    "horovod": "%%kdist --strategy horovod --np 2\n" + TRAIN.replace(
+        "time.sleep(0.04)", "time.sleep(0.04 + 0.06 * hvd.rank())"),
 }
 RANKS = {"default": 1, "mirrored": 2, "horovod": 2}
 
@@ -183,6 +186,50 @@ def _open_and_run(lab, name: str, source: str):
     return page
 
 
+def check_curves(page, dash) -> dict:
+    """Use the loss chart as a person would (the run has ended, so nothing redraws under the
+    pointer): read its ticks, flip the log axis and smoothing, hover. Returns what was seen."""
+    box = dash.locator(".kdist-chart-loss")
+    svg = box.locator("svg.kdist-chart")
+    seen = {"yticks": box.locator(".kdist-ytick").all_inner_texts(),
+            "xticks": box.locator(".kdist-xtick").all_inner_texts(),
+            "lines": box.locator("polyline.kdist-line").count(),
+            "val_points": box.locator("circle.kdist-val").count(),
+            "scale": svg.get_attribute("data-scale")}
+    box.locator(".kdist-log").click()  # the label toggles its checkbox
+    seen["scale_after_click"] = box.locator("svg.kdist-chart").get_attribute("data-scale")
+    box.locator(".kdist-log").click()
+    seen["scale_after_second_click"] = box.locator("svg.kdist-chart").get_attribute("data-scale")
+    box.locator(".kdist-smooth").click()
+    seen["raw_when_smoothed"] = box.locator("polyline.kdist-raw").count()
+    seen["smoothed"] = box.locator("polyline.kdist-smoothed").count()
+    box.locator(".kdist-smooth").click()
+    seen["raw_after"] = box.locator("polyline.kdist-raw").count()
+    r = box.locator("svg.kdist-chart").bounding_box()
+    page.mouse.move(r["x"] + r["width"] * 0.6, r["y"] + r["height"] * 0.45)
+    tip = box.locator(".kdist-tip")
+    tip.wait_for(state="visible", timeout=5000)
+    seen["tip"] = tip.inner_text()
+    seen["guide"] = box.locator("line.kdist-guide").count()
+    page.mouse.move(r["x"] + r["width"] * 0.5, r["y"] + r["height"] + 300)  # away
+    seen["tip_after_leave"] = tip.is_visible()
+    return seen
+
+
+def assert_readable_curves(seen: dict, ranks: int, epochs: int, validation: bool = True) -> None:
+    assert len(seen["yticks"]) >= 3 and len(seen["xticks"]) >= 2, seen
+    assert seen["scale"] in ("log", "linear")
+    flipped = {"log": "linear", "linear": "log"}[seen["scale"]]
+    assert seen["scale_after_click"] == flipped and seen["scale_after_second_click"] == seen["scale"]
+    assert seen["raw_when_smoothed"] == seen["smoothed"] == seen["lines"] == ranks
+    assert seen["raw_after"] == 0
+    assert re.match(r"step \d+ · epoch [1-9]\d*", seen["tip"]), seen["tip"]
+    assert all(f"rank {r}: " in seen["tip"] for r in range(ranks)), seen["tip"]
+    assert seen["guide"] == 1 and not seen["tip_after_leave"]
+    if validation:  # val_loss: one hollow point per epoch and rank
+        assert seen["val_points"] == epochs * ranks, seen
+
+
 def _run_all_cells(page) -> None:
     """Run > Run All Cells from the menu bar (JupyterLab 4 and Notebook 7 share it): unlike
     Shift+Enter keystrokes, it does not depend on which cell has the focus."""
@@ -253,7 +300,21 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
         if strategy == "horovod":
             assert any(t.startswith("starting 2 engines (") and "registered)" in t
                        for t in bar_texts), bar_texts[:20]
+        # a machine without GPU or TPU says so, not an NVML error
+        if not Path("/proc/driver/nvidia/gpus").exists():
+            notes = dash.locator(".kdist-rank .kdist-note").all_inner_texts()
+            assert notes == ["accelerator: CPU only"] * RANKS[strategy], notes
+        # stragglers: horovod's rank 1 lags (see CELLS), the others are one process
+        slow = [dash.locator(f".kdist-rank[data-rank='{r}'] .kdist-badge.kdist-straggler").count()
+                for r in range(RANKS[strategy])]
+        notes = dash.locator(".kdist-straggler-note").all_inner_texts()
+        if strategy == "horovod":
+            assert slow == [0, 1] and len(notes) == 1 and "rank 1: steps" in notes[0], (slow, notes)
+        else:
+            assert sum(slow) == 0 and notes == []
         dash.screenshot(path=str(test_output / f"dashboard-{strategy}.png"))
+        seen = check_curves(page, dash)
+        assert_readable_curves(seen, ranks=1 if strategy != "horovod" else 2, epochs=5)
         page.screenshot(path=str(test_output / f"dashboard-{strategy}-page.png"), full_page=True)
         # the last cell (%kdist stop) ran: the kernel is free again
         page.wait_for_function(
@@ -289,6 +350,10 @@ def test_failed_run_shows_the_failed_state(lab, test_output):
         assert dash.locator(".kdist-rank .kdist-badge.kdist-failed").count() == 1
         assert _points(dash) > 0  # the curves up to the failure stay
         dash.screenshot(path=str(test_output / "dashboard-failed.png"))
+        # the traceback under the cell is the user's: their raise, no frame of kdist's
+        shown = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        assert "bad batch in epoch 2" in shown and "raise ValueError" in shown, shown[-3000:]
+        assert "kdist_magics" not in shown, shown[-3000:]
     finally:
         try:
             page.screenshot(path=str(test_output / "dashboard-failed-last.png"), full_page=True)
@@ -321,6 +386,7 @@ def test_dashboard_in_notebook7(lab, test_output):
         assert _points(dash) > 0 and dash.locator(".kdist-chart-loss polyline").count() == 1
         assert dash.locator(".kdist-progress .kdist-bar-text").inner_text().startswith("epoch 2/2")
         dash.screenshot(path=str(test_output / "dashboard-notebook7.png"))
+        assert_readable_curves(check_curves(page, dash), ranks=1, epochs=2)
     finally:
         try:
             page.screenshot(path=str(test_output / "dashboard-notebook7-last.png"), full_page=True)

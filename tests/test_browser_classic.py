@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from test_browser import CHROMIUM, TRAIN, _notebook, served
+from test_browser import CHROMIUM, TRAIN, _notebook, assert_readable_curves, check_curves, served
 
 pytestmark = [pytest.mark.classic, pytest.mark.slow]
 
@@ -99,6 +99,10 @@ def classic_run(classic, test_output):
         time.sleep(2)
         seen["final"] = page.locator(".kdist-dashboard").count()
         seen["final_status"] = page.locator(".kdist-dashboard[data-status='done']").count()
+        try:  # the curves in use, on ipywidgets 7's front end
+            seen["curves"] = check_curves(page, page.locator(".kdist-dashboard").first)
+        except Exception as exc:
+            seen["curves"] = exc
         seen["outputs"] = page.evaluate("() => Jupyter.notebook.get_cell(1).output_area.outputs.map("
                                         "o => [o.output_type, Object.keys(o.data || {})])")
         page.evaluate("() => Jupyter.notebook.execute_cells([2])")  # %kdist stop
@@ -132,3 +136,10 @@ def test_classic_notebook_ends_with_the_done_view(classic_run):
     assert classic_run["done"], "the dashboard never showed 'done' while the page watched"
     assert classic_run["final"] == 1 and classic_run["final_status"] == 1
     assert classic_run["after_next_cell"] == 1  # still there once %kdist stop has run
+
+
+@pytest.mark.timeout(900)
+def test_classic_notebook_curves_have_ticks_log_smoothing_hover_and_validation(classic_run):
+    seen = classic_run["curves"]
+    assert isinstance(seen, dict), f"using the chart failed: {seen!r}"
+    assert_readable_curves(seen, ranks=1, epochs=5)

@@ -216,16 +216,28 @@ model.fit(x, x.sum(1, keepdims=True), batch_size=BATCH, epochs=EPOCHS, verbose=0
 """
 
 
-def test_a_slowed_rank_is_marked_as_the_straggler_and_a_balanced_run_has_none(hip):
+def test_a_slowed_rank_is_marked_as_the_straggler_and_a_balanced_run_has_none(hip, tmp_path, capsys):
     from kdist_magics import stragglers
 
     # rank 1 spends 30 ms outside every step: rank 0 steps as slowly, waiting in the allreduce
     hip.user_ns.update(SLOW=0.03, BATCH=8, EPOCHS=1)
-    kdist(hip, "--push SLOW,BATCH,EPOCHS", STRAGGLER_CELL)
+    kdist(hip, f"--push SLOW,BATCH,EPOCHS --tensorboard {tmp_path}/tb", STRAGGLER_CELL)
     rec = kdist_magics.last_run()
     assert rec.status == "done"
     assert [s.rank for s in rec.stragglers()] == [1], stragglers.own_times(rec.metrics)
     assert "rank 1: steps" in rec.summary() and "rank 0: steps" not in rec.summary()
+    # --tensorboard: the kernel wrote both ranks' rows, as TensorBoard reads them
+    assert f"%tensorboard --logdir {tmp_path}/tb" in capsys.readouterr().out
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
+                                      reason="TensorBoard (the test extra) reads the files back")
+    for r in (0, 1):
+        acc = accumulator.EventAccumulator(str(tmp_path / "tb" / f"rank{r}"))
+        acc.Reload()
+        want = [(row["step"], row["loss"]) for row in rec.metrics
+                if row["rank"] == r and row["kind"] == "step"]
+        assert [(e.step, e.value) for e in acc.Scalars("loss")] == [
+            (s, pytest.approx(v, rel=1e-6)) for s, v in want] and len(want) >= 3
+        assert [e.step for e in acc.Scalars("epoch_loss")] == [64]
     hip.user_ns.update(SLOW=0.0, BATCH=4, EPOCHS=3)
     kdist(hip, "--push SLOW,BATCH,EPOCHS", STRAGGLER_CELL)
     rec = kdist_magics.last_run()

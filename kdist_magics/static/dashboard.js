@@ -437,7 +437,7 @@ function render({ model, el }) {
       if (r.loss !== null && r.loss !== undefined) right.appendChild(h("div", null, `loss ${fmtNum(r.loss)}`));
       if (r.step) right.appendChild(h("div", "kdist-where", `step ${r.step}${r.total_steps ? "/" + r.total_steps : ""}`));
       if (r.own_step_s) {  // the rank's own time per step, without waiting for the others
-        const t = h("div", "kdist-where kdist-own-step", `${fmtNum(r.own_step_s * 1000)} ms/step`);
+        const t = h("div", "kdist-where kdist-own-step", `${r.own_step_s >= 0.01 ? Math.round(r.own_step_s * 1000) : (r.own_step_s * 1000).toPrecision(2)} ms/step`);
         t.title = "this rank's own work per step (its wait for the others left out)";
         right.appendChild(t);
       }
