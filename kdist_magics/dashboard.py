@@ -196,7 +196,7 @@ class Dashboard:
         with self._lock:
             per_rank = [dict(p) for p in self.progress_by_rank.values()]
             recent = [row for rows in self.recent_steps.values() for row in rows]
-        own = stragglers.own_times(recent)
+        timed = stragglers.timings(recent)
         cpu = {r: s.get("cpu_percent") for r, s in self.latest_sample.items()}
         slow = {s.rank: straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
                 for s in stragglers.find(recent, cpu)}
@@ -218,7 +218,9 @@ class Dashboard:
                      "loss": _round(step.get("loss")), "step": step.get("step"),
                      "epoch": step.get("epoch"), "shared": shared,
                      "total_steps": self.progress_by_rank.get(r, {}).get("total_steps"),
-                     "own_step_s": _round(own.get(r)), "straggler": slow.get(r)}
+                     "own_step_s": _round(timed[r][0]) if r in timed else None,
+                     "wait_step_s": _round(timed[r][1]) if r in timed else None,
+                     "straggler": slow.get(r)}
             if sample:
                 gpus = list(sample.get("gpus") or [])
                 dev = str(st.get("device") or "")

@@ -46,6 +46,12 @@ class Straggler:
 
 def own_times(rows: Iterable[dict[str, Any]], window: int | None = None) -> dict[int, float]:
     """Each rank's own seconds per step, from its step rows (``kind == "step"``)."""
+    return {rank: own for rank, (own, _) in timings(rows, window).items()}
+
+
+def timings(rows: Iterable[dict[str, Any]],
+            window: int | None = None) -> dict[int, tuple[float, float]]:
+    """Each rank's (own seconds per step, seconds per step it waits for the others)."""
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         if row.get("kind", "step") != "step":
@@ -61,7 +67,8 @@ def own_times(rows: Iterable[dict[str, Any]], window: int | None = None) -> dict
     if len(medians) < 2:
         return {}
     least = min(step for _, step in medians.values())
-    return {rank: max(period - (step - least), 1e-6) for rank, (period, step) in medians.items()}
+    return {rank: (max(period - (step - least), 1e-6), step - least)
+            for rank, (period, step) in medians.items()}
 
 
 def find(rows: Iterable[dict[str, Any]], cpu: dict[int, float | None] | None = None,

@@ -49,9 +49,13 @@ history = model.fit(x, y, epochs=5, batch_size=32, verbose=0, callbacks=[Pace()]
 CELLS = {
     "default": "%%kdist --strategy default\n" + TRAIN,
     "mirrored": "%%kdist --strategy mirrored --devices 2\n" + TRAIN,
-    # rank 1 spends 60 ms more outside each step: the straggler the dashboard must mark
+    # synchronised Horovod training on each rank's own data; rank 1 spends 60 ms more outside
+    # each step: the straggler the dashboard must mark (rank 0 waits for it in the allreduce)
     "horovod": "%%kdist --strategy horovod --np 2\n" + TRAIN.replace(
-        "time.sleep(0.04)", "time.sleep(0.04 + 0.06 * hvd.rank())"),
+        "time.sleep(0.04)", "time.sleep(0.04 + 0.06 * hvd.rank())").replace(
+        "default_rng(0)", "default_rng(hvd.rank())").replace(
+        "optimizer=keras.optimizers.SGD(0.01)", "optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))").replace(
+        "callbacks=[Pace()]", "callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Pace()]"),
 }
 RANKS = {"default": 1, "mirrored": 2, "horovod": 2}
 
@@ -230,6 +234,16 @@ def assert_readable_curves(seen: dict, ranks: int, epochs: int, validation: bool
         assert seen["val_points"] == epochs * ranks, seen
 
 
+def assert_phases_and_devices(dash, ranks: int) -> None:
+    """An in-kernel run's phases, in order, and the device line of a machine without GPUs."""
+    phases = dash.locator(".kdist-phases").inner_text()
+    where = [phases.find(name) for name in ("running the cell", "training")]
+    assert -1 not in where and where == sorted(where), phases
+    if not Path("/proc/driver/nvidia/gpus").exists():
+        notes = dash.locator(".kdist-rank .kdist-note").all_inner_texts()
+        assert notes == ["accelerator: CPU only"] * ranks, notes
+
+
 def _run_all_cells(page) -> None:
     """Run > Run All Cells from the menu bar (JupyterLab 4 and Notebook 7 share it): unlike
     Shift+Enter keystrokes, it does not depend on which cell has the focus."""
@@ -310,6 +324,8 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
         notes = dash.locator(".kdist-straggler-note").all_inner_texts()
         if strategy == "horovod":
             assert slow == [0, 1] and len(notes) == 1 and "rank 1: steps" in notes[0], (slow, notes)
+            own = dash.locator(".kdist-own-step").all_inner_texts()  # rank 0 waits for rank 1
+            assert len(own) == 2 and "waits" in own[0] and "waits" not in own[1], own
         else:
             assert sum(slow) == 0 and notes == []
         dash.screenshot(path=str(test_output / f"dashboard-{strategy}.png"))
@@ -387,6 +403,7 @@ def test_dashboard_in_notebook7(lab, test_output):
         assert dash.locator(".kdist-progress .kdist-bar-text").inner_text().startswith("epoch 2/2")
         dash.screenshot(path=str(test_output / "dashboard-notebook7.png"))
         assert_readable_curves(check_curves(page, dash), ranks=1, epochs=2)
+        assert_phases_and_devices(dash, ranks=1)
     finally:
         try:
             page.screenshot(path=str(test_output / "dashboard-notebook7-last.png"), full_page=True)

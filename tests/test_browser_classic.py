@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from test_browser import CHROMIUM, TRAIN, _notebook, assert_readable_curves, check_curves, served
+from test_browser import (CHROMIUM, TRAIN, _notebook, assert_phases_and_devices,
+                          assert_readable_curves, check_curves, served)
 
 pytestmark = [pytest.mark.classic, pytest.mark.slow]
 
@@ -103,6 +104,11 @@ def classic_run(classic, test_output):
             seen["curves"] = check_curves(page, page.locator(".kdist-dashboard").first)
         except Exception as exc:
             seen["curves"] = exc
+        try:
+            assert_phases_and_devices(page.locator(".kdist-dashboard").first, ranks=2)
+            seen["phases_and_devices"] = None
+        except AssertionError as exc:
+            seen["phases_and_devices"] = exc
         seen["outputs"] = page.evaluate("() => Jupyter.notebook.get_cell(1).output_area.outputs.map("
                                         "o => [o.output_type, Object.keys(o.data || {})])")
         page.evaluate("() => Jupyter.notebook.execute_cells([2])")  # %kdist stop
@@ -143,3 +149,4 @@ def test_classic_notebook_curves_have_ticks_log_smoothing_hover_and_validation(c
     seen = classic_run["curves"]
     assert isinstance(seen, dict), f"using the chart failed: {seen!r}"
     assert_readable_curves(seen, ranks=1, epochs=5)
+    assert classic_run["phases_and_devices"] is None, classic_run["phases_and_devices"]

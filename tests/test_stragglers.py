@@ -74,6 +74,8 @@ def test_record_summary_and_dashboard_name_the_straggler():
     assert state["stragglers"] == notes
     assert [r["rank"] for r in state["ranks"] if r["straggler"]] == [1]
     assert state["ranks"][0]["own_step_s"] == pytest.approx(0.005)
+    # ranks 0 and 2 wait 29 ms per step for rank 1, which waits for nobody
+    assert [r["wait_step_s"] for r in state["ranks"]] == pytest.approx([0.029, 0.0, 0.029])
     rec.finish("done")
     assert notes[0] in rec.summary() and html.escape(notes[0]) in dash.html()
 

@@ -436,9 +436,11 @@ function render({ model, el }) {
       const right = h("div", "kdist-rank-loss");
       if (r.loss !== null && r.loss !== undefined) right.appendChild(h("div", null, `loss ${fmtNum(r.loss)}`));
       if (r.step) right.appendChild(h("div", "kdist-where", `step ${r.step}${r.total_steps ? "/" + r.total_steps : ""}`));
-      if (r.own_step_s) {  // the rank's own time per step, without waiting for the others
-        const t = h("div", "kdist-where kdist-own-step", `${r.own_step_s >= 0.01 ? Math.round(r.own_step_s * 1000) : (r.own_step_s * 1000).toPrecision(2)} ms/step`);
-        t.title = "this rank's own work per step (its wait for the others left out)";
+      if (r.own_step_s) {  // the rank's own time per step, and its wait for the others
+        const ms = v => `${v >= 0.01 ? Math.round(v * 1000) : +(v * 1000).toPrecision(2)} ms`;
+        const t = h("div", "kdist-where kdist-own-step",
+          `${ms(r.own_step_s)}/step` + (r.wait_step_s >= 0.0005 ? ` · waits ${ms(r.wait_step_s)}` : ""));
+        t.title = "this rank's own work per step, and how long it waits per step for the others";
         right.appendChild(t);
       }
       row.appendChild(right);
