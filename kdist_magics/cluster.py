@@ -40,7 +40,7 @@ def _identify():  # runs on an engine
     return os.getpid(), socket.gethostname()
 
 
-def _following():
+def _following(controller_nice: int = 0):
     """Launcher configuration: an owned cluster's controller and engines start through
     :mod:`kdist_magics.follow`, so they (and their nannies and schedulers) end with this
     kernel from their first instant, even while they are still starting."""
@@ -49,7 +49,8 @@ def _following():
     from .follow import command
 
     config = Config()
-    config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller")
+    config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller",
+                                                            nice=controller_nice)
     config.LocalEngineLauncher.engine_cmd = command("ipyparallel.engine")
     config.LocalEngineSetLauncher.engine_cmd = command("ipyparallel.engine")
     return config
@@ -79,8 +80,9 @@ class EngineCluster:
     """
 
     def __init__(self, n: int, cluster_id: str | None = None, profile: str | None = None,
-                 ip: str = "127.0.0.1", start_timeout: float = 120.0):
+                 ip: str = "127.0.0.1", start_timeout: float = 120.0, controller_nice: int = 0):
         self.n = n
+        self.controller_nice = controller_nice  # an owned controller runs this much nicer
         self.attached = cluster_id is not None or profile is not None
         self.cluster_id = cluster_id
         self.profile = profile
@@ -114,7 +116,7 @@ class EngineCluster:
             if self.owned:
                 self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
                 self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
-                                           log_level=40, shutdown_atexit=True, config=_following())
+                                           log_level=40, shutdown_atexit=True, config=_following(self.controller_nice))
                 self.cluster.start_cluster_sync()
                 self.client = self.cluster.connect_client_sync()
             else:

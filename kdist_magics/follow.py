@@ -115,15 +115,18 @@ def _running(proc) -> bool:
         return False
 
 
-def command(module: str, pid: int | None = None, started: float | None = None) -> list[str]:
-    """The command line that runs ``python -m module`` following process ``pid`` (this one)."""
+def command(module: str, pid: int | None = None, started: float | None = None,
+            nice: int = 0) -> list[str]:
+    """The command line that runs ``python -m module`` following process ``pid`` (this one),
+    ``nice`` added to its priority (the controller: it and its schedulers run beside the ranks)."""
     import psutil
 
     if pid is None:
         pid = os.getpid()
     if started is None:
         started = psutil.Process(pid).create_time()
-    return [sys.executable, "-m", "kdist_magics.follow", str(pid), repr(started), module]
+    return [sys.executable, "-m", "kdist_magics.follow", *(["--nice", str(nice)] if nice else []),
+            str(pid), repr(started), module]
 
 
 def guard(pid: int, started: float, target: int) -> None:
@@ -169,6 +172,12 @@ def main(argv: list[str]) -> None:
     if argv[0] == "--guard":
         guard(int(argv[1]), float(argv[2]), int(argv[3]))
         return
+    if argv[0] == "--nice":
+        try:
+            os.nice(int(argv[1]))  # before anything starts: its threads and children inherit it
+        except (AttributeError, OSError):
+            pass
+        argv = argv[2:]
     pid, started, module, *rest = argv
     end_with(int(pid), float(started))
     # the guard: started before the module (and its heavy imports) runs

@@ -173,6 +173,7 @@ class Sampler:
         self.sink = sink
         self.monotonic = monotonic
         self.rank = rank
+        self.nice = 0  # added to the sampler thread's nice value (kdist_magics.priority)
         self.interval = max(0.05, float(interval))
         self.clock = clock
         self.pid = pid or os.getpid()
@@ -256,6 +257,10 @@ class Sampler:
         return row
 
     def _loop(self) -> None:
+        if self.nice:
+            from .priority import lower
+
+            lower(by=self.nice)  # below the training threads of this process
         while not self._stop.wait(self.interval):
             try:
                 self.sink("sample", self.sample())
@@ -283,13 +288,17 @@ class Sampler:
 
 
 @contextlib.contextmanager
-def sampling(sink: Sink, rank: int = 0, interval: float = SAMPLE_INTERVAL, **probes: Any):
+def sampling(sink: Sink, rank: int = 0, interval: float = SAMPLE_INTERVAL, nice: int = 0,
+             **probes: Any):
     """Within the block, sample this process's utilisation every ``interval`` s into ``sink``.
 
     One sample is sent at the start and one at the end, so even a short cell
-    has two. ``probes`` (``psutil=``, ``nvml=``, ``tpu_probe=``) are for tests.
+    has two. ``nice``: added to the sampler thread's nice value. ``probes`` (``psutil=``,
+    ``nvml=``, ``tpu_probe=``) are for tests.
     """
-    sampler = Sampler(sink, rank, interval, **probes).start()
+    sampler = Sampler(sink, rank, interval, **probes)
+    sampler.nice = nice
+    sampler.start()
     try:
         yield sampler
     finally:

@@ -260,8 +260,9 @@ def test_attached_cluster_is_never_killed_and_remote_engines_are_signalled_throu
 class _FakeEngineCluster:
     made: list = []
 
-    def __init__(self, n, cluster_id=None, profile=None, ip="127.0.0.1"):
+    def __init__(self, n, cluster_id=None, profile=None, ip="127.0.0.1", controller_nice=0):
         self.n, self.cluster_id, self.profile, self.ip = n, cluster_id, profile, ip
+        self.controller_nice = controller_nice
         self.attached = cluster_id is not None or profile is not None
         self.owned = not self.attached
         self.running = False
@@ -297,8 +298,9 @@ def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch
 
     from kdist_magics.strategies.base import RunOptions
 
-    class Ctx:
+    class Ctx:  # as strategies.RunContext
         options = RunOptions()
+        quiet = False
 
     def ctx(**kw):
         c = Ctx()
@@ -309,6 +311,7 @@ def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch
     starting = ctx(np=2)
     first = strategy._cluster(starting)
     assert first.n == 2 and first.ip == "127.0.0.1" and first.owned and first.calls == ["start"]
+    assert first.controller_nice == RunOptions.helper_nice  # the controller runs below the ranks
     assert [p["name"] for p in starting.record.phases] == ["starting 2 engines"]  # the run's first
     warm = ctx(np=2)
     assert strategy._cluster(warm) is first and first.calls == ["start"]  # warm

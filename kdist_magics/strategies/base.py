@@ -23,6 +23,7 @@ class RunOptions:
     freeze_gc: bool = True
     tf_info_logs: bool = False
     stop_grace: float = 5.0
+    helper_nice: int = 10  # kdist's helper threads and the controller, below the ranks
 
     @classmethod
     def of(cls, config: Any) -> "RunOptions":
@@ -38,6 +39,7 @@ class RunContext:
     spec: RunSpec
     record: RunRecord
     options: RunOptions = field(default_factory=RunOptions)
+    quiet: bool = False  # no news lines (%kdist start's background thread)
 
 
 class Strategy:

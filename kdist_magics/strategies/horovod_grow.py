@@ -108,7 +108,7 @@ class Growth:
             client.push(self.strategy.pushed, block=True)
         spec = ctx.spec
         client.apply_sync(engine.begin, label, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
-                          ctx.options.freeze_gc, ctx.options.tf_info_logs)
+                          ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice)
         ctx.record.set_rank(label, state="starting", host=host, pid=pid)
         say(f"engine {eid} on {host} registered: rank {label} joins the run at its next commit")
         self.joining[eid] = {"stage": "warming", "label": label,

@@ -31,7 +31,7 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
 
             stack.enter_context(attached(ctx.record.add, rank=0))
             # replicas share this process: one sampler shows it (and each GPU it uses)
-            stack.enter_context(sampling(ctx.record.add, rank=0))
+            stack.enter_context(sampling(ctx.record.add, rank=0, nice=ctx.options.helper_nice))
         result = shell.run_cell(cell, store_history=False, silent=False)
     error = result.error_before_exec or result.error_in_exec
     if error is not None:
