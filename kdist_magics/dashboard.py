@@ -87,11 +87,12 @@ class Dashboard:
     """
 
     def __init__(self, record: RunRecord, interval: float | None = 0.5, max_points: int = 200,
-                 clock=time.time):
+                 clock=time.time, nice: int = 0):
         self.record = record
         self.interval = interval
         self.max_points = max_points
         self.clock = clock
+        self.nice = nice  # added to the update thread's nice value (kdist_magics.priority)
         self.widget = DashboardWidget()
         self.series: dict[str, dict[int, list]] = {}
         self.latest_sample: dict[int, dict[str, Any]] = {}
@@ -302,6 +303,9 @@ class Dashboard:
         return True
 
     def _loop(self) -> None:
+        from .priority import lower
+
+        lower(by=self.nice)  # below the training threads (an in-kernel run shares the process)
         while not self._stop.wait(self.interval):
             try:
                 self.flush()
@@ -395,7 +399,7 @@ def _current_phase(phases: list[dict[str, Any]], now: float | None) -> dict[str,
     return {"name": p["name"], "detail": p.get("detail"), "elapsed": _round(now - p["started"])}
 
 
-def show(record: RunRecord, **kwargs: Any) -> Dashboard:
+def show(record: RunRecord, **kwargs: Any) -> Dashboard:  # kwargs: Dashboard's (nice, interval)
     """Create and display a dashboard for ``record`` (what ``%%kdist`` does). On Colab, the
     first one turns on Colab's custom widget manager, which third-party widgets need there."""
     from .compat import colab_widgets_enabled

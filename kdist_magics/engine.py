@@ -21,6 +21,13 @@ _run: dict[str, Any] = {}  # state of the run in progress on this engine
 _engine: dict[str, Any] = {}  # state for this engine's lifetime (kept across runs)
 
 
+def thread_env(threads: int) -> dict[str, str]:
+    """The thread variables a rank with ``threads`` cores gets (before TensorFlow starts)."""
+    env = {var: str(threads) for var in THREAD_VARS}
+    env["TF_NUM_INTEROP_THREADS"] = str(min(2, threads))
+    return env
+
+
 def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = None,
             gpu: tuple[int, int, str] | None = None) -> dict[str, Any]:
     """Set environment variables before the cell (and before TF is first imported here).
@@ -43,9 +50,7 @@ def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = N
         os.chdir(cwd)  # relative paths in the cell mean what they mean in the notebook
     tf_loaded = "tensorflow" in sys.modules
     if threads and not tf_loaded:
-        for var in THREAD_VARS:
-            os.environ[var] = str(threads)
-        os.environ["TF_NUM_INTEROP_THREADS"] = str(min(2, threads))
+        os.environ.update(thread_env(threads))
     out = {"pid": os.getpid(), "host": socket.gethostname(), "tf_loaded": tf_loaded,
            "threads": os.environ.get("TF_NUM_INTRAOP_THREADS")}
     if gpu is not None:
@@ -72,9 +77,11 @@ def cpu_count() -> int:
 
 def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
           checkpoint: str | None = None, freeze_gc: bool = True,
-          tf_info_logs: bool = False) -> dict[str, Any]:
+          tf_info_logs: bool = False, helper_nice: int = 0) -> dict[str, Any]:
     """Before the cell: telemetry around ``fit``, a checkpoint callback on rank 0, TF's INFO
-    lines quiet (see :mod:`kdist_magics.tf_logs`)."""
+    lines quiet (see :mod:`kdist_magics.tf_logs`); the engine's helper threads (IOPub,
+    heartbeat, control, telemetry) ``helper_nice`` below the main thread, which runs the cell
+    (:mod:`kdist_magics.priority`)."""
     from .tf_logs import quiet_info
 
     from IPython import get_ipython
@@ -100,7 +107,12 @@ def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
         stack.enter_context(sampling(feed.sink, rank=rank))
     if checkpoint and rank == 0:
         stack.enter_context(_checkpointing(checkpoint))
-    return {"rank": rank, "pid": os.getpid()}
+    lowered = []
+    if helper_nice:
+        from .priority import lower_helpers
+
+        lowered = lower_helpers(helper_nice)
+    return {"rank": rank, "pid": os.getpid(), "lowered": lowered}
 
 
 @contextlib.contextmanager

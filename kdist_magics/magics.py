@@ -15,13 +15,13 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from . import spec as specmod
 from .errors import CellFailed, KDistError
-from .messages import PHASE_CELL, say, tensorboard_line
+from .messages import PHASE_CELL, say, tensorboard_line, warm_started
 from .placement import RANK_GPUS
 from .strategies.base import RunOptions
 from .record import RunRecord
 from .tf_logs import quiet_info
 
-LINE_COMMANDS = ("status", "stop", "restart", "advise")
+LINE_COMMANDS = ("start", "status", "stop", "restart", "advise")
 
 
 @magics_class
@@ -65,6 +65,11 @@ class KDist(Magics):
                                 "garbage among them is collected after the run").tag(config=True)
     tf_info_logs = Bool(RunOptions.tf_info_logs, help="show TensorFlow's Python INFO log lines (\"Reduce to ... then "
                                     "broadcast to ...\") inside kdist cells").tag(config=True)
+    helper_nice = Integer(RunOptions.helper_nice, min=0, max=19,
+                          help="nice value added to what kdist runs beside the ranks (the kernel's "
+                               "dashboard and sampler threads, the controller, the engines' IOPub, "
+                               "heartbeat, control and telemetry threads), so it never takes a "
+                               "rank's core; 0 leaves every priority as it is").tag(config=True)
     stop_grace = Float(RunOptions.stop_grace, help="seconds ranks get to stop after an interrupt (SIGINT) before "
                                  "they are killed and the engines restarted").tag(config=True)
 
@@ -132,7 +137,7 @@ class KDist(Magics):
         if spec.dashboard:
             from .dashboard import show
 
-            show(record)  # a live view of the record; finalises itself when the record ends
+            show(record, nice=self.helper_nice)  # a live view; finalises itself when the record ends
         return self.execute(strategy, cell, spec, record)
 
     def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord):
@@ -172,13 +177,34 @@ class KDist(Magics):
     # -- %kdist --------------------------------------------------------------
     @line_magic("kdist")
     def kdist_line(self, line: str):
-        """%kdist status | stop | restart | advise"""
+        """%kdist start [options] | status | stop | restart | advise
+
+        ``%kdist start --strategy horovod --np 4``: start the engines (and import the framework
+        there) in the background while you write the first cell, which then finds them warm.
+        """
         words = line.split()
         if not words or words[0] not in LINE_COMMANDS:
             raise UsageError(f"%kdist takes one of: {', '.join(LINE_COMMANDS)} "
                              f"(to run a cell distributed, use %%kdist)")
         command, rest = words[0], " ".join(words[1:])
         return getattr(self, f"_cmd_{command}")(rest)
+
+    def _cmd_start(self, rest: str):
+        from .strategies import RunContext
+        from .strategies import warm
+
+        spec = self.parse(rest)
+        if spec.strategy == "auto":
+            spec, _ = self.choose(spec)
+        if specmod.KINDS.get(spec.strategy) != "engines":
+            raise UsageError(f"%kdist start warms engines (--strategy {' or '.join(specmod.ENGINE_STRATEGIES)}); "
+                             f"{spec.strategy} runs in the notebook's own kernel and needs no start")
+        strategy = self.strategy_object(spec.strategy)
+        record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec)
+        ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self),
+                         quiet=True)
+        warming = warm.start(strategy, ctx)
+        say(warm_started(warming.n, spec.strategy, strategy.warm_modules))
 
     def _cmd_status(self, rest: str):
         lines = ["kdist status"]

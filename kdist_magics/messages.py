@@ -96,3 +96,22 @@ def straggler(rank: int, ratio: float, own_s: float, others_s: float,
 def tensorboard_line(directory: str) -> str:
     return (f"writing every rank's metrics for TensorBoard to {directory}/rank<N> "
             f"(%tensorboard --logdir {directory})")
+
+
+# -- %kdist start -----------------------------------------------------------------------
+def warm_started(n: int, strategy: str, modules: tuple[str, ...]) -> str:
+    what = f" and importing {', '.join(modules)} there" if modules else ""
+    return (f"starting {n} {strategy} engines in the background{what}; the first %%kdist "
+            f"--strategy {strategy} cell uses them (%kdist status says how far it got)")
+
+
+def warm_waiting(n: int) -> str:
+    return f"waiting for the {n} engines %kdist start is warming..."
+
+
+def warm_used(n: int, ready_for: float) -> str:
+    return f"using the {n} engines %kdist start warmed (ready {ready_for:.0f} s before this cell)"
+
+
+def warm_failed(error: str) -> str:
+    return f"%kdist start did not finish ({error}); starting the engines now"

@@ -456,6 +456,59 @@ def test_a_rank_failing_mid_fit_releases_the_other_from_its_compiled_step(hip):
     assert cluster_pids() == pids
 
 
+def test_helpers_run_below_the_ranks_and_the_cell_at_normal_priority(hip):
+    import psutil
+
+    kdist(hip, "", "import os, threading\n"
+                   "kd_nice = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)"
+                   " for t in threading.enumerate()}\n"
+                   "kd_main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())")
+    me = os.getpriority(os.PRIO_PROCESS, 0)
+    for nice, main in zip(engine_values("kd_nice"), engine_values("kd_main")):
+        assert main == me  # the cell, and the framework's threads it starts, keep the priority
+        assert nice["IOPub"] == min(19, me + 10) and nice["Control"] == min(19, me + 10), nice
+    cluster = strategy().cluster
+    engines = set(cluster_pids())
+    helpers = [p for p in cluster._process_tree_pids() if p not in engines]
+    controller = [psutil.Process(p) for p in helpers
+                  if "ipyparallel.controller" in " ".join(psutil.Process(p).cmdline())]
+    assert controller and all(p.nice() == min(19, me + 10) for p in controller)
+
+
+def test_kdist_start_warms_engines_in_the_background_for_the_first_cell(hip, capsys):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="runs in the notebook's own kernel"):
+        hip.run_line_magic("kdist", "start --strategy mirrored")
+    hip.run_line_magic("kdist", "stop")
+    capsys.readouterr()
+    hip.run_line_magic("kdist", "start --strategy horovod --np 2")
+    out = capsys.readouterr().out
+    assert "starting 2 horovod engines in the background and importing tensorflow, " \
+           "horovod.tensorflow there" in out
+    warming = strategy().warming
+    assert warming is not None and warming.busy  # the line magic returned at once
+    hip.run_line_magic("kdist", "status")
+    assert "warming 2 engines" in capsys.readouterr().out
+    assert warming.wait(240) and warming.error is None, warming.error
+    hip.run_line_magic("kdist", "status")
+    assert "2 engines warmed by %kdist start in" in capsys.readouterr().out
+    # the engines hold the framework already, imported after kdist's thread variables
+    strategy().cluster.view().execute(
+        "import os, sys\nkd_warm = ('tensorflow' in sys.modules, 'horovod.tensorflow' in sys.modules,"
+        " os.environ.get('TF_NUM_INTRAOP_THREADS'))", block=True)
+    cpus = len(os.sched_getaffinity(0))
+    assert engine_values("kd_warm") == [(True, True, str(max(1, cpus // 2)))] * 2
+    pids = cluster_pids()
+    kdist(hip, "", "kd_r = hvd.rank()")
+    out = capsys.readouterr().out
+    assert "using the 2 engines %kdist start warmed" in out and "starting 2 engines" not in out
+    assert cluster_pids() == pids and engine_values("kd_r") == [0, 1]
+    phases = [p["name"] for p in kdist_magics.last_run().phases]
+    assert phases[0].startswith("setting up Horovod"), phases  # no engines to start
+    assert strategy().warming is None
+
+
 def test_timeout_reports_busy_ranks_and_leaves_engines_usable(hip):
     pids = cluster_pids()
     with pytest.raises(RunTimedOut) as info:

@@ -68,6 +68,8 @@ class EngineStrategy(Strategy):
     bound_names: tuple[str, ...] = ()
     #: --pull and the cell's value run on every rank, not rank 0 alone (see _from_rank0)
     collective_values = False
+    #: what ``%kdist start`` imports on the engines (strategies/warm.py)
+    warm_modules: tuple[str, ...] = ()
 
     def __init__(self):
         self.cluster: EngineCluster | None = None
@@ -77,6 +79,7 @@ class EngineStrategy(Strategy):
         self.lost: set[int] = set()  # engine ids an elastic run went on without (this run)
         self.cell: str | None = None  # the cell of the run in progress
         self.pushed: dict[str, Any] = {}  # its --push values
+        self.warming = None  # a %kdist start under way or done (strategies/warm.Warming)
 
     # -- hooks ---------------------------------------------------------------
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
@@ -172,19 +175,27 @@ class EngineStrategy(Strategy):
 
     def status(self) -> dict[str, Any]:
         facts = self.cluster.status() if self.cluster is not None else {"engines": "not started"}
+        if self.warming is not None:
+            facts["start"] = self.warming.describe()
         if self.needs_restart:
             facts["restart"] = self.needs_restart
         return facts
 
     def teardown(self) -> None:
+        if self.warming is not None:
+            self.warming.wait(120)  # a %kdist start under way finishes first
+            self.warming = None
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
             cluster.stop()
 
     # -- the run ---------------------------------------------------------------
     def run(self, cell: str, ctx: RunContext) -> Any:
+        from .warm import wait_for
+
         spec, record = ctx.spec, ctx.record
         self._check_syntax(cell, ctx)
+        wait_for(self, ctx)  # engines a %kdist start is warming
         self.cell = cell
         pushed = self.pushed = pushable(ctx.shell.user_ns, ctx.spec.push) if spec.push else {}
         t0 = time.monotonic()
@@ -234,17 +245,18 @@ class EngineStrategy(Strategy):
     def _cluster(self, ctx: RunContext) -> EngineCluster:
         spec = ctx.spec
         n = self.size(spec)
+        news = (lambda text: None) if ctx.quiet else say  # %kdist start's thread prints nothing
         key = (n, spec.cluster_id, spec.profile)
         cluster = self.cluster
         if cluster is not None and cluster.running:
             current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile)
             if current != key:
-                say(f"{n} ranks requested; restarting the engines (had {cluster.n})")
+                news(f"{n} ranks requested; restarting the engines (had {cluster.n})")
                 self.teardown()
                 cluster = None
             elif self.needs_restart or cluster.dead():
                 why = self.needs_restart or "an engine died"
-                say(f"restarting the engines ({why})")
+                news(f"restarting the engines ({why})")
                 if cluster.owned:
                     self._start(cluster, ctx, cluster.restart)
                 else:
@@ -252,9 +264,10 @@ class EngineStrategy(Strategy):
                     self._start(cluster, ctx, cluster.start)
         if cluster is None or not cluster.running:
             address = ctx.options.bind_address if spec.attach else "127.0.0.1"
-            cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address)
+            cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
+                                    controller_nice=ctx.options.helper_nice)
             if not spec.attach:
-                say(f"starting {n} engines on this machine (loopback only)...")
+                news(f"starting {n} engines on this machine (loopback only)...")
             self.cluster = cluster
             self._start(cluster, ctx, cluster.start)
         self.needs_restart = None
@@ -324,7 +337,8 @@ class EngineStrategy(Strategy):
         spec, record = ctx.spec, ctx.record
         begun = [cluster.client[e.engine_id].apply_async(engine.begin, rank, spec.telemetry, FEED_INTERVAL,
                                                          spec.checkpoint, ctx.options.freeze_gc,
-                                                         ctx.options.tf_info_logs)
+                                                         ctx.options.tf_info_logs,
+                                                         ctx.options.helper_nice)
                  for e, rank in zip(cluster.engines, ranks)]
         for b in begun:
             b.get(timeout=60)

@@ -41,6 +41,7 @@ def iface_for(address: str) -> str:
 class HorovodStrategy(EngineStrategy):
     name = "horovod"
     setup_words = "Horovod (TensorFlow import, hvd.init)"
+    warm_modules = ("tensorflow", "horovod.tensorflow")
     bound_names = ("hvd",)
 
     def __init__(self):

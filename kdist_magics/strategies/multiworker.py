@@ -75,6 +75,7 @@ def for_backend() -> EngineStrategy:
 class MultiWorkerStrategy(EngineStrategy):
     name = "multiworker"
     setup_words = "TensorFlow's workers (TF_CONFIG)"
+    warm_modules = ("tensorflow",)
     bound_names = ("strategy",)
 
     def __init__(self):
