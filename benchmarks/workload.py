@@ -25,6 +25,10 @@ CLASSES = 10
 BATCH = int(os.environ.get("KDIST_BENCH_BATCH", 256))  # samples per rank per step
 THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 DATA_BATCHES = 32  # distinct batches per rank, repeated for as many steps as asked
+#: "mlp" (P1-P5) or "cnn": Horovod's examples/tensorflow2/tensorflow2_keras_mnist.py model on
+#: scikit-learn's digits upsampled to 28x28 (P7: a workload a user would run)
+MODEL = os.environ.get("KDIST_BENCH_MODEL", "mlp")
+CNN_BATCH = 128  # the example's batch size
 
 
 def step_rate(times: list[float], warmup: int) -> float:
@@ -42,7 +46,6 @@ def train(hvd, steps: int, out_dir: str, tag: str, started: float | None = None)
     ``started``: a reference time of the caller's own (kept in the record as is).
     """
     import keras
-    import numpy as np
     import tensorflow as tf
 
     rank, size = hvd.rank(), hvd.size()
@@ -55,6 +58,48 @@ def train(hvd, steps: int, out_dir: str, tag: str, started: float | None = None)
             except RuntimeError:  # a warm engine: TF started already, pinned by the first cell
                 pass
     keras.utils.set_random_seed(SEED)  # same initial weights everywhere; broadcast makes sure
+    if MODEL == "cnn":
+        model, data = _mnist_cnn(hvd, rank, size)
+    else:
+        model, data = _mlp(hvd, rank, size)
+    return _fit(hvd, model, data, steps, out_dir, tag, started, rank)
+
+
+def _mnist_cnn(hvd, rank: int, size: int):
+    """The model and optimizer of Horovod's tensorflow2_keras_mnist.py (Keras 3 spelling)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.pad(np.kron(digits.images, np.ones((3, 3))), ((0, 0), (2, 2), (2, 2)))
+    order = np.random.default_rng(SEED + rank).permutation(len(images))  # each rank its order
+    x = (images[order] / 16.0).astype(np.float32)[..., None]
+    y = digits.target[order].astype(np.int64)
+    data = (tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(CNN_BATCH, drop_remainder=True)
+            .take(DATA_BATCHES).cache().repeat())
+    model = keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(32, [3, 3], activation="relu"),
+        keras.layers.Conv2D(64, [3, 3], activation="relu"),
+        keras.layers.MaxPooling2D(pool_size=(2, 2)),
+        keras.layers.Dropout(0.25),
+        keras.layers.Flatten(),
+        keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dropout(0.5),
+        keras.layers.Dense(10, activation="softmax"),
+    ])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.001 * size)),
+                  loss=keras.losses.SparseCategoricalCrossentropy())
+    return model, data
+
+
+def _mlp(hvd, rank: int, size: int):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
     rng = np.random.default_rng(SEED + rank)  # each rank its own shard
     n = DATA_BATCHES * BATCH
     x = rng.standard_normal((n, FEATURES), dtype=np.float32)
@@ -71,6 +116,13 @@ def train(hvd, steps: int, out_dir: str, tag: str, started: float | None = None)
     ])
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * size)),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, data
+
+
+def _fit(hvd, model, data, steps: int, out_dir: str, tag: str, started, rank: int) -> dict:
+    import keras
+
+    size = hvd.size()
 
     ends: list[float] = []
     cpu: list[float] = []  # this process's CPU seconds (all threads) at each step end
