@@ -70,6 +70,11 @@ class KDist(Magics):
                                "dashboard and sampler threads, the controller, the engines' IOPub, "
                                "heartbeat, control and telemetry threads), so it never takes a "
                                "rank's core; 0 leaves every priority as it is").tag(config=True)
+    same_user_only = Bool(RunOptions.same_user_only,
+                          help="kdist's own listeners (the Horovod rendezvous, the abort line) "
+                               "accept connections from this user only: on a shared host every user "
+                               "shares loopback. False: anyone's (to debug with outside tools); "
+                               "%kdist status says so").tag(config=True)
     stop_grace = Float(RunOptions.stop_grace, help="seconds ranks get to stop after an interrupt (SIGINT) before "
                                  "they are killed and the engines restarted").tag(config=True)
 
@@ -214,6 +219,9 @@ class KDist(Magics):
             facts = ", ".join(f"{k}={v}" for k, v in strategy.status().items()) or "ready"
             lines.append(f"  {name}: {facts}")
         lines.append(f"  last run: {self.last_record.summary() if self.last_record else 'none'}")
+        if not self.same_user_only:
+            lines.append("  isolation: off (KDist.same_user_only = False): kdist's rendezvous and "
+                         "abort line accept any local user's connections")
         print("\n".join(lines))
 
     def _cmd_stop(self, rest: str):

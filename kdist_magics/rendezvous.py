@@ -15,6 +15,8 @@ import threading
 from collections import OrderedDict
 from typing import Sequence
 
+from .peers import allowed
+
 
 def assign(hostnames: Sequence[str]):
     """Horovod slots for processes on ``hostnames`` (one entry per engine, in engine order).
@@ -41,7 +43,7 @@ class Rendezvous:
     """
 
     def __init__(self, hostnames: Sequence[str], address: str = "127.0.0.1", iface: str = "lo",
-                 elastic: bool = False):
+                 elastic: bool = False, same_user: bool = True):
         self.hostnames = list(hostnames)
         self.address = address
         self.iface = iface
@@ -51,6 +53,8 @@ class Rendezvous:
         self._thread: threading.Thread | None = None
         self.port: int | None = None
         self.abort_line: AbortLine | None = None
+        #: serve connections from this user only (kdist_magics.peers; KDist.same_user_only)
+        self.same_user = same_user
 
     def start(self) -> int:
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
@@ -59,10 +63,12 @@ class Rendezvous:
         self._httpd = RendezvousHTTPServer((self.address, 0), handler, 0)
         self.port = self._httpd.server_address[1]
         self._httpd.init(self.slots)
+        if self.same_user:  # socketserver closes a request this refuses, unanswered
+            self._httpd.verify_request = lambda request, client_address: allowed(request)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="kdist-rendezvous",
                                         daemon=True)
         self._thread.start()
-        self.abort_line = AbortLine(self.address)
+        self.abort_line = AbortLine(self.address, same_user=self.same_user)
         return self.port
 
     def env(self, index: int, iface: str | None = None) -> dict[str, str]:
@@ -264,8 +270,9 @@ class AbortLine:
     backlog until :meth:`abort` or :meth:`close` accepts them.
     """
 
-    def __init__(self, address: str = "127.0.0.1"):
+    def __init__(self, address: str = "127.0.0.1", same_user: bool = True):
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self.same_user = same_user
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.bind((address, 0))
         self._sock.listen(256)
@@ -280,6 +287,9 @@ class AbortLine:
                 conn, _ = self._sock.accept()
             except OSError:  # BlockingIOError: nobody else is waiting
                 return
+            if self.same_user and not allowed(conn):
+                conn.close()  # another local user: the line is this user's ranks' only
+                continue
             conn.setblocking(True)
             self._conns.append(conn)
 

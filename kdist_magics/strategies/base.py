@@ -24,6 +24,7 @@ class RunOptions:
     tf_info_logs: bool = False
     stop_grace: float = 5.0
     helper_nice: int = 10  # kdist's helper threads and the controller, below the ranks
+    same_user_only: bool = True  # kdist's own listeners refuse other local users (peers.py)
 
     @classmethod
     def of(cls, config: Any) -> "RunOptions":
