@@ -15,7 +15,7 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from . import spec as specmod
 from .errors import CellFailed, KDistError
-from .messages import PHASE_CELL, say, tensorboard_line, warm_started
+from .messages import EXPOSED, PHASE_CELL, say, shared_host, tensorboard_line, warm_started
 from .placement import RANK_GPUS
 from .strategies.base import RunOptions
 from .record import RunRecord
@@ -85,6 +85,7 @@ class KDist(Magics):
             _quiet_cell_failed(shell, install=True)
         self._strategies: dict[str, Any] = {}
         self.last_record: RunRecord | None = None
+        self._sharing_said = False  # the shared-host line (messages.shared_host) was printed
         self._observers: list = []
 
     def observe_runs(self, callback):
@@ -151,6 +152,13 @@ class KDist(Magics):
         ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self))
         if strategy.in_kernel:
             record.phase(PHASE_CELL)  # engine strategies name their own phases
+        elif not spec.attach and getattr(strategy, "exposure", None) and not self._sharing_said:
+            self._sharing_said = True  # once per kernel: what other users here could reach
+            from .peers import other_users
+
+            uids = other_users()
+            if uids:
+                say(shared_host(uids, EXPOSED[strategy.exposure]), warn=True)
         try:
             with quiet_info(not self.tf_info_logs):  # the strategy's set-up logs too
                 value = strategy.run(cell, ctx)

@@ -115,3 +115,15 @@ def warm_used(n: int, ready_for: float) -> str:
 
 def warm_failed(error: str) -> str:
     return f"%kdist start did not finish ({error}); starting the engines now"
+
+
+#: what stays open to other local users, per engine strategy (README: "On a shared host")
+EXPOSED = {"horovod": "the ranks' Gloo pairs", "multiworker": "TensorFlow's gRPC workers",
+           "jax": "the JAX coordinator and Gloo pairs", "torch": "torch's TCPStore and Gloo pairs"}
+
+
+def shared_host(uids: list[int], exposed: str) -> str:
+    who = ", ".join(str(u) for u in uids[:5]) + (" ..." if len(uids) > 5 else "")
+    return (f"other users have processes on this host (uid {who}): kdist's own listeners serve "
+            f"only you, but {exposed} accept connections from anyone here; for a private run use "
+            f"a container, a network namespace or an exclusive node (README: On a shared host)")

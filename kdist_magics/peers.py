@@ -79,3 +79,24 @@ def allowed(conn: socket.socket, uid: int | None = None) -> bool:
     if not os.path.exists(TABLES.get(conn.family, "")):
         return True  # not Linux: no socket table to ask (the README says so)
     return peer_uid(conn) == (os.geteuid() if uid is None else uid)
+
+
+#: uids below this are system accounts (Debian's and Red Hat's UID_MIN)
+FIRST_HUMAN_UID = 1000
+
+
+def other_users(processes=None) -> list[int]:
+    """Real uids of people other than this user with processes on this host (system accounts
+    and root left out). ``processes``: psutil-like objects, for tests."""
+    import psutil
+
+    me = os.getuid()
+    found = set()
+    for proc in processes if processes is not None else psutil.process_iter(["uids"]):
+        try:
+            uid = proc.info["uids"].real if hasattr(proc, "info") else proc.uids().real
+        except (psutil.Error, AttributeError, KeyError, TypeError):
+            continue
+        if uid != me and FIRST_HUMAN_UID <= uid < 65534:
+            found.add(uid)
+    return sorted(found)

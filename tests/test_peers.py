@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kdist_magics import peers
+from kdist_magics.record import RunRecord
 from kdist_magics.rendezvous import AbortLine
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -115,3 +116,47 @@ def test_the_horovod_rendezvous_answers_this_user_only():
             opened.stop()
     finally:
         rdv.stop()
+
+
+class _Proc:
+    def __init__(self, uid):
+        self.info = {"uids": type("U", (), {"real": uid})()}
+
+
+def test_other_users_are_people_with_processes_here_not_system_accounts():
+    me = os.getuid()
+    procs = [_Proc(u) for u in (me, 0, 1, 100, 999, 1000, 1001, 1001, 65534)]
+    assert peers.other_users(procs) == sorted({1000, 1001} - {me})
+    assert isinstance(peers.other_users(), list)  # this machine's, for real
+
+
+def test_the_shared_host_line_names_who_and_what_stays_open():
+    from kdist_magics.messages import EXPOSED, shared_host
+
+    line = shared_host([1001, 1002], EXPOSED["horovod"])
+    assert "uid 1001, 1002" in line and "the ranks' Gloo pairs" in line and "only you" in line
+    assert set(EXPOSED) == {"horovod", "multiworker", "jax", "torch"}
+
+
+def test_the_first_engine_run_on_a_shared_host_says_once_what_stays_open(ip, monkeypatch, capsys):
+    import kdist_magics
+    from kdist_magics import spec as specmod
+
+    monkeypatch.setattr(peers, "other_users", lambda: [1001])
+
+    class EngineRun:  # a stand-in engine strategy: the line comes before its run
+        in_kernel = False
+        exposure = "multiworker"
+
+        def run(self, cell, ctx):
+            return None
+
+    ext = kdist_magics._extension
+    monkeypatch.setattr(ext, "_sharing_said", False)
+    spec = specmod.parse_line("--strategy multiworker --np 2")
+    ext.execute(EngineRun(), "pass", spec, RunRecord("multiworker", size=2))
+    err = capsys.readouterr().err
+    assert "kdist: other users have processes on this host (uid 1001)" in err
+    assert "TensorFlow's gRPC workers" in err
+    ext.execute(EngineRun(), "pass", spec, RunRecord("multiworker", size=2))
+    assert "other users" not in capsys.readouterr().err  # once per kernel

@@ -70,6 +70,8 @@ class EngineStrategy(Strategy):
     collective_values = False
     #: what ``%kdist start`` imports on the engines (strategies/warm.py)
     warm_modules: tuple[str, ...] = ()
+    #: which of messages.EXPOSED this strategy's ranks leave open on a shared host
+    exposure: str | None = None
 
     def __init__(self):
         self.cluster: EngineCluster | None = None

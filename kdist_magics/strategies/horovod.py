@@ -42,6 +42,7 @@ class HorovodStrategy(EngineStrategy):
     name = "horovod"
     setup_words = "Horovod (TensorFlow import, hvd.init)"
     warm_modules = ("tensorflow", "horovod.tensorflow")
+    exposure = "horovod"  # messages.EXPOSED: what other local users can reach
     bound_names = ("hvd",)
 
     def __init__(self):

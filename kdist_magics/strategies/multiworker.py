@@ -76,6 +76,7 @@ class MultiWorkerStrategy(EngineStrategy):
     name = "multiworker"
     setup_words = "TensorFlow's workers (TF_CONFIG)"
     warm_modules = ("tensorflow",)
+    exposure = "multiworker"  # messages.EXPOSED: what other local users can reach
     bound_names = ("strategy",)
 
     def __init__(self):

@@ -54,6 +54,7 @@ SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each o
 class JaxMultiWorkerStrategy(ProcessGroupStrategy):
     setup_words = "jax.distributed (JAX import, initialize)"
     warm_modules = ("jax",)
+    exposure = "jax"  # messages.EXPOSED: what other local users can reach
     backend = "jax"
     collective_values = True  # saving a model whose variables span the processes is collective
     restart_because = "; jax.distributed must start before any other JAX use in each process"

@@ -52,6 +52,7 @@ SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each o
 class TorchMultiWorkerStrategy(ProcessGroupStrategy):
     setup_words = "torch.distributed (the process group)"
     warm_modules = ("torch",)
+    exposure = "torch"  # messages.EXPOSED: what other local users can reach
     backend = "torch"
 
     def __init__(self):
