@@ -71,6 +71,10 @@ def describe_exit(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+#: seconds a local engine may stay stopped (SIGSTOP, a debugger) before kdist ends it
+FROZEN_AFTER = 10.0
+
+
 class EngineCluster:
     """A set of ipyparallel engines used as ranks.
 
@@ -93,6 +97,8 @@ class EngineCluster:
         #: called with the number of engines registered so far while :meth:`start` waits
         self.on_registered: Callable[[int], None] | None = None
         self.engines: list[EngineInfo] = []
+        self._stopped_since: dict[int, float] = {}  # local engines seen stopped (SIGSTOP, ptrace)
+        self._ended_why: dict[int, str] = {}  # engines kdist ended, and why (their death's words)
         self._pids_started: set[int] = set()
         self._exits = LauncherExits()
         self.starts = 0
@@ -112,6 +118,8 @@ class EngineCluster:
 
         if self.running:
             return self
+        self._stopped_since.clear()
+        self._ended_why.clear()
         try:
             if self.owned:
                 self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
@@ -264,24 +272,52 @@ class EngineCluster:
             time.sleep(0.05)
 
     def dead(self) -> dict[int, str]:
-        """Engines that are gone: ``{engine_id: 'exited with status 3'}`` (empty when all live)."""
+        """Engines that are gone: ``{engine_id: 'exited with status 3'}`` (empty when all live).
+
+        A local engine that stays stopped (SIGSTOP, or held by a debugger) for
+        ``FROZEN_AFTER`` seconds is ended with SIGKILL, since its peers wait for it in their
+        collectives for ever: it then reads as dead, "was stopped ... kdist ended it". An engine
+        on another host that freezes stops answering ipyparallel's heartbeat and is
+        unregistered (by default after 10 missed beats of 3 s).
+        """
         import psutil
 
         out: dict[int, str] = {}
         registered = set(self.client.ids) if self.client is not None else set()
+        now = time.monotonic()
         for engine in self.engines:
             gone = False
             if self._local(engine):
                 try:
                     proc = psutil.Process(engine.pid)
-                    gone = proc.status() == psutil.STATUS_ZOMBIE
+                    status = proc.status()
+                    gone = status == psutil.STATUS_ZOMBIE
+                    self._watch_frozen(engine, status, now)
                 except psutil.NoSuchProcess:
                     gone = True
             elif engine.engine_id not in registered:
                 gone = True
             if gone:
-                out[engine.engine_id] = describe_exit(self.exit_status(engine))
+                out[engine.engine_id] = (self._ended_why.get(engine.engine_id)
+                                         or describe_exit(self.exit_status(engine)))
         return out
+
+    def _watch_frozen(self, engine: EngineInfo, status: str, now: float) -> None:
+        import psutil
+
+        eid = engine.engine_id
+        if status not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+            self._stopped_since.pop(eid, None)
+            return
+        since = self._stopped_since.setdefault(eid, now)
+        if now - since >= FROZEN_AFTER and eid not in self._ended_why:
+            how = "SIGSTOP" if status == psutil.STATUS_STOPPED else "a debugger"
+            self._ended_why[eid] = (f"was stopped ({how}) for {FROZEN_AFTER:.0f} s while its peers "
+                                    f"waited for it; kdist ended it")
+            try:
+                os.kill(engine.pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def signal(self, signum: int, engine_ids: Iterable[int] | None = None) -> None:
         """Send ``signum`` to engines (by pid when local, else through ipyparallel)."""

@@ -456,3 +456,34 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+
+
+def test_a_local_engine_left_stopped_is_ended_and_its_death_says_why(monkeypatch):
+    """A SIGSTOPped process reads as alive to a pid check; dead() ends it after FROZEN_AFTER."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from kdist_magics import cluster as cluster_mod
+
+    monkeypatch.setattr(cluster_mod, "FROZEN_AFTER", 0.5)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        c = EngineCluster(1)
+        c.engines = [cluster_mod.EngineInfo(7, proc.pid, socket.gethostname())]
+        assert c.dead() == {}
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        assert c.dead() == {}  # stopped for a moment: not yet
+        time.sleep(0.5)
+        assert c.dead() == {}  # now ended (SIGKILL); it reads as dead from the next look
+        assert proc.wait(10) == -signal.SIGKILL
+        assert c.dead() == {7: "was stopped (SIGSTOP) for 0 s while its peers waited for it; "
+                               "kdist ended it"}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -578,6 +578,33 @@ def test_a_dying_rank_is_reported_with_its_exit_status_and_engines_restart(hip):
 
 
 
+FROZEN_CELL = """
+import os, signal, time, numpy as np
+hvd.allreduce(np.ones(4, "float32"))  # both ranks are in the job
+if hvd.rank() == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)  # frozen, as a debugger or a stuck node leaves it
+for _ in range(1000):
+    hvd.allreduce(np.ones(4, "float32"))  # rank 0 waits here for ever
+time.sleep(300)
+"""
+
+
+def test_a_frozen_rank_is_ended_after_ten_seconds_and_named(hip):
+    """No --timeout: a stopped engine would hang the run for ever; kdist ends it."""
+    from kdist_magics.cluster import FROZEN_AFTER
+
+    old = cluster_pids()
+    t0 = time.monotonic()
+    with pytest.raises(RankDied) as info:
+        kdist(hip, "", FROZEN_CELL)
+    took = time.monotonic() - t0
+    assert info.value.deaths == {1: f"was stopped (SIGSTOP) for {FROZEN_AFTER:.0f} s while its "
+                                    f"peers waited for it; kdist ended it"}
+    assert FROZEN_AFTER <= took < FROZEN_AFTER + 50  # bounded, not for ever
+    assert kdist(hip, "", "(hvd.rank(), hvd.size())") == (0, 2)  # the next cell works
+    assert not cluster_pids() & old
+
+
 @pytest.mark.timeout(300)
 def test_attach_to_a_cluster_the_user_started_and_never_stop_it(hip):
     import ipyparallel as ipp
