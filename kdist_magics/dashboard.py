@@ -21,7 +21,6 @@ result on GitHub/nbviewer where no widget state exists.
 from __future__ import annotations
 
 import collections
-import html as _html
 import json
 import math
 import threading
@@ -35,7 +34,7 @@ import traitlets
 from . import stragglers
 from .messages import lost_batches, resized_note, say, straggler
 from .record import RunRecord
-from .svg import PALETTE, svg_curves  # noqa: F401  (PALETTE: the widget's colours too)
+from .svg import PALETTE, static_summary, svg_curves  # noqa: F401  (the widget's colours too)
 from .spec import KERNEL_STRATEGIES
 
 STATIC = Path(__file__).parent / "static"
@@ -358,37 +357,7 @@ class Dashboard:
     # -- static fallback -------------------------------------------------------------
     def html(self) -> str:
         """A self-contained HTML summary with an inline SVG of the loss curves."""
-        state, curves = self.snapshot()
-        esc = _html.escape
-        status = state["status"]
-        colour = {"done": "#2e7d32", "failed": "#c62828", "running": "#1565c0"}.get(status, "#ef6c00")
-        lines = ['<div class="kdist-static" style="font-family:sans-serif;font-size:13px">',
-                 f'<b>kdist {esc(state["strategy"])}</b> &middot; '
-                 f'<span style="color:{colour};font-weight:bold">{esc(status)}</span> &middot; '
-                 f'{state["size"]} rank(s) &middot; {state["elapsed"]:.1f} s']
-        if state["error"]:
-            lines.append(f'<div style="color:#c62828">{esc(state["error"])}</div>')
-        if state["lost_batches"]:
-            lines.append(f'<div style="color:#666">{esc(state["lost_note"])}</div>')
-        if state["phases"]:
-            lines.append('<div style="color:#666">' + esc(" \u00b7 ".join(
-                f"{name} {seconds:.1f} s" for name, seconds in state["phases"])) + "</div>")
-        if state["resize_note"]:
-            lines.append(f'<div style="color:#6d4c41">{esc(state["resize_note"])}</div>')
-        for note in state["stragglers"]:
-            lines.append(f'<div style="color:#ef6c00">{esc(note)}</div>')
-        name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
-        if name:
-            lines.append(svg_curves(curves["series"][name], title=name,
-                                    val=curves["series"].get(f"val_{name}")))
-        rows = "".join(
-            f"<tr><td>{r['rank']}</td><td>{esc(str(r['state']))}</td>"
-            f"<td>{esc(str(r.get('host') or ''))}</td><td>{r.get('pid') or ''}</td>"
-            f"<td>{'' if r.get('loss') is None else r['loss']}</td></tr>"
-            for r in state["ranks"])
-        lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
-                     f'<th>last loss</th></tr>{rows}</table></div>')
-        return "\n".join(lines)
+        return static_summary(*self.snapshot())
 
 
 def _current_phase(phases: list[dict[str, Any]], now: float | None) -> dict[str, Any] | None:

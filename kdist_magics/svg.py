@@ -1,4 +1,5 @@
-"""The loss curves as inline SVG, for the dashboard's static view (saved notebooks, GitHub).
+"""The dashboard's static view (saved notebooks, GitHub, nbviewer): an HTML summary
+(:func:`static_summary`) with the loss curves as inline SVG (:func:`svg_curves`).
 
 Same axes as the live widget (:mod:`kdist_magics.axes`): value ticks, a log axis when the
 curve spans more than a decade, validation values as hollow points per epoch.
@@ -71,3 +72,38 @@ def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,
                      f'{y:.4g}</title></circle>' for x, y in line)
     parts.append("</svg>")
     return "".join(parts)
+
+
+def static_summary(state: dict, curves: dict) -> str:
+    """The dashboard's static view: a self-contained HTML summary of a snapshot (state and
+    curves as the widget gets them), with an inline SVG of the loss curves."""
+    esc = _html.escape
+    status = state["status"]
+    colour = {"done": "#2e7d32", "failed": "#c62828", "running": "#1565c0"}.get(status, "#ef6c00")
+    lines = ['<div class="kdist-static" style="font-family:sans-serif;font-size:13px">',
+             f'<b>kdist {esc(state["strategy"])}</b> &middot; '
+             f'<span style="color:{colour};font-weight:bold">{esc(status)}</span> &middot; '
+             f'{state["size"]} rank(s) &middot; {state["elapsed"]:.1f} s']
+    if state["error"]:
+        lines.append(f'<div style="color:#c62828">{esc(state["error"])}</div>')
+    if state["lost_batches"]:
+        lines.append(f'<div style="color:#666">{esc(state["lost_note"])}</div>')
+    if state["phases"]:
+        lines.append('<div style="color:#666">' + esc(" \u00b7 ".join(
+            f"{name} {seconds:.1f} s" for name, seconds in state["phases"])) + "</div>")
+    if state["resize_note"]:
+        lines.append(f'<div style="color:#6d4c41">{esc(state["resize_note"])}</div>')
+    for note in state["stragglers"]:
+        lines.append(f'<div style="color:#ef6c00">{esc(note)}</div>')
+    name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
+    if name:
+        lines.append(svg_curves(curves["series"][name], title=name,
+                                val=curves["series"].get(f"val_{name}")))
+    rows = "".join(
+        f"<tr><td>{r['rank']}</td><td>{esc(str(r['state']))}</td>"
+        f"<td>{esc(str(r.get('host') or ''))}</td><td>{r.get('pid') or ''}</td>"
+        f"<td>{'' if r.get('loss') is None else r['loss']}</td></tr>"
+        for r in state["ranks"])
+    lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
+                 f'<th>last loss</th></tr>{rows}</table></div>')
+    return "\n".join(lines)
