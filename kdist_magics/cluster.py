@@ -302,6 +302,27 @@ class EngineCluster:
                                          or describe_exit(self.exit_status(engine)))
         return out
 
+    def controller_gone(self) -> str | None:
+        """How the controller of an owned cluster ended ("was killed by SIGKILL"), or None
+        while it runs (and always for an attached cluster: its controller is not ours)."""
+        import psutil
+
+        controller = getattr(self.cluster, "controller", None) if self.owned else None
+        pid = getattr(controller, "pid", -1) if controller is not None else -1
+        if pid is None or pid <= 0:
+            return None
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.NoSuchProcess:
+            pass
+        process = getattr(controller, "process", None)  # the launcher's Popen, when local
+        try:  # the launcher's watcher thread may be reaping it right now: wait for its code
+            code = process.wait(timeout=2) if process is not None else None
+        except Exception:
+            code = None
+        return describe_exit(code)
+
     def _watch_frozen(self, engine: EngineInfo, status: str, now: float) -> None:
         import psutil
 

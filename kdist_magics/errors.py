@@ -93,6 +93,18 @@ class RankDied(KDistError):
         super().__init__(f"{what}. The run was stopped; engines restart with the next %%kdist cell.")
 
 
+class ControllerDied(KDistError):
+    """The ipyparallel controller of a kdist-started cluster ended during the run."""
+
+    status = "failed"
+
+    def __init__(self, how: str):
+        self.how = how
+        super().__init__(f"the ipyparallel controller {how} during the run, so no rank could "
+                         f"report any more; every rank was stopped. The next %%kdist cell starts "
+                         f"a new cluster.")
+
+
 class RunTimedOut(KDistError):
     """The run exceeded --timeout."""
 

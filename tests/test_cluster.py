@@ -287,6 +287,9 @@ class _FakeEngineCluster:
     def dead(self):
         return dict(self.deaths)
 
+    def controller_gone(self):
+        return None  # its controller runs (EngineCluster.controller_gone)
+
 
 def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch, capsys):
     import kdist_magics.strategies.engines as engines_mod

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from ..compat_ipyparallel import children as list_children
 from ..feed import FEED_MIME, FeedIntake
-from ..errors import RankDied, RankFailed, RunTimedOut
+from ..errors import ControllerDied, RankDied, RankFailed, RunTimedOut
 from ..messages import say
 
 POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
@@ -232,6 +232,13 @@ class RunSupervisor:
                     for rank, info, fut in self.on_grow(False):
                         self.take(cluster, ranks, children, rank, info, fut)
                 if now >= next_death_check or gone:
+                    controller = cluster.controller_gone()
+                    if controller:  # nothing can reach or report from the ranks any more
+                        for rank in ranks:
+                            record.set_rank(rank, state="failed", error=f"the controller {controller}")
+                        self.stop(cluster, ranks, children, grace, hard=True)
+                        self.needs_restart = "the controller died in the previous run"
+                        raise ControllerDied(controller)
                     deaths = cluster.dead()
                     next_death_check = time.monotonic() + DEATH_CHECK
                     by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
