@@ -605,6 +605,48 @@ def test_a_frozen_rank_is_ended_after_ten_seconds_and_named(hip):
     assert not cluster_pids() & old
 
 
+def test_the_controller_killed_mid_run_ends_the_run_and_the_next_cell_starts_a_new_cluster(hip):
+    import psutil
+
+    from kdist_magics.errors import ControllerDied
+
+    cluster = strategy().cluster
+    old = set(cluster._process_tree_pids())
+    controller = cluster.cluster.controller.pid
+
+    def kill_controller():
+        time.sleep(4)  # the cell is running on both ranks
+        os.kill(controller, signal.SIGKILL)
+
+    threading.Thread(target=kill_controller, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(ControllerDied) as info:
+        kdist(hip, "", "import time\nfor _ in range(600):\n    time.sleep(0.1)")
+    assert "was killed by SIGKILL" in str(info.value) and time.monotonic() - t0 < 60
+    rec = kdist_magics.last_run()
+    assert rec.status == "failed" and all(r.state == "failed" for r in rec.ranks.values())
+    assert kdist(hip, "", "(hvd.rank(), hvd.size())") == (0, 2)  # a new cluster
+    time.sleep(2)
+    left = [p for p in old if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"the old cluster's processes are still there: {left}"
+
+
+def test_a_framework_import_failing_on_one_engine_is_named_at_once_and_the_next_cell_works(hip):
+    """hvd.init() fails on rank 1 (its import breaks); rank 0 waits for it in the rendezvous:
+    the error comes as soon as rank 1 fails, not at the set-up's 120 s bound."""
+    cl = strategy().cluster
+    cl.client[cl.engines[1].engine_id].execute(
+        "import sys\nsys.modules['horovod.tensorflow'] = None", block=True)
+    t0 = time.monotonic()
+    with pytest.raises(KDistError) as info:
+        kdist(hip, "", "pass")
+    message = str(info.value)
+    assert "hvd.init() failed: rank 1: ModuleNotFoundError" in message, message
+    assert "(rank 0 left waiting for it)" in message
+    assert time.monotonic() - t0 < 60
+    assert kdist(hip, "", "(hvd.rank(), hvd.size())") == (0, 2)  # fresh engines
+
+
 @pytest.mark.timeout(300)
 def test_attach_to_a_cluster_the_user_started_and_never_stop_it(hip):
     import ipyparallel as ipp

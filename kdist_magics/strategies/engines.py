@@ -130,11 +130,19 @@ class EngineStrategy(Strategy):
         engines for a restart and raise :class:`KDistError` naming the ranks. ``what`` is
         what starts ("jax.distributed"), ``reach`` the addresses every engine must reach,
         ``failed`` the words before the per-rank errors."""
-        for ar in ars:
-            ar.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(ar.ready() for ar in ars):
+            # a rank that failed leaves the others waiting for it for ever: stop at once
+            if any(ar.ready() and not ar.successful() for ar in ars):
+                break
+            time.sleep(0.05)
         results: dict[int, Any] = {}
         failures = []
-        for ar, rank in zip(ars, ranks):
+        if any(ar.ready() and not ar.successful() for ar in ars):
+            ars_ranks = [(ar, rank) for ar, rank in zip(ars, ranks) if ar.ready()]
+        else:
+            ars_ranks = list(zip(ars, ranks))
+        for ar, rank in ars_ranks:
             if not ar.ready():
                 self.needs_restart = f"{what} did not start"
                 raise KDistError(f"{what} did not start on rank {rank} within {timeout:g} s: "
@@ -146,7 +154,10 @@ class EngineStrategy(Strategy):
                                 f"{getattr(exc, 'evalue', exc)}")
         if failures:
             self.needs_restart = f"{what} failed to start"
-            raise KDistError(f"{failed}: " + "; ".join(failures))
+            waiting = [rank for ar, rank in zip(ars, ranks) if not ar.ready()]
+            others = f" (rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} " \
+                     f"left waiting for it)" if waiting else ""
+            raise KDistError(f"{failed}: " + "; ".join(failures) + others)
         return results
 
     def _end_collective_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool, what: str,
@@ -256,8 +267,9 @@ class EngineStrategy(Strategy):
                 news(f"{n} ranks requested; restarting the engines (had {cluster.n})")
                 self.teardown()
                 cluster = None
-            elif self.needs_restart or cluster.dead():
-                why = self.needs_restart or "an engine died"
+            elif self.needs_restart or cluster.dead() or cluster.controller_gone():
+                why = self.needs_restart or ("an engine died" if cluster.dead() else
+                                             "the controller died")
                 news(f"restarting the engines ({why})")
                 if cluster.owned:
                     self._start(cluster, ctx, cluster.restart)

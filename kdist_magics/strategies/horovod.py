@@ -97,19 +97,10 @@ class HorovodStrategy(EngineStrategy):
             envs = [elastic_env(env) for env in envs]
         ars = [cluster.client[e.engine_id].apply_async(hvd_init, envs[i], abort)
                for i, e in enumerate(cluster.engines)]
-        for ar in ars:
-            ar.wait(timeout=120)
+        results = self._setup_results(ars, ranks, "Horovod", f"the rendezvous at {address}", 120,
+                                      "hvd.init() failed")
         infos = {}
-        for ar, rank in zip(ars, ranks):
-            if not ar.ready():
-                self.needs_restart = "Horovod initialisation did not finish"
-                raise KDistError(f"hvd.init() did not finish on rank {rank} within 120 s")
-            try:
-                info = ar.get()
-            except Exception as exc:
-                detail = (f"{exc.ename}: {exc.evalue}" if hasattr(exc, "ename")
-                          else f"{type(exc).__name__}: {exc}")
-                raise KDistError(f"hvd.init() failed on rank {rank}: {detail}") from None
+        for rank, info in results.items():
             if info["rank"] != rank:  # pragma: no cover - defensive
                 raise KDistError(f"engine became Horovod rank {info['rank']}, expected {rank}")
             infos[rank] = info
