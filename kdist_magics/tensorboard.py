@@ -4,7 +4,7 @@ The kernel writes them, from the rows the ranks' telemetry already sends to the 
 so it works the same for every strategy and backend, needs neither TensorFlow nor TensorBoard
 in the kernel, and costs the ranks nothing. One run directory per rank::
 
-    DIR/rank0/events.out.tfevents.<time>.<host>.kdist   (and rank1/, ...)
+    DIR/rank0/events.out.tfevents.<time>.<host>.<pid>.<random>.kdist   (and rank1/, ...)
 
 Tags: the step-level metrics under their own names (``loss``, ``accuracy``, ``lr``, ...) at
 the global step; the epoch-end values as ``epoch_<name>`` (``epoch_val_loss``, ...) at the step
@@ -23,6 +23,7 @@ import socket
 import struct
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -101,7 +102,9 @@ class EventWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
-        name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.kdist"
+        # unique per writer: two runs in one second (same kernel, same pid) keep both files
+        name = (f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}."
+                f"{uuid.uuid4().hex[:8]}.kdist")
         self.path = self.directory / name
         self._file: BinaryIO = open(self.path, "wb")
         self._file.write(record_bytes(event(now, 0, file_version="brain.Event:2")))
