@@ -267,9 +267,8 @@ class EngineStrategy(Strategy):
                 news(f"{n} ranks requested; restarting the engines (had {cluster.n})")
                 self.teardown()
                 cluster = None
-            elif self.needs_restart or cluster.dead() or cluster.controller_gone():
-                why = self.needs_restart or ("an engine died" if cluster.dead() else
-                                             "the controller died")
+            elif why := (self.needs_restart or ("an engine died" if cluster.dead() else None)
+                         or ("the controller died" if cluster.controller_gone() else None)):
                 news(f"restarting the engines ({why})")
                 if cluster.owned:
                     self._start(cluster, ctx, cluster.restart)
