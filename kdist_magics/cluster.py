@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterable
 
 from .compat_ipyparallel import LauncherExits, end_sync_thread
 from .errors import ClusterError
+from .exits import describe_exit, kill_pids
+from .faults import hold
 
 
 @dataclass(frozen=True)
@@ -56,21 +58,6 @@ def _following(controller_nice: int = 0):
     return config
 
 
-def describe_exit(code: int | None) -> str:
-    """Human words for a process exit status (negative: killed by a signal)."""
-    if code is None:
-        return "exited (status unknown)"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = {"SIGKILL": " (killed: out of memory, or kill -9)", "SIGSEGV": " (segmentation fault)",
-                "SIGABRT": " (aborted)"}.get(name, "")
-        return f"was killed by {name}{hint}"
-    return f"exited with status {code}"
-
-
 #: seconds a local engine may stay stopped (SIGSTOP, a debugger) before kdist ends it
 FROZEN_AFTER = 10.0
 
@@ -97,8 +84,8 @@ class EngineCluster:
         #: called with the number of engines registered so far while :meth:`start` waits
         self.on_registered: Callable[[int], None] | None = None
         self.engines: list[EngineInfo] = []
-        self._stopped_since: dict[int, float] = {}  # local engines seen stopped (SIGSTOP, ptrace)
-        self._ended_why: dict[int, str] = {}  # engines kdist ended, and why (their death's words)
+        self._stopped_since: dict[int, float] = {}  # pids of local engines seen stopped (SIGSTOP, ptrace)
+        self._ended_why: dict[int, str] = {}  # pids of engines kdist ended, and why (their death's words)
         self._pids_started: set[int] = set()
         self._exits = LauncherExits()
         self.starts = 0
@@ -125,7 +112,12 @@ class EngineCluster:
                 self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
                 self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
                                            log_level=40, shutdown_atexit=True, config=_following(self.controller_nice))
-                self.cluster.start_cluster_sync()
+                self.cluster.start_controller_sync()
+                hold("controller", self)
+                self.cluster.start_engines_sync()
+                self._exits.attach(self.cluster)  # engine exits are known at once from here on
+                self._pids_started |= set(self._launched())  # (a stopped launcher leaves its set)
+                hold("engines", self)
                 self.client = self.cluster.connect_client_sync()
             else:
                 kwargs: dict[str, Any] = {}
@@ -142,13 +134,14 @@ class EngineCluster:
         except Exception as exc:
             where = ("the local cluster" if self.owned else
                      f"cluster {self.cluster_id or ''!s} (profile {self.profile or 'default'})")
+            gone = self.controller_gone() if self.owned and not isinstance(exc, ClusterError) else None
             self.stop()
-            raise ClusterError(f"could not start {where} with {self.n} engines: "
-                               f"{type(exc).__name__}: {exc}") from exc
+            why = str(exc) if isinstance(exc, ClusterError) else f"{type(exc).__name__}: {exc}"
+            if gone:  # ipyparallel's words for it name a status code
+                why = f"the controller {gone} while the cluster started"
+            raise ClusterError(f"could not start {where} with {self.n} engines: {why}") from exc
         self.starts += 1
         self._identify()
-        if self.cluster is not None:  # owned: its launchers report engine exits at once
-            self._exits.attach(self.cluster)
         if self.owned and not getattr(self, "_atexit", False):
             # kernel shutdown: stop what we started even if nobody called %kdist stop
             import atexit
@@ -171,7 +164,42 @@ class EngineCluster:
                 told = count
             if count >= self.n:
                 return
+            if self.owned and (trouble := self._starting_trouble()):
+                raise ClusterError(trouble)
             time.sleep(every)
+
+    def _starting_trouble(self) -> str | None:
+        """Why an owned cluster's engines will never all register: its controller ended, or an
+        engine ended (or stayed stopped for ``FROZEN_AFTER`` s, and was ended) before it did."""
+        import psutil
+
+        if gone := self.controller_gone():
+            return f"the controller {gone} while the engines registered"
+        now = time.monotonic()
+        for pid in sorted(self._pids_started):
+            try:
+                status = psutil.Process(pid).status()
+            except psutil.NoSuchProcess:
+                status = psutil.STATUS_ZOMBIE
+            if status != psutil.STATUS_ZOMBIE:
+                self._watch_frozen(pid, status, now)
+                continue
+            how = self._ended_why.get(pid) or describe_exit(self.exit_status(EngineInfo(-1, pid, "")))
+            return f"an engine (pid {pid}) {how} before it registered"
+        return None
+
+    def _launched(self) -> list[int]:
+        """Pids of the engines an owned cluster's launchers started."""
+        return [launcher.pid for engine_set in getattr(self.cluster, "engines", {}).values()
+                for launcher in getattr(engine_set, "launchers", {}).values()
+                if (getattr(launcher, "pid", None) or -1) > 0]
+
+    def processes(self) -> dict[str, Any]:
+        """Pids so far: an owned cluster's ``controller`` (None when attached or not started),
+        the engines its launchers started (``launched``), and the registered ``engines``."""
+        pid = getattr(getattr(self.cluster, "controller", None), "pid", None)
+        return {"controller": pid if (pid or -1) > 0 else None, "launched": self._launched(),
+                "engines": [e.pid for e in self.engines]}
 
     def _identify(self) -> None:
         ids = sorted(self.client.ids)[: self.n]
@@ -227,15 +255,8 @@ class EngineCluster:
         """Pids of every process this cluster started (controller, engines, nannies)."""
         import psutil
 
-        roots = set()
-        if self.cluster is not None:
-            controller = getattr(self.cluster, "controller", None)
-            if controller is not None and getattr(controller, "pid", -1) > 0:
-                roots.add(controller.pid)
-            for engine_set in getattr(self.cluster, "engines", {}).values():
-                for launcher in getattr(engine_set, "launchers", {}).values():
-                    if getattr(launcher, "pid", -1) > 0:
-                        roots.add(launcher.pid)
+        facts = self.processes()
+        roots = set(facts["launched"]) | ({facts["controller"]} if facts["controller"] else set())
         roots |= {e.pid for e in self.engines} if self.owned else set()
         pids = set(roots)
         for pid in roots:
@@ -271,8 +292,12 @@ class EngineCluster:
                 return None
             time.sleep(0.05)
 
-    def dead(self) -> dict[int, str]:
+    def dead(self, settle: bool = False) -> dict[int, str]:
         """Engines that are gone: ``{engine_id: 'exited with status 3'}`` (empty when all live).
+
+        ``settle``: while an engine is seen stopped, look again until it runs again or is ended
+        (at most ``FROZEN_AFTER`` s): used between runs, so that a stopped engine costs the next
+        run a restart instead of a frozen rank.
 
         A local engine that stays stopped (SIGSTOP, or held by a debugger) for
         ``FROZEN_AFTER`` seconds is ended with SIGKILL, since its peers wait for it in their
@@ -282,6 +307,11 @@ class EngineCluster:
         """
         import psutil
 
+        if settle:
+            deadline = time.monotonic() + FROZEN_AFTER + 1.0
+            while not (out := self.dead()) and self._stopped_since and time.monotonic() < deadline:
+                time.sleep(0.2)
+            return out
         out: dict[int, str] = {}
         registered = set(self.client.ids) if self.client is not None else set()
         now = time.monotonic()
@@ -292,13 +322,13 @@ class EngineCluster:
                     proc = psutil.Process(engine.pid)
                     status = proc.status()
                     gone = status == psutil.STATUS_ZOMBIE
-                    self._watch_frozen(engine, status, now)
+                    self._watch_frozen(engine.pid, status, now)
                 except psutil.NoSuchProcess:
                     gone = True
             elif engine.engine_id not in registered:
                 gone = True
             if gone:
-                out[engine.engine_id] = (self._ended_why.get(engine.engine_id)
+                out[engine.engine_id] = (self._ended_why.get(engine.pid)
                                          or describe_exit(self.exit_status(engine)))
         return out
 
@@ -323,20 +353,20 @@ class EngineCluster:
             code = None
         return describe_exit(code)
 
-    def _watch_frozen(self, engine: EngineInfo, status: str, now: float) -> None:
+    def _watch_frozen(self, pid: int, status: str, now: float) -> None:
+        """End a local engine (``pid``) seen stopped for ``FROZEN_AFTER`` s, remembering why."""
         import psutil
 
-        eid = engine.engine_id
         if status not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-            self._stopped_since.pop(eid, None)
+            self._stopped_since.pop(pid, None)
             return
-        since = self._stopped_since.setdefault(eid, now)
-        if now - since >= FROZEN_AFTER and eid not in self._ended_why:
+        since = self._stopped_since.setdefault(pid, now)
+        if now - since >= FROZEN_AFTER and pid not in self._ended_why:
             how = "SIGSTOP" if status == psutil.STATUS_STOPPED else "a debugger"
-            self._ended_why[eid] = (f"was stopped ({how}) for {FROZEN_AFTER:.0f} s while its peers "
+            self._ended_why[pid] = (f"was stopped ({how}) for {FROZEN_AFTER:.0f} s while its peers "
                                     f"waited for it; kdist ended it")
             try:
-                os.kill(engine.pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
 
@@ -372,27 +402,3 @@ class EngineCluster:
             return {"engines": "not started"}
         return {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
                 "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}
-
-
-def kill_pids(pids: Iterable[int], grace: float = 3.0) -> None:
-    """End these processes (and only these): SIGTERM, then SIGKILL after ``grace`` s."""
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
