@@ -87,10 +87,14 @@ class RankDied(KDistError):
 
     status = "failed"
 
-    def __init__(self, deaths: dict):
+    def __init__(self, deaths: dict, during: str | None = None, ran: bool = False):
         self.deaths = dict(deaths)  # rank -> "was killed by SIGKILL ..."
         what = "; ".join(f"rank {r} {how}" for r, how in sorted(self.deaths.items()))
-        super().__init__(f"{what}. The run was stopped; engines restart with the next %%kdist cell.")
+        if during:  # outside the cell ("while Horovod started"); ``ran``: after it
+            super().__init__(f"{during[0].upper()}{during[1:]}: {what}. {_after(ran)}; engines "
+                             f"restart with the next %%kdist cell.")
+        else:
+            super().__init__(f"{what}. The run was stopped; engines restart with the next %%kdist cell.")
 
 
 class ControllerDied(KDistError):
@@ -98,11 +102,19 @@ class ControllerDied(KDistError):
 
     status = "failed"
 
-    def __init__(self, how: str):
+    def __init__(self, how: str, during: str | None = None, ran: bool = False):
         self.how = how
-        super().__init__(f"the ipyparallel controller {how} during the run, so no rank could "
-                         f"report any more; every rank was stopped. The next %%kdist cell starts "
-                         f"a new cluster.")
+        if during:  # outside the cell ("while Horovod started"); ``ran``: after it
+            super().__init__(f"{during[0].upper()}{during[1:]}: the ipyparallel controller {how}. "
+                             f"{_after(ran)}; the next %%kdist cell starts a new cluster.")
+        else:
+            super().__init__(f"the ipyparallel controller {how} during the run, so no rank could "
+                             f"report any more; every rank was stopped. The next %%kdist cell "
+                             f"starts a new cluster.")
+
+
+def _after(ran: bool) -> str:
+    return "The cell had run on every rank" if ran else "The cell did not run"
 
 
 class RunTimedOut(KDistError):

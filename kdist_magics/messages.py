@@ -46,6 +46,12 @@ def too_few_left(size: int, min_np: int) -> str:
     return f"only {size} ranks left, fewer than --min-np {min_np}"
 
 
+def died_after(deaths: dict[int, str]) -> str:
+    """An engine ended after the cell had run on every rank: the cell's work stands."""
+    what = "; ".join(f"rank {r} {how}" for r, how in sorted(deaths.items()))
+    return f"{what} after the cell had run on every rank; engines restart with the next %%kdist cell"
+
+
 def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}"
 

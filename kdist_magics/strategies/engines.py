@@ -49,11 +49,14 @@ from typing import Any
 
 from ..cluster import EngineCluster
 from ..compat_ipyparallel import children
-from ..errors import CellFailed, KDistError
-from ..messages import PHASE_CELL, PHASE_FINISHING, phase_engines, phase_setup, registered, say
+from ..errors import CellFailed, KDistError, RankDied
+from ..faults import hold
+from ..messages import (PHASE_CELL, PHASE_FINISHING, died_after, phase_engines, phase_setup,
+                        registered, say)
 from ..placement import default_np
 from ..values import pushable
 from .base import RunContext, Strategy
+from . import waiting
 from .supervisor import RunSupervisor
 
 FEED_INTERVAL = 0.5  # seconds between a rank's telemetry batches (the dashboard redraws at 2/s)
@@ -108,6 +111,11 @@ class EngineStrategy(Strategy):
                       deaths: dict[int, str]) -> dict[int, int] | None:
         return None
 
+    def listen_addresses(self) -> list[str]:
+        """``host:port`` each rank is to listen on, in rank order, where kdist chose them
+        before the set-up (multiworker's TF_CONFIG); empty where the library picks its own."""
+        return []
+
     def grow(self, cluster: EngineCluster, ctx: RunContext, final: bool) -> list:
         """Engines that begin the cell now, joining the run: ``[(rank, EngineInfo, future)]``
         (an elastic Horovod run under ``--max-np``; none by default). ``final``: the run's
@@ -125,40 +133,9 @@ class EngineStrategy(Strategy):
     # -- for subclasses whose set-up runs on every engine at once ----------------
     def _setup_results(self, ars, ranks: list[int], what: str, reach: str, timeout: float,
                        failed: str) -> dict[int, Any]:
-        """Wait for a set-up call made on every engine at once (the ranks wait for each
-        other); ``{rank: result}``. One that does not finish, or any that raise, mark the
-        engines for a restart and raise :class:`KDistError` naming the ranks. ``what`` is
-        what starts ("jax.distributed"), ``reach`` the addresses every engine must reach,
-        ``failed`` the words before the per-rank errors."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not all(ar.ready() for ar in ars):
-            # a rank that failed leaves the others waiting for it for ever: stop at once
-            if any(ar.ready() and not ar.successful() for ar in ars):
-                break
-            time.sleep(0.05)
-        results: dict[int, Any] = {}
-        failures = []
-        if any(ar.ready() and not ar.successful() for ar in ars):
-            ars_ranks = [(ar, rank) for ar, rank in zip(ars, ranks) if ar.ready()]
-        else:
-            ars_ranks = list(zip(ars, ranks))
-        for ar, rank in ars_ranks:
-            if not ar.ready():
-                self.needs_restart = f"{what} did not start"
-                raise KDistError(f"{what} did not start on rank {rank} within {timeout:g} s: "
-                                 f"can every engine reach {reach}?")
-            try:
-                results[rank] = ar.get()
-            except Exception as exc:
-                failures.append(f"rank {rank}: {getattr(exc, 'ename', type(exc).__name__)}: "
-                                f"{getattr(exc, 'evalue', exc)}")
-        if failures:
-            self.needs_restart = f"{what} failed to start"
-            waiting = [rank for ar, rank in zip(ars, ranks) if not ar.ready()]
-            others = f" (rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} " \
-                     f"left waiting for it)" if waiting else ""
-            raise KDistError(f"{failed}: " + "; ".join(failures) + others)
-        return results
+        """``{rank: result}`` of set-up calls made on every engine at once (see
+        :func:`.waiting.setup_results`)."""
+        return waiting.setup_results(self, ars, ranks, what, reach, timeout, failed)
 
     def _end_collective_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool, what: str,
                              leave, committed: bool = True) -> None:
@@ -219,19 +196,25 @@ class EngineStrategy(Strategy):
         for rank, eng in by_rank.items():
             record.set_rank(rank, state="starting", host=eng.hostname, pid=eng.pid)
         record.phase(phase_setup(self.setup_words))
-        self._prepare(cluster, ctx, ranks)
-        if pushed:
-            cluster.view().push(pushed, block=True)
         ok = False
         self.lost = set()
         now = None
         try:
+            hold("setup", cluster, addresses=self.listen_addresses())
+            self._prepare(cluster, ctx, ranks)
+            if pushed:
+                waiting.gather(self, [cluster.view().push(pushed, block=False)], ranks, 600,
+                               "while --push sent its values")
             self.before_cell(cluster, ctx, ranks)
             t_ready = time.monotonic()
             self.last_timing = {"cluster_s": t_cluster - t0, "setup_s": t_ready - t_cluster}
             value_ar = self._execute(cell, cluster, ctx, ranks)
             ok = True
             now = self.rank_engines(cluster)
+        except RankDied as exc:  # before or after the cell (the supervisor marks its own)
+            for rank, how in exc.deaths.items():
+                record.set_rank(rank, state="failed", error=f"process {how}")
+            raise
         finally:
             self._finish_engines(cluster, ctx, ranks, ok)
             if self.lost:
@@ -240,6 +223,7 @@ class EngineStrategy(Strategy):
                 self.needs_restart = self.needs_restart or "the previous run took in engines"
         if now:  # an elastic run that lost or took in ranks: who is rank 0 now
             by_rank = now
+        hold("pull", cluster)
         value = self._pull(cluster, ctx, by_rank, value_ar)
         return value
 
@@ -267,7 +251,7 @@ class EngineStrategy(Strategy):
                 news(f"{n} ranks requested; restarting the engines (had {cluster.n})")
                 self.teardown()
                 cluster = None
-            elif why := (self.needs_restart or ("an engine died" if cluster.dead() else None)
+            elif why := (self.needs_restart or ("an engine died" if cluster.dead(settle=True) else None)
                          or ("the controller died" if cluster.controller_gone() else None)):
                 news(f"restarting the engines ({why})")
                 if cluster.owned:
@@ -311,7 +295,8 @@ class EngineStrategy(Strategy):
             cwd = os.getcwd() if cluster.owned else None
             ars.append(cluster.client[eng.engine_id].apply_async(
                 _prepare_remote, dict(env), threads, size, cwd, (local, size, policy)))
-        errors = [info["gpu_error"] for info in (ar.get(timeout=60) for ar in ars) if info.get("gpu_error")]
+        infos = waiting.gather(self, ars, ranks, 60, "while the engines were prepared")
+        errors = [info["gpu_error"] for info in infos if info.get("gpu_error")]
         if errors:
             raise KDistError(errors[0] + ". The cell did not run.")
 
@@ -321,6 +306,15 @@ class EngineStrategy(Strategy):
 
         sup, self.supervisor = self.supervisor, None
         ctx.record.phase(PHASE_FINISHING)
+        hold("finishing", cluster)
+        if self.needs_restart is None and cluster.running and cluster.controller_gone():
+            self.needs_restart = "the controller died after the previous run"  # said by _pull
+        if self.needs_restart is None and cluster.running and (deaths := cluster.dead(settle=True)):
+            # after the cell had run (else the supervisor would have said): its work stands
+            self.needs_restart = "an engine died after the previous run"
+            if ok:
+                by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
+                say(died_after({by_engine.get(eid, eid): how for eid, how in deaths.items()}), warn=True)
         if sup is not None:
             sup.printer.flush()
         if self.needs_restart is None and cluster.running:
@@ -353,8 +347,7 @@ class EngineStrategy(Strategy):
                                                          ctx.options.tf_info_logs,
                                                          ctx.options.helper_nice)
                  for e, rank in zip(cluster.engines, ranks)]
-        for b in begun:
-            b.get(timeout=60)
+        waiting.gather(self, begun, ranks, 60, "as the run began")
         def go_on(deaths):
             renumbered = self.go_on_without(cluster, ctx, deaths)
             if renumbered is not None:  # ranks and engines grow together (see RunSupervisor.take)
@@ -368,6 +361,7 @@ class EngineStrategy(Strategy):
                                               on_lost=go_on,
                                               on_grow=lambda final: self.grow(cluster, ctx, final))
         ar = cluster.view().execute(cell, silent=False, block=False)
+        hold("cell", cluster)
         for rank, fut in zip(ranks, children(ar)):
             sup.listen(fut, rank)
             fut.add_done_callback(lambda _f, _r=rank: sup.inbox.put((_r, "finished", None)))
@@ -383,11 +377,15 @@ class EngineStrategy(Strategy):
         """``fn(*args)`` on rank 0, its result. With :attr:`collective_values` every rank runs it
         too (results dropped): saving a model whose variables span the processes is a
         collective under JAX, which rank 0 alone would wait on forever."""
-        if not self.collective_values:
-            return cluster.client[by_rank[0].engine_id].apply_sync(fn, *args)
+        ranks = {e.engine_id: rank for rank, e in by_rank.items()}
+        if not self.collective_values:  # only rank 0 matters (another's death: see _cluster)
+            ar = cluster.client[by_rank[0].engine_id].apply_async(fn, *args)
+            return waiting.gather(self, [ar], {by_rank[0].engine_id: 0}, None,
+                                  "after the cell, while its values came back", ran=True)[0]
         ars = {rank: cluster.client[e.engine_id].apply_async(fn, *args) for rank, e in by_rank.items()}
         try:
-            return ars[0].get()
+            return waiting.gather(self, [ars[0]], ranks, None,
+                                  "after the cell, while its values came back", ran=True)[0]
         finally:
             for ar in ars.values():
                 ar.wait(timeout=60)

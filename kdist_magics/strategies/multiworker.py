@@ -168,6 +168,9 @@ class MultiWorkerStrategy(EngineStrategy):
     def engine_env(self, cluster: EngineCluster, ctx: RunContext) -> list[dict[str, str]]:
         return [{"TF_CONFIG": c, "KERAS_BACKEND": "tensorflow"} for c in self._configs]
 
+    def listen_addresses(self) -> list[str]:
+        return list(self.addresses)
+
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         ars = [cluster.client[e.engine_id].apply_async(_setup, config)
                for e, config in zip(cluster.engines, self._configs)]

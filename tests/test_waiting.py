@@ -1,0 +1,133 @@
+"""Fast tier: the waits outside the cell (strategies/waiting.py) and the phase barrier (faults.py),
+with fake results and a fake cluster (no engines, no TensorFlow)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from kdist_magics import faults
+from kdist_magics.cluster import EngineInfo
+from kdist_magics.errors import ControllerDied, KDistError, RankDied
+from kdist_magics.strategies import waiting
+
+
+class FakeResult:
+    """An AsyncResult that becomes ready at ``at`` (monotonic) with ``value`` or ``error``."""
+
+    def __init__(self, at: float = 0.0, value=None, error: Exception | None = None):
+        self.at, self.value, self.error = at, value, error
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def successful(self) -> bool:
+        return self.error is None
+
+    def get(self, timeout=None):
+        if not self.ready():
+            raise TimeoutError
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class FakeCluster:
+    def __init__(self, n=2):
+        self.engines = [EngineInfo(10 + i, 1000 + i, "here") for i in range(n)]
+        self.deaths: dict[int, str] = {}
+        self.controller: str | None = None
+
+    def dead(self, settle=False):
+        return dict(self.deaths)
+
+    def controller_gone(self):
+        return self.controller
+
+
+def strategy(cluster):
+    return SimpleNamespace(cluster=cluster, needs_restart=None)
+
+
+def test_gather_returns_every_result_in_order():
+    s = strategy(FakeCluster())
+    soon = time.monotonic() + 0.1
+    assert waiting.gather(s, [FakeResult(soon, "a"), FakeResult(0, "b")], [0, 1], 5, "while x") == ["a", "b"]
+    assert s.needs_restart is None
+
+
+def test_an_engine_dying_while_waiting_is_rankdied_naming_the_rank_and_the_phase():
+    cluster = FakeCluster()
+    s = strategy(cluster)
+    never = FakeResult(time.monotonic() + 60)
+    threading.Timer(0.2, lambda: cluster.deaths.update({11: "was killed by SIGKILL"})).start()
+    t0 = time.monotonic()
+    with pytest.raises(RankDied) as info:
+        waiting.gather(s, [never, never], [1, 0], 30, "while Horovod started")  # engine 11 is rank 0
+    assert time.monotonic() - t0 < 10  # at once, not at the 30 s bound
+    assert info.value.deaths == {0: "was killed by SIGKILL"}
+    assert str(info.value).startswith("While Horovod started: rank 0 was killed by SIGKILL. The cell did not run")
+    assert s.needs_restart
+
+
+def test_deaths_of_engines_outside_the_mapping_do_not_count():
+    cluster = FakeCluster()
+    cluster.deaths = {11: "exited with status 3"}  # rank 1, lost earlier (or not needed here)
+    s = strategy(cluster)
+    assert waiting.gather(s, [FakeResult(0, "v")], {10: 0}, 5, "after the cell", ran=True) == ["v"]
+
+
+def test_the_controller_ending_is_controllerdied_and_says_the_cell_had_run():
+    cluster = FakeCluster()
+    cluster.controller = "was killed by SIGKILL"
+    s = strategy(cluster)
+    with pytest.raises(ControllerDied) as info:
+        waiting.gather(s, [FakeResult(time.monotonic() + 60)], {10: 0}, 30,
+                       "after the cell, while its values came back", ran=True)
+    assert str(info.value).startswith("After the cell, while its values came back: the ipyparallel "
+                                      "controller was killed by SIGKILL. The cell had run on every rank")
+
+
+def test_setup_results_stops_at_the_first_failure_and_names_who_waits():
+    s = strategy(FakeCluster())
+    err = RuntimeError("no module named horovod")
+    t0 = time.monotonic()
+    with pytest.raises(KDistError) as info:
+        waiting.setup_results(s, [FakeResult(time.monotonic() + 60), FakeResult(0, error=err)], [0, 1],
+                              "Horovod", "the rendezvous", 30, "hvd.init() failed")
+    assert time.monotonic() - t0 < 10
+    assert str(info.value) == ("hvd.init() failed: rank 1: RuntimeError: no module named horovod "
+                               "(rank 0 left waiting for it)")
+    assert s.needs_restart == "Horovod failed to start"
+
+
+def test_setup_results_that_never_come_name_the_rank_and_what_to_reach():
+    s = strategy(FakeCluster(1))
+    with pytest.raises(KDistError, match="did not start on rank 0 within 0.3 s: can every engine reach x"):
+        waiting.setup_results(s, [FakeResult(time.monotonic() + 60)], [0], "jax", "x", 0.3, "failed")
+
+
+def test_the_phase_barrier_holds_only_when_armed_and_says_where(tmp_path, monkeypatch):
+    faults.hold("init")  # not armed: returns at once
+    monkeypatch.setenv("KDIST_HOLD_DIR", str(tmp_path))
+    faults.hold("init")  # no file for this phase: returns at once
+    (tmp_path / "init").touch()
+    cluster = SimpleNamespace(processes=lambda: {"controller": 5, "launched": [6], "engines": [6]})
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (faults.hold("init", cluster, addresses=["h:1"]), done.set()))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "init.held").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    facts = json.loads((tmp_path / "init.held").read_text())
+    assert facts["phase"] == "init" and facts["controller"] == 5 and facts["engines"] == [6]
+    assert facts["addresses"] == ["h:1"]
+    time.sleep(0.2)
+    assert not done.is_set()  # held while the file is there
+    (tmp_path / "init").unlink()
+    t.join(10)
+    assert done.is_set()
