@@ -141,7 +141,11 @@ class Kernel:
     def execute(self, code: str, timeout: float = 300,
                 on_message: Callable[[dict, "Result"], None] | None = None) -> Result:
         """Run ``code``; wait for its IOPub idle and its reply (``timeout`` s in all)."""
-        msg_id = self.kc.execute(code, store_history=False)
+        return self.wait_for(self.kc.execute(code, store_history=False), timeout, on_message, code)
+
+    def wait_for(self, msg_id: str, timeout: float = 300,
+                 on_message: Callable[[dict, "Result"], None] | None = None, code: str = "") -> Result:
+        """The result of the execute request ``msg_id`` sent earlier (see :meth:`execute`)."""
         res = Result(msg_id)
         deadline = time.monotonic() + timeout
         idle = False

@@ -1,0 +1,279 @@
+"""One fault at one phase of a ``%%kdist`` engine run, through a real kernel.
+
+Shared by ``tests/test_fault_matrix.py`` (which asserts the outcomes) and
+``benchmarks/failure_times.py --matrix`` (which prints them with their times). kdist's
+phase barrier (:mod:`kdist_magics.faults`) holds the kernel at the phase; the fault is done
+to the processes the barrier names; the hold is released; then: what the cell gave back
+and how fast, which of the processes kdist started are left, and whether the next cell
+works.
+
+Faults: ``engine-kill`` (SIGKILL the last engine), ``engine-stop`` (SIGSTOP it),
+``controller-kill``, ``kernel-kill`` (SIGKILL the kernel), ``kernel-restart`` (the
+notebook's "Restart kernel": a shutdown request, then a new kernel), ``port-taken``
+(another process listens on a port the run chose for its workers before they bind it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernel_driver import Kernel, alive, isolated_env, wait_gone
+
+FAULTS = ("engine-kill", "engine-stop", "controller-kill", "kernel-kill", "kernel-restart", "port-taken")
+KERNEL_FAULTS = ("kernel-kill", "kernel-restart")
+GONE_WITHIN = 10.0  # a kernel that is gone takes its processes within this (issue 20)
+CASE_BOUND = 120.0  # a case whose cell has not ended this long after the fault hangs
+
+#: the cell each strategy runs: short, and its last line tells the next cell works
+CELLS = {
+    "horovod": ("%%kdist --strategy horovod --np 2 --no-dashboard --pull kd_r\n"
+                "import time; time.sleep(1.5)\nkd_r = hvd.rank()\nhvd.size()"),
+    "multiworker": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"
+                    "import time; time.sleep(1.5)\nkd_r = strategy.cluster_resolver.task_id\n"
+                    "strategy.num_replicas_in_sync"),
+}
+
+
+KILLED = "was killed by SIGKILL"
+FROZEN = "was stopped (SIGSTOP) for 10 s"
+CTRL = "the ipyparallel controller was killed by SIGKILL (killed: out of memory, or kill -9)"
+
+#: strategy -> (phase, fault) -> what the cell must give: an error's name and words its
+#: message must have, or "ok" (it carries on, with the right result). A rank killed while
+#: Horovod starts may take the other with it (Gloo aborts, SIGABRT): both are named then.
+EXPECTED = {"horovod": {
+    ("controller", "controller-kill"): ("ClusterError", "the controller was killed by SIGKILL"),
+    ("engines", "engine-kill"): ("ClusterError", f"{KILLED} (killed: out of memory, or kill -9) before it registered"),
+    ("engines", "engine-stop"): ("ClusterError", f"{FROZEN}"),
+    ("engines", "controller-kill"): ("ClusterError", "the controller was killed by SIGKILL"),
+    ("setup", "engine-kill"): ("RankDied", "While the engines were prepared: ", f"rank 1 {KILLED}"),
+    ("init", "engine-kill"): ("RankDied", "While Horovod started: ", f"rank 1 {KILLED}"),
+    ("init", "engine-stop"): ("RankDied", "While Horovod started: ", f"rank 1 {FROZEN}"),
+    ("init", "controller-kill"): ("ControllerDied", f"While Horovod started: {CTRL}. The cell did not run"),
+    ("cell", "engine-kill"): ("RankDied", f"rank 1 {KILLED}"),
+    ("cell", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}"),
+    ("pull", "engine-kill"): "ok",  # rank 0 alone sends the values back; the next cell restarts
+    ("pull", "engine-stop"): "ok",
+    ("pull", "controller-kill"): ("ControllerDied", f"After the cell, while its values came back: {CTRL}. "
+                                                    f"The cell had run on every rank"),
+    ("finishing", "engine-kill"): "ok",
+    ("finishing", "engine-stop"): "ok",
+    ("finishing", "controller-kill"): ("ControllerDied", "After the cell, while its values came back"),
+}, "multiworker": {
+    ("setup", "port-taken"): ("KDistError", "creating MultiWorkerMirroredStrategy failed: rank 1"),
+    # its set-up may have finished when the hold ends: then the death is seen as the run begins
+    ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+    ("cell", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}"),
+    ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
+}}
+
+#: cases ``make test`` leaves to the tests that already do them (tests/test_horovod_engines.py:
+#: a rank dying, a frozen rank, the controller killed, mid-cell); the benchmark runs them all
+COVERED_ELSEWHERE = {("horovod", "cell", "engine-kill"), ("horovod", "cell", "engine-stop"),
+                     ("horovod", "cell", "controller-kill")}
+
+#: (strategy, phase, fault) with the kernel as the victim: nothing may be left 10 s later
+KERNEL_CASES = [("horovod", "controller", "kernel-kill"), ("horovod", "engines", "kernel-kill"),
+                ("horovod", "init", "kernel-kill"), ("horovod", "cell", "kernel-restart"),
+                ("multiworker", "init", "kernel-restart")]
+
+
+class Holds:
+    """The test's side of :mod:`kdist_magics.faults`: arm a phase, wait for it, release it."""
+
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def arm(self, phase: str) -> None:
+        (self.dir / f"{phase}.held").unlink(missing_ok=True)
+        (self.dir / phase).touch()
+
+    def wait(self, phase: str, timeout: float = 300) -> dict:
+        held = self.dir / f"{phase}.held"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if held.exists():
+                try:
+                    return json.loads(held.read_text())
+                except ValueError:  # being written
+                    pass
+            time.sleep(0.05)
+        raise TimeoutError(f"kdist never reached phase {phase!r}")
+
+    def release(self, phase: str) -> None:
+        (self.dir / phase).unlink(missing_ok=True)
+
+
+@dataclass
+class Outcome:
+    strategy: str
+    phase: str
+    fault: str
+    error: str | None = None  # the cell's error: "RankDied: rank 1 was killed ..."
+    lines: int = 0  # lines of that error's rendering (one named line is wanted)
+    ok: bool = False  # the cell completed (the run carried on)
+    to_outcome_s: float | None = None  # from the fault to the cell's error or end
+    left: list = field(default_factory=list)  # processes kdist started still alive afterwards
+    gone_s: float | None = None  # kernel faults: until the kernel's processes were all gone
+    next_ok: bool | None = None  # the next cell (in the same kernel, or the restarted one)
+    note: str = ""
+
+    def row(self) -> str:
+        what = "carried on" if self.ok else (self.error or "?")
+        took = f"{self.to_outcome_s:.1f} s" if self.to_outcome_s is not None else "-"
+        if self.gone_s is not None:
+            took = f"gone in {self.gone_s:.1f} s"
+        return (f"{self.strategy:<11} {self.phase:<10} {self.fault:<15} {took:>13}  "
+                f"next cell {'ok' if self.next_ok else 'FAILED' if self.next_ok is False else '-'}"
+                f"  left {len(self.left)}  {what[:110]}")
+
+
+def new_kernel(tmp: Path) -> tuple[Kernel, Holds]:
+    holds = Holds(tmp / "holds")
+    env = isolated_env(tmp / "home", KDIST_HOLD_DIR=str(holds.dir))
+    return Kernel(cwd=tmp, env=env), holds
+
+
+def victim(facts: dict) -> int | None:
+    """The process an engine fault is done to: the last engine (registered, else launched)."""
+    pids = facts.get("engines") or facts.get("launched") or []
+    return pids[-1] if pids else None
+
+
+def started(k: Kernel) -> set[int]:
+    """Every process below the kernel (controller, engines, nannies, guards)."""
+    return set(k.tree()) - {k.pid}
+
+
+def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None = None,
+             holds: Holds | None = None) -> tuple[Outcome, Kernel | None]:
+    """Run one case; the kernel is returned for reuse (None when the fault ended it).
+
+    A kernel handed in must have no hold armed; its engines may be warm (the phases up to
+    ``engines`` need a cold start: pass none, or one after ``%kdist stop``).
+    """
+    out = Outcome(strategy, phase, fault)
+    if k is None:
+        k, holds = new_kernel(tmp)
+    cell = CELLS[strategy]
+    holds.arm(phase)
+    msg_id = k.kc.execute(cell, store_history=False)
+    facts = holds.wait(phase)
+    k.tree()  # remember every process so far
+    t_fault = time.time()
+    taken = None
+    try:
+        if fault in ("engine-kill", "engine-stop"):
+            pid = victim(facts)
+            if pid is None:
+                out.note = "no engine at this phase"
+            else:
+                os.kill(pid, signal.SIGKILL if fault == "engine-kill" else signal.SIGSTOP)
+        elif fault == "controller-kill":
+            os.kill(facts["controller"], signal.SIGKILL)
+        elif fault == "port-taken":
+            taken = take_worker_port(facts)
+            out.note = f"took {taken.getsockname()}" if taken else "no port chosen at this phase"
+        elif fault == "kernel-kill":
+            k.kill()
+        elif fault == "kernel-restart":
+            holds.release(phase)  # the kernel answers its shutdown request from another thread
+            k.tree()
+            old = started(k) | {k.pid}
+            k.km.restart_kernel(now=False)
+            out.gone_s = _gone(old, out)
+            k.pid = k.km.provisioner.process.pid
+            k.kc.wait_for_ready(timeout=180)
+            k.check("%load_ext kdist_magics")
+            out.next_ok = _next_ok(k, strategy, out)
+            return out, k
+        if fault == "kernel-kill":
+            out.gone_s = _gone(k.seen_pids - {k.pid}, out)
+            k.cleanup()  # (by pid) whatever a failing case left
+            return out, None
+        holds.release(phase)
+        res = k.wait_for(msg_id, timeout=CASE_BOUND)
+        out.to_outcome_s = (res.messages[-1]["received"] if res.messages else time.time()) - t_fault
+        if res.ok:
+            out.ok = True
+        else:
+            err = res.errors[0] if res.errors else {"ename": "?", "evalue": res.text[-300:], "traceback": []}
+            out.error = f"{err['ename']}: {err['evalue']}"
+            out.lines = len([ln for ln in err.get("traceback", []) if ln.strip()])
+        out.next_ok = _next_ok(k, strategy, out)
+        return out, k
+    finally:
+        holds.release(phase)
+        if taken is not None:
+            taken.close()
+
+
+def _gone(pids: set[int], out: Outcome) -> float:
+    left, waited = wait_gone(pids, GONE_WITHIN)
+    out.left = left
+    return waited
+
+
+def _next_ok(k: Kernel, strategy: str, out: Outcome) -> bool:
+    res = k.execute(CELLS[strategy], timeout=300)
+    if not res.ok:
+        out.note += f" next cell: {res.text[-300:]}"
+    return res.ok and "2" in res.text
+
+
+def take_worker_port(facts: dict) -> socket.socket | None:
+    """Listen on the port the last rank was given (multiworker's TF_CONFIG) before it binds."""
+    addresses = facts.get("addresses") or []
+    if not addresses:
+        return None
+    host, port = addresses[-1].rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, int(port)))
+    sock.listen()
+    return sock
+
+
+def run_strategy(strategy: str, table: dict, tmp: Path, skip=frozenset()):
+    """Every case of ``table`` (``EXPECTED[strategy]``) in one kernel, in order: yields
+    ``(Outcome, expected)``, leaving out the cases in ``skip``; a cold start (``%kdist stop``)
+    before the phases that need one.
+    Ends by checking ``%kdist stop`` leaves nothing (AssertionError otherwise)."""
+    k, holds = new_kernel(tmp)
+    try:
+        warm = False
+        for (phase, fault), expected in table.items():
+            if (strategy, phase, fault) in skip:
+                continue
+            if phase in ("controller", "engines") and warm:
+                k.check("%kdist stop")
+            out, k = run_case(strategy, phase, fault, tmp, k, holds)
+            warm = True
+            yield out, expected
+        left = leftovers(k)
+        assert not left, f"left after %kdist stop: {left}"
+    finally:
+        k.shutdown()
+        k.cleanup()
+
+
+def leftovers(k: Kernel) -> list[int]:
+    """Processes below the kernel once ``%kdist stop`` has run: none should be."""
+    k.check("%kdist stop")
+    left, _ = wait_gone(started(k), 60)
+    return left
+
+
+def scratch() -> Path:
+    return Path(tempfile.mkdtemp(prefix="kdist-faults-"))
+
+
+__all__ = ["FAULTS", "CELLS", "EXPECTED", "KERNEL_CASES", "COVERED_ELSEWHERE", "Holds", "Outcome", "run_case", "run_strategy",
+           "new_kernel", "leftovers", "alive", "scratch"]
