@@ -1,7 +1,11 @@
-"""Soak: many consecutive short ``%%kdist --strategy horovod --np 2`` runs through a real kernel.
+"""Soak: many consecutive short ``%%kdist --np 2`` engine runs through a real kernel.
 
 The runs mix successes, a rank raising, the Stop button (kernel interrupt) and ``--timeout``
-overruns, on one warm cluster. After every run the script samples, by pid: the number of
+overruns, on one warm cluster (``--strategy horovod``, the default; ``multiworker`` has
+successes and raising runs: a worker stopped mid-collective costs it an engine restart). With
+``--faults`` a fault comes every 15th run (``--fault-every``), in turn: a rank dying mid-cell, and an engine
+SIGKILLed while the framework starts (held there by :mod:`kdist_magics.faults`); the counts
+are judged on the other runs. After every run the script samples, by pid: the number of
 processes in the kernel's tree (kernel, controller, engines, nannies), the kernel's open file
 descriptors (psutil ``num_fds``) and the kernel's RSS. It prints a table and a verdict:
 
@@ -11,7 +15,7 @@ descriptors (psutil ``num_fds``) and the kernel's RSS. It prints a table and a v
 * RSS: the median of the last 10 samples minus the median of the first 10 after warm-up must be
   below ``--rss-bound-mib`` MiB.
 
-Usage: ``python benchmarks/soak.py [--runs 50] [--warmup 5] [--json out.json]``. Exit status 0
+Usage: ``python benchmarks/soak.py [--runs 50] [--warmup 5] [--strategy S] [--faults] [--json out.json]``. Exit status 0
 when flat, 1 when not. Times are reported, never judged.
 """
 
@@ -21,6 +25,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,30 +35,52 @@ sys.path.insert(0, str(ROOT / "tests"))
 from kernel_driver import Kernel, isolated_env, wait_gone  # noqa: E402
 
 HVD = "%%kdist --strategy horovod --np 2 --no-dashboard"
+MW = "%%kdist --strategy multiworker --np 2 --no-dashboard"
 CELLS = {
-    "ok": f"{HVD}\nimport tensorflow as tf, horovod.tensorflow as hcore\n"
-          "kd_sum = float(hcore.allreduce(tf.ones(2), op=hcore.Sum)[0])\nkd_sum",
-    "raise": f"{HVD}\nimport time\nif hvd.rank() == 1:\n    raise ValueError('soak: rank 1 fails')\n"
-             "time.sleep(60)",
-    "interrupt": f"{HVD}\nimport time\nprint('kd-go', flush=True)\ntime.sleep(60)",
-    "timeout": f"{HVD} --timeout 2\nimport time\ntime.sleep(60 if hvd.rank() == 0 else 0)",
+    "horovod": {
+        "ok": f"{HVD}\nimport tensorflow as tf, horovod.tensorflow as hcore\n"
+              "kd_sum = float(hcore.allreduce(tf.ones(2), op=hcore.Sum)[0])\nkd_sum",
+        "raise": f"{HVD}\nimport time\nif hvd.rank() == 1:\n    raise ValueError('soak: rank 1 fails')\n"
+                 "time.sleep(60)",
+        "interrupt": f"{HVD}\nimport time\nprint('kd-go', flush=True)\ntime.sleep(60)",
+        "timeout": f"{HVD} --timeout 2\nimport time\ntime.sleep(60 if hvd.rank() == 0 else 0)",
+        "die": f"{HVD}\nimport os, time\nif hvd.rank() == 1:\n    os._exit(3)\ntime.sleep(60)",
+        "held": f"{HVD}\nhvd.size()",
+    },
+    "multiworker": {  # a rank stopped mid-collective costs a restart here: every rank raises
+        "ok": f"{MW}\nimport tensorflow as tf\n"
+              "kd_sum = float(strategy.reduce('SUM', strategy.run(lambda: tf.ones(())), axis=None))\nkd_sum",
+        "raise": f"{MW}\nraise ValueError('soak: every worker fails')",
+        "die": f"{MW}\nimport os, time\nif strategy.cluster_resolver.task_id == 1:\n    os._exit(3)\n"
+               "time.sleep(60)",
+        "held": f"{MW}\nstrategy.num_replicas_in_sync",
+    },
 }
-EXPECT = {"ok": None, "raise": "RankFailed", "interrupt": "KeyboardInterrupt", "timeout": "RunTimedOut"}
+EXPECT = {"ok": None, "raise": "RankFailed", "interrupt": "KeyboardInterrupt", "timeout": "RunTimedOut",
+          "die": "RankDied", "held": "RankDied"}
+#: faults mixed in with --faults: a rank dying mid-cell, an engine killed while the framework
+#: starts (held there by kdist's phase barrier); each costs the next run an engine restart
+FAULTS = ("die", "held")
 
 
-def plan(runs: int) -> list[str]:
-    """A fixed mix: mostly successes, a rank error every 4th, an interrupt every 5th, a timeout every 12th."""
-    kinds = []
+def plan(runs: int, kinds=("ok", "raise", "interrupt", "timeout"), faults: bool = False,
+         fault_every: int = 15) -> list[str]:
+    """A fixed mix: mostly successes, a rank error every 4th, an interrupt every 5th, a timeout
+    every 12th (each where the strategy has it); with ``faults``, a fault every ``fault_every``th
+    run, the kinds of :data:`FAULTS` in turn."""
+    out = []
     for i in range(1, runs + 1):
-        if i % 12 == 0:
-            kinds.append("timeout")
-        elif i % 5 == 0:
-            kinds.append("interrupt")
+        if faults and i % fault_every == 0:
+            out.append(FAULTS[(i // fault_every - 1) % len(FAULTS)])
+        elif i % 12 == 0 and "timeout" in kinds:
+            out.append("timeout")
+        elif i % 5 == 0 and "interrupt" in kinds:
+            out.append("interrupt")
         elif i % 4 == 0:
-            kinds.append("raise")
+            out.append("raise")
         else:
-            kinds.append("ok")
-    return kinds
+            out.append("ok")
+    return out
 
 
 def sample(k: Kernel) -> dict:
@@ -71,9 +98,27 @@ def slope(ys: list[float]) -> float:
     return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2 for i in range(n))
 
 
-def run_one(k: Kernel, kind: str) -> tuple[str, float]:
-    """Run one cell of ``kind``; returns (outcome, seconds). Outcome is the error name or 'ok'."""
+def run_one(k: Kernel, kind: str, cells: dict | None = None, holds=None) -> tuple[str, float]:
+    """Run one cell of ``kind``; returns (outcome, seconds). Outcome is the error name or 'ok'.
+    ``held``: rank 1's engine is SIGKILLed while kdist holds the run at ``init`` (``holds``:
+    ``tests/fault_matrix.Holds``)."""
+    import os
+    import signal
+    import threading
+
+    cells = cells or CELLS["horovod"]
     asked = {}
+    if kind == "held":
+        holds.arm("init")
+
+        def harm():
+            try:
+                facts = holds.wait("init", 120)
+                os.kill(facts["engines"][-1], signal.SIGKILL)
+            finally:
+                holds.release("init")
+
+        threading.Thread(target=harm, daemon=True).start()
 
     def on_message(msg, res):
         if kind == "interrupt" and "at" not in asked and msg["header"]["msg_type"] == "stream" \
@@ -81,22 +126,30 @@ def run_one(k: Kernel, kind: str) -> tuple[str, float]:
             asked["at"] = time.monotonic()
             k.interrupt()
 
-    res = k.execute(CELLS[kind], timeout=300, on_message=on_message)
+    res = k.execute(cells[kind], timeout=300, on_message=on_message)
     outcome = res.errors[0]["ename"] if res.errors else ("ok" if res.ok else res.status)
     return outcome, res.seconds
 
 
 def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: float = 64.0,
-         out=sys.stdout) -> dict:
-    k = Kernel(cwd=ROOT, env=isolated_env())
+         out=sys.stdout, strategy: str = "horovod", faults: bool = False, fault_every: int = 15) -> dict:
+    """The soak (module doc) for ``strategy``; with ``faults`` the fault runs are mixed in,
+    and the counts are judged on the other runs (a fault run's sample lacks the engine that
+    died; the next run has a full set again)."""
+    from fault_matrix import Holds
+
+    cells = CELLS[strategy]
+    home = Path(tempfile.mkdtemp(prefix="kdist-soak-"))
+    holds = Holds(home / "holds")
+    k = Kernel(cwd=ROOT, env=isolated_env(home, KDIST_HOLD_DIR=str(holds.dir)))
     rows = []
     try:
         k.check("import kdist_magics")
         t0 = time.monotonic()
-        k.check(CELLS["ok"], timeout=300)  # start the warm cluster (not counted)
+        k.check(cells["ok"], timeout=300)  # start the warm cluster (not counted)
         start_s = time.monotonic() - t0
-        for i, kind in enumerate(plan(runs), 1):
-            outcome, seconds = run_one(k, kind)
+        for i, kind in enumerate(plan(runs, tuple(cells), faults, fault_every), 1):
+            outcome, seconds = run_one(k, kind, cells, holds)
             row = {"run": i, "kind": kind, "outcome": outcome, "seconds": round(seconds, 2),
                    "expected": outcome == (EXPECT[kind] or "ok"), **sample(k)}
             rows.append(row)
@@ -109,7 +162,7 @@ def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: 
         k.shutdown()
         wait_gone(k.seen_pids, 60)
         k.cleanup()
-    after = rows[warmup:] if len(rows) > warmup else rows
+    after = [r for r in (rows[warmup:] if len(rows) > warmup else rows) if r["kind"] not in FAULTS]
     n = len(after)
     procs = [r["procs"] for r in after]
     fds = [r["fds"] for r in after]
@@ -151,8 +204,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fd-bound", type=float, default=5.0)
     ap.add_argument("--rss-bound-mib", type=float, default=64.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--strategy", choices=sorted(CELLS), default="horovod")
+    ap.add_argument("--faults", action="store_true", help="mix in faults (see the module doc)")
+    ap.add_argument("--fault-every", type=int, default=15)
     args = ap.parse_args(argv)
-    result = soak(args.runs, args.warmup, args.fd_bound, args.rss_bound_mib)
+    result = soak(args.runs, args.warmup, args.fd_bound, args.rss_bound_mib,
+                  strategy=args.strategy, faults=args.faults, fault_every=args.fault_every)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0 if result["verdict"]["flat"] else 1

@@ -1,5 +1,6 @@
 """Soak through a real kernel: consecutive short Horovod runs (successes, a rank raising, the Stop
-button, --timeout) leave the kernel tree's process count, the kernel's fds and its RSS flat.
+button, --timeout, and faults: a rank dying, an engine killed while Horovod starts) leave the
+kernel tree's process count, the kernel's fds and its RSS flat; so do multiworker runs.
 
 Runs ``benchmarks/soak.py``'s 50 runs (about 1 s each on warm engines, ~1.5 min with the
 cluster start on the shared 2-core machine, so CI can afford all of them; ``KDIST_SOAK_RUNS``
@@ -16,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
 pytest.importorskip("jupyter_client", reason="jupyter_client drives the kernel")
 pytest.importorskip("psutil", reason="processes and fds are counted with psutil")
 
@@ -24,22 +24,43 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import soak  # noqa: E402
 
-pytestmark = [pytest.mark.engines, pytest.mark.horovod, pytest.mark.slow]
+pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.soak]
 RUNS = int(os.environ.get("KDIST_SOAK_RUNS", "50"))
 
 
-@pytest.mark.timeout(900)
-def test_consecutive_runs_leave_processes_fds_and_rss_flat():
-    out = io.StringIO()
-    result = soak.soak(runs=RUNS, warmup=5, out=out)
-    sys.stderr.write(out.getvalue())  # the table, for whoever reads the log
+def check(result: dict, runs: int, kinds: set[str]) -> None:
     rows, verdict = result["rows"], result["verdict"]
-    assert len(rows) == RUNS
-    assert {r["kind"] for r in rows} == {"ok", "raise", "interrupt", "timeout"}
+    assert len(rows) == runs
+    assert {r["kind"] for r in rows} == kinds
     assert not verdict["unexpected"], verdict["unexpected"]  # every run ended as it should
     first, last = verdict["procs_first_last"]
-    assert first == last and abs(verdict["procs_slope_per_run"]) * (RUNS - 5) < 1.0, verdict
-    assert abs(verdict["fds_slope_per_run"]) * (RUNS - 5) < verdict["bounds"]["fd_drift"], verdict
+    judged = runs - 5 - sum(r["kind"] in soak.FAULTS for r in rows[5:])
+    assert first == last and abs(verdict["procs_slope_per_run"]) * judged < 1.0, verdict
+    assert abs(verdict["fds_slope_per_run"]) * judged < verdict["bounds"]["fd_drift"], verdict
     assert verdict["rss_growth_mib"] < verdict["bounds"]["rss_growth_mib"], verdict
     assert not verdict["left_after_stop"], verdict
     assert verdict["flat"]
+
+
+@pytest.mark.horovod
+@pytest.mark.timeout(900)
+def test_consecutive_runs_with_faults_leave_processes_fds_and_rss_flat():
+    """Horovod: successes, raising ranks, Stop, timeouts, and a fault every 15th run (a rank
+    dying mid-cell, an engine killed while Horovod starts): flat on the runs between."""
+    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
+    out = io.StringIO()
+    result = soak.soak(runs=RUNS, warmup=5, out=out, faults=True)
+    sys.stderr.write(out.getvalue())  # the table, for whoever reads the log
+    kinds = {"ok", "raise", "interrupt", "timeout"} | ({"die", "held"} if RUNS >= 30 else set())
+    check(result, RUNS, kinds)
+
+
+@pytest.mark.timeout(900)
+def test_multiworker_runs_with_faults_leave_processes_fds_and_rss_flat():
+    """MultiWorkerMirroredStrategy: 20 runs of successes, raising workers and the two faults
+    (every 8th run)."""
+    pytest.importorskip("tensorflow", reason="multiworker runs TensorFlow on the engines")
+    out = io.StringIO()
+    result = soak.soak(runs=20, warmup=5, out=out, strategy="multiworker", faults=True, fault_every=8)
+    sys.stderr.write(out.getvalue())
+    check(result, 20, {"ok", "raise", "die", "held"})
