@@ -16,6 +16,11 @@ For ``%%kdist --strategy horovod --np 2`` on one warm cluster, repeated ``--repe
 
 Engine-side moments are ``time.time()`` written by the ranks to a file (same host, same clock).
 Usage: ``python benchmarks/failure_times.py [--repeat 3] [--json out.json]``.
+
+``--matrix`` instead runs issue 20's fault matrix once (``tests/fault_matrix.py``: every fault
+at every phase kdist's phase barrier can hold, for horovod, multiworker and its JAX and
+PyTorch forms (``--strategies``), and the kernel killed or restarted) and prints each case's outcome, seconds from the fault to it, whether the
+next cell worked and what was left, then the same as a Markdown table for the README.
 """
 
 from __future__ import annotations
@@ -105,7 +110,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cases", default="raise,die,timeout,interrupt,stop,kill")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--matrix", action="store_true", help="the fault matrix instead (see above)")
+    ap.add_argument("--strategies", default="horovod,multiworker,jax,torch",
+                    help="--matrix: which strategies (tests/fault_matrix.py's keys)")
     args = ap.parse_args(argv)
+    if args.matrix:
+        return matrix(args.strategies.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="kdist-failure-times-"))
     k = Kernel(cwd=ROOT, env=isolated_env())
     results: dict[str, list[dict]] = {}
@@ -149,6 +159,34 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"runs": results, "summary": summary}, indent=1))
     return 0
+
+
+def matrix(strategies: list[str]) -> int:
+    import fault_matrix as fm
+
+    rows = []
+    for strategy in strategies:
+        for out, expected in fm.run_strategy(strategy, fm.EXPECTED[strategy], fm.scratch()):
+            rows.append((out, expected))
+            print(out.row(), flush=True)
+    for case in [c for c in fm.KERNEL_CASES if c[0] in strategies]:
+        out, k = fm.run_case(*case, fm.scratch())
+        rows.append((out, None))
+        print(out.row(), flush=True)
+        if k is not None:
+            k.shutdown()
+            k.cleanup()
+    print("\n| strategy | phase | fault | outcome | seconds from the fault | next cell | left |")
+    print("|---|---|---|---|---|---|---|")
+    for out, expected in rows:
+        what = ("the kernel went; its processes followed" if out.fault in fm.KERNEL_FAULTS else
+                "carried on" if out.ok else f"`{(out.error or '?')[:90]}`")
+        took = (f"all gone in {out.gone_s:.1f}" if out.gone_s is not None else
+                f"{out.to_outcome_s:.1f}" if out.to_outcome_s is not None else "-")
+        agrees = "" if expected is None or (expected == "ok") == out.ok else " (not as tested!)"
+        print(f"| {out.strategy} | {out.phase} | {out.fault} | {what}{agrees} | {took} | "
+              f"{'works' if out.next_ok else '-' if out.next_ok is None else 'FAILS'} | {len(out.left)} |")
+    return 0 if all(not o.left and o.next_ok is not False for o, _ in rows) else 1
 
 
 if __name__ == "__main__":

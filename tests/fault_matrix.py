@@ -1,6 +1,7 @@
 """One fault at one phase of a ``%%kdist`` engine run, through a real kernel.
 
-Shared by ``tests/test_fault_matrix.py`` (which asserts the outcomes) and
+Strategies: ``horovod``, ``multiworker`` (TensorFlow), ``jax`` and ``torch`` (multiworker
+with the kernel's ``KERAS_BACKEND`` set to that). Shared by ``tests/test_fault_matrix.py`` (which asserts the outcomes) and
 ``benchmarks/failure_times.py --matrix`` (which prints them with their times). kdist's
 phase barrier (:mod:`kdist_magics.faults`) holds the kernel at the phase; the fault is done
 to the processes the barrier names; the hold is released; then: what the cell gave back
@@ -38,7 +39,14 @@ CELLS = {
     "multiworker": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"
                     "import time; time.sleep(1.5)\nkd_r = strategy.cluster_resolver.task_id\n"
                     "strategy.num_replicas_in_sync"),
+    "jax": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"  # KERAS_BACKEND=jax
+            "import time, jax; time.sleep(1.5)\nkd_r = jax.process_index()\njax.process_count()"),
+    "torch": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"  # KERAS_BACKEND=torch
+              "import time, torch.distributed as dist; time.sleep(1.5)\nkd_r = dist.get_rank()\n"
+              "dist.get_world_size()"),
 }
+#: the kernel's Keras backend per strategy key (multiworker follows it)
+BACKENDS = {"horovod": "tensorflow", "multiworker": "tensorflow", "jax": "jax", "torch": "torch"}
 
 
 KILLED = "was killed by SIGKILL"
@@ -72,6 +80,13 @@ EXPECTED = {"horovod": {
     ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
     ("cell", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}"),
     ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
+}, "jax": {  # --pull and the value run on every rank under JAX (saving is a collective there)
+    ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+    ("pull", "engine-kill"): ("RankDied", "After the cell, while its values came back: ",
+                              f"rank 1 {KILLED}", "The cell had run on every rank"),
+}, "torch": {
+    ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+    ("pull", "engine-kill"): "ok",  # rank 0 alone sends the values back
 }}
 
 #: cases ``make test`` leaves to the tests that already do them (tests/test_horovod_engines.py:
@@ -127,7 +142,8 @@ class Outcome:
     note: str = ""
 
     def row(self) -> str:
-        what = "carried on" if self.ok else (self.error or "?")
+        what = ("the kernel went; its processes followed" if self.fault in KERNEL_FAULTS else
+                "carried on" if self.ok else (self.error or "?"))
         took = f"{self.to_outcome_s:.1f} s" if self.to_outcome_s is not None else "-"
         if self.gone_s is not None:
             took = f"gone in {self.gone_s:.1f} s"
@@ -136,9 +152,9 @@ class Outcome:
                 f"  left {len(self.left)}  {what[:110]}")
 
 
-def new_kernel(tmp: Path) -> tuple[Kernel, Holds]:
+def new_kernel(tmp: Path, strategy: str = "horovod") -> tuple[Kernel, Holds]:
     holds = Holds(tmp / "holds")
-    env = isolated_env(tmp / "home", KDIST_HOLD_DIR=str(holds.dir))
+    env = isolated_env(tmp / "home", KDIST_HOLD_DIR=str(holds.dir), KERAS_BACKEND=BACKENDS[strategy])
     return Kernel(cwd=tmp, env=env), holds
 
 
@@ -162,7 +178,7 @@ def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None 
     """
     out = Outcome(strategy, phase, fault)
     if k is None:
-        k, holds = new_kernel(tmp)
+        k, holds = new_kernel(tmp, strategy)
     cell = CELLS[strategy]
     holds.arm(phase)
     msg_id = k.kc.execute(cell, store_history=False)
@@ -246,7 +262,7 @@ def run_strategy(strategy: str, table: dict, tmp: Path, skip=frozenset()):
     ``(Outcome, expected)``, leaving out the cases in ``skip``; a cold start (``%kdist stop``)
     before the phases that need one.
     Ends by checking ``%kdist stop`` leaves nothing (AssertionError otherwise)."""
-    k, holds = new_kernel(tmp)
+    k, holds = new_kernel(tmp, strategy)
     try:
         warm = False
         for (phase, fault), expected in table.items():

@@ -56,6 +56,17 @@ def test_multiworker_faults_at_every_phase(tmp_path):
     run_strategy("multiworker", fm.EXPECTED["multiworker"], tmp_path)
 
 
+def test_jax_multiworker_faults_at_every_phase(tmp_path):
+    pytest.importorskip("jax", reason="Keras on JAX across engines needs JAX")
+    run_strategy("jax", fm.EXPECTED["jax"], tmp_path)
+
+
+@pytest.mark.torch
+def test_torch_multiworker_faults_at_every_phase(tmp_path):
+    pytest.importorskip("torch", reason="Keras on PyTorch across engines needs PyTorch (.venv has it)")
+    run_strategy("torch", fm.EXPECTED["torch"], tmp_path)
+
+
 @pytest.mark.parametrize("strategy,phase,fault", fm.KERNEL_CASES, ids=["-".join(c) for c in fm.KERNEL_CASES])
 def test_a_kernel_that_dies_or_restarts_at_any_phase_leaves_nothing(strategy, phase, fault, tmp_path):
     if strategy == "horovod":
