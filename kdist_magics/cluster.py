@@ -113,6 +113,7 @@ class EngineCluster:
                 self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
                                            log_level=40, shutdown_atexit=True, config=_following(self.controller_nice))
                 self.cluster.start_controller_sync()
+                self._exits.attach(self.cluster)  # the controller's exit is known at once
                 hold("controller", self)
                 self.cluster.start_engines_sync()
                 self._exits.attach(self.cluster)  # engine exits are known at once from here on
@@ -346,9 +347,14 @@ class EngineCluster:
                 return None
         except psutil.NoSuchProcess:
             pass
-        process = getattr(controller, "process", None)  # the launcher's Popen, when local
-        try:  # the launcher's watcher thread may be reaping it right now: wait for its code
-            code = process.wait(timeout=2) if process is not None else None
+        deadline = time.monotonic() + 2.0  # its launcher's watcher reports the code within ms
+        while pid not in self._exits.codes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if pid in self._exits.codes:
+            return describe_exit(self._exits.codes[pid])
+        process = getattr(controller, "process", None)  # the launcher's process, when local
+        try:
+            code = process.wait(timeout=0.5) if process is not None else None
         except Exception:
             code = None
         return describe_exit(code)

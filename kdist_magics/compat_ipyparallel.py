@@ -16,7 +16,7 @@ def children(ar) -> list:
 
 
 class LauncherExits:
-    """Engine exit codes as they happen (8.8-9.2).
+    """Engine and controller exit codes as they happen (8.8-9.2).
 
     A local launcher's watcher thread learns an engine's exit code at once but hands it to
     ``notify_stop`` through the IOLoop the cluster was started on, which in a synchronous
@@ -54,15 +54,20 @@ class LauncherExits:
 
             threading.Thread(target=run, name="kdist-engine-exits", daemon=True).start()
             self.loop = box.get(timeout=10)
-        for engine_set in getattr(cluster, "engines", {}).values():
-            for launcher in getattr(engine_set, "launchers", {}).values():
-                try:
-                    self.replaced.append((launcher, launcher.loop))
-                    launcher.loop = self.loop
-                    launcher.on_stop(lambda data, codes=self.codes:
-                                     codes.__setitem__(data.get("pid"), data.get("exit_code")))
-                except Exception:
-                    pass
+        launchers = [launcher for engine_set in getattr(cluster, "engines", {}).values()
+                     for launcher in getattr(engine_set, "launchers", {}).values()]
+        controller = getattr(cluster, "controller", None)
+        done = {id(launcher) for launcher, _ in self.replaced}
+        for launcher in ([controller] if controller is not None else []) + launchers:
+            if id(launcher) in done:  # attached already (attach runs after each start step)
+                continue
+            try:
+                self.replaced.append((launcher, launcher.loop))
+                launcher.loop = self.loop
+                launcher.on_stop(lambda data, codes=self.codes:
+                                 codes.__setitem__(data.get("pid"), data.get("exit_code")))
+            except Exception:
+                pass
 
     def restore(self) -> None:
         for launcher, loop in self.replaced:

@@ -284,7 +284,7 @@ class _FakeEngineCluster:
         self.deaths = {}
         return self
 
-    def dead(self):
+    def dead(self, settle=False):
         return dict(self.deaths)
 
     def controller_gone(self):

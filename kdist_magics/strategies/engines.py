@@ -386,9 +386,9 @@ class EngineStrategy(Strategy):
         try:
             return waiting.gather(self, [ars[0]], ranks, None,
                                   "after the cell, while its values came back", ran=True)[0]
-        finally:
+        finally:  # the others' part of the collective; none worth waiting for once one died
             for ar in ars.values():
-                ar.wait(timeout=60)
+                ar.wait(timeout=60 if self.needs_restart is None else 0)
 
     def _pull(self, cluster: EngineCluster, ctx: RunContext, by_rank, result_content) -> Any:
         from ipyparallel.error import RemoteError
