@@ -131,3 +131,20 @@ def test_the_phase_barrier_holds_only_when_armed_and_says_where(tmp_path, monkey
     (tmp_path / "init").unlink()
     t.join(10)
     assert done.is_set()
+
+
+def test_a_death_while_the_value_comes_back_is_named_not_replaced_by_a_stale_rendering(monkeypatch):
+    from kdist_magics.strategies import results
+
+    cluster = FakeCluster()
+    never = FakeResult(time.monotonic() + 60)
+    cluster.client = {10: SimpleNamespace(apply_async=lambda fn, *args: never)}
+    s = SimpleNamespace(cluster=cluster, needs_restart=None, collective_values=False)
+    ctx = SimpleNamespace(spec=SimpleNamespace(pull=()), shell=None)
+    shown = []
+    monkeypatch.setattr("IPython.display.publish_display_data", lambda *a, **k: shown.append(a))
+    threading.Timer(0.2, lambda: cluster.deaths.update({10: "was killed by SIGKILL"})).start()
+    with pytest.raises(RankDied, match="^After the cell, while its values came back: rank 0 was killed"):
+        results.pull(s, cluster, ctx, {0: cluster.engines[0], 1: cluster.engines[1]},
+                     {"execution_count": 3, "data": {"text/plain": "2"}})
+    assert not shown

@@ -56,7 +56,7 @@ from ..messages import (PHASE_CELL, PHASE_FINISHING, died_after, phase_engines, 
 from ..placement import default_np
 from ..values import pushable
 from .base import RunContext, Strategy
-from . import waiting
+from . import results, waiting
 from .supervisor import RunSupervisor
 
 FEED_INTERVAL = 0.5  # seconds between a rank's telemetry batches (the dashboard redraws at 2/s)
@@ -224,8 +224,7 @@ class EngineStrategy(Strategy):
         if now:  # an elastic run that lost or took in ranks: who is rank 0 now
             by_rank = now
         hold("pull", cluster)
-        value = self._pull(cluster, ctx, by_rank, value_ar)
-        return value
+        return results.pull(self, cluster, ctx, by_rank, value_ar)
 
     # -- steps -----------------------------------------------------------------
     def _check_syntax(self, cell: str, ctx: RunContext) -> None:
@@ -371,48 +370,6 @@ class EngineStrategy(Strategy):
             return sup.watch(cluster, ranks, ar, spec.timeout, ctx.options.stop_grace)
         finally:
             self.needs_restart = self.needs_restart or sup.needs_restart
-
-    # -- results back ------------------------------------------------------------
-    def _from_rank0(self, cluster: EngineCluster, by_rank, fn, *args) -> Any:
-        """``fn(*args)`` on rank 0, its result. With :attr:`collective_values` every rank runs it
-        too (results dropped): saving a model whose variables span the processes is a
-        collective under JAX, which rank 0 alone would wait on forever."""
-        ranks = {e.engine_id: rank for rank, e in by_rank.items()}
-        if not self.collective_values:  # only rank 0 matters (another's death: see _cluster)
-            ar = cluster.client[by_rank[0].engine_id].apply_async(fn, *args)
-            return waiting.gather(self, [ar], {by_rank[0].engine_id: 0}, None,
-                                  "after the cell, while its values came back", ran=True)[0]
-        ars = {rank: cluster.client[e.engine_id].apply_async(fn, *args) for rank, e in by_rank.items()}
-        try:
-            return waiting.gather(self, [ars[0]], ranks, None,
-                                  "after the cell, while its values came back", ran=True)[0]
-        finally:  # the others' part of the collective; none worth waiting for once one died
-            for ar in ars.values():
-                ar.wait(timeout=60 if self.needs_restart is None else 0)
-
-    def _pull(self, cluster: EngineCluster, ctx: RunContext, by_rank, result_content) -> Any:
-        from ipyparallel.error import RemoteError
-
-        from .. import values
-
-        if ctx.spec.pull:
-            try:
-                packed = self._from_rank0(cluster, by_rank, values.fetch, list(ctx.spec.pull))
-            except RemoteError as exc:
-                raise KDistError(f"--pull: {exc.evalue.strip(chr(34)).strip(chr(39))}") from None
-            for name, item in packed.items():
-                ctx.shell.user_ns[name] = values.unpack(item)
-        if result_content is None:
-            return None
-        try:
-            return values.unpack(self._from_rank0(cluster, by_rank, values.last_value,
-                                                  result_content.get("execution_count")))
-        except Exception:
-            # not picklable: show rank 0's rendering of it instead
-            from IPython.display import publish_display_data
-
-            publish_display_data(result_content.get("data", {}), result_content.get("metadata") or {})
-            return None
 
 
 def _prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine
