@@ -206,7 +206,11 @@ class EngineCluster:
         ids = sorted(self.client.ids)[: self.n]
         if len(ids) < self.n:
             raise ClusterError(f"{self.n} engines wanted, {len(ids)} registered")
-        found = self.client[ids].apply_sync(_identify)
+        try:
+            found = self.client[ids].apply_async(_identify).get(timeout=60)
+        except Exception as exc:  # a stopped engine stays registered until its heartbeat stops
+            raise ClusterError(f"the engines did not answer within 60 s ({type(exc).__name__}); is "
+                               f"one of them stopped or busy?") from exc
         self.engines = [EngineInfo(eid, pid, host) for eid, (pid, host) in zip(ids, found)]
         if self.owned:
             self._pids_started |= {e.pid for e in self.engines}
@@ -322,8 +326,9 @@ class EngineCluster:
                 try:
                     proc = psutil.Process(engine.pid)
                     status = proc.status()
-                    gone = status == psutil.STATUS_ZOMBIE
                     self._watch_frozen(engine.pid, status, now)
+                    # an attached engine stopped too long counts as lost (it is not ended)
+                    gone = status == psutil.STATUS_ZOMBIE or (self.attached and engine.pid in self._ended_why)
                 except psutil.NoSuchProcess:
                     gone = True
             elif engine.engine_id not in registered:
@@ -369,6 +374,12 @@ class EngineCluster:
         since = self._stopped_since.setdefault(pid, now)
         if now - since >= FROZEN_AFTER and pid not in self._ended_why:
             how = "SIGSTOP" if status == psutil.STATUS_STOPPED else "a debugger"
+            if not self.owned:  # never end an engine kdist did not start: it counts as lost
+                self._ended_why[pid] = (
+                    f"has been stopped ({how}) for {FROZEN_AFTER:.0f} s while its peers waited for "
+                    f"it (kdist does not end engines it did not start: kill -CONT {pid}, or restart "
+                    f"the cluster's engines)")
+                return
             self._ended_why[pid] = (f"was stopped ({how}) for {FROZEN_AFTER:.0f} s while its peers "
                                     f"waited for it; kdist ended it")
             try:

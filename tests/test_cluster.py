@@ -490,3 +490,31 @@ def test_a_local_engine_left_stopped_is_ended_and_its_death_says_why(monkeypatch
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_stopped_engine_of_an_attached_cluster_counts_as_lost_but_is_never_ended(monkeypatch):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from kdist_magics import cluster as cluster_mod
+
+    monkeypatch.setattr(cluster_mod, "FROZEN_AFTER", 0.3)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        c = EngineCluster(1, cluster_id="theirs")  # attached: somebody else's engines
+        c.engines = [cluster_mod.EngineInfo(4, proc.pid, socket.gethostname())]
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert c.dead() == {}
+        deadline = time.monotonic() + 10
+        while not (lost := c.dead()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lost[4].startswith("has been stopped (SIGSTOP) for 0 s") and f"kill -CONT {proc.pid}" in lost[4]
+        time.sleep(0.2)
+        assert proc.poll() is None  # still there, still stopped: kdist never ends it
+    finally:
+        proc.kill()
+        proc.wait()
