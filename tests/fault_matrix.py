@@ -61,7 +61,8 @@ EXPECTED = {"horovod": {
     ("engines", "engine-kill"): ("ClusterError", f"{KILLED} (killed: out of memory, or kill -9) before it registered"),
     ("engines", "engine-stop"): ("ClusterError", f"{FROZEN}"),
     ("engines", "controller-kill"): ("ClusterError", "the controller was killed by SIGKILL"),
-    ("setup", "engine-kill"): ("RankDied", "While the engines were prepared: ", f"rank 1 {KILLED}"),
+    # named where kdist meets it: preparing the engines, or reaching one already unregistered
+    ("setup", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
     ("init", "engine-kill"): ("RankDied", "While Horovod started: ", f"rank 1 {KILLED}"),
     ("init", "engine-stop"): ("RankDied", "While Horovod started: ", f"rank 1 {FROZEN}"),
     ("init", "controller-kill"): ("ControllerDied", f"While Horovod started: {CTRL}. The cell did not run"),

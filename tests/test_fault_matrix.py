@@ -82,3 +82,50 @@ def test_a_kernel_that_dies_or_restarts_at_any_phase_leaves_nothing(strategy, ph
         if k is not None:
             k.shutdown()
             k.cleanup()
+
+
+@pytest.mark.horovod
+def test_faults_on_an_attached_cluster_never_end_its_engines(tmp_path):
+    """A cluster the notebook's user started (attach: ``--cluster-id``): an engine stopped
+    mid-cell counts as lost after 10 s and the run stops naming it, but kdist never ends it
+    (nor any engine of theirs); once continued, the next cell works; ``%kdist stop`` leaves
+    their engines running."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here")
+    k, holds = fm.new_kernel(tmp_path)
+    cell = fm.CELLS["horovod"].replace("--np 2", "--np 2 --cluster-id theirs")
+    try:
+        k.check("import ipyparallel as ipp\ntheirs = ipp.Cluster(n=2, cluster_id='theirs', "
+                "controller_ip='127.0.0.1', log_level=40)\ntheirs.start_cluster_sync()\n"
+                "theirs.connect_client_sync().wait_for_engines(2, timeout=120, interactive=False)")
+        k.check(cell, timeout=300)  # warm: TensorFlow and Horovod imported on their engines
+        pids = k.eval("[e.pid for e in kdist_magics._extension._strategies['horovod'].cluster.engines]")
+        holds.arm("cell")
+        msg_id = k.kc.execute(cell, store_history=False)
+        facts = holds.wait("cell")
+        os.kill(facts["engines"][-1], signal.SIGSTOP)
+        holds.release("cell")
+        res = k.wait_for(msg_id, timeout=fm.CASE_BOUND)
+        err = res.errors[0] if res.errors else {}
+        assert err.get("ename") == "RankDied", res.text[-1500:]
+        assert "rank 1 has been stopped (SIGSTOP) for 10 s" in err["evalue"], err["evalue"]
+        assert f"kill -CONT {pids[-1]}" in err["evalue"], err["evalue"]
+        time.sleep(1)
+        assert psutil.Process(pids[-1]).status() == psutil.STATUS_STOPPED  # not ended by kdist
+        assert all(psutil.pid_exists(p) for p in pids)
+        os.kill(pids[-1], signal.SIGCONT)
+        assert "2" in k.check(cell, timeout=300).text  # continued: the next cell works
+        k.check("%kdist stop")
+        time.sleep(1)
+        assert all(psutil.pid_exists(p) for p in pids)  # kdist never stops their engines
+    finally:
+        try:
+            k.check("theirs.stop_cluster_sync()", timeout=120)
+        finally:
+            k.shutdown()
+            k.cleanup()

@@ -148,3 +148,16 @@ def test_a_death_while_the_value_comes_back_is_named_not_replaced_by_a_stale_ren
         results.pull(s, cluster, ctx, {0: cluster.engines[0], 1: cluster.engines[1]},
                      {"execution_count": 3, "data": {"text/plain": "2"}})
     assert not shown
+
+
+def test_ipyparallels_error_for_an_engine_already_gone_becomes_its_death():
+    cluster = FakeCluster()
+    cluster.deaths = {11: "was killed by SIGKILL"}
+    s = strategy(cluster)
+    with pytest.raises(RankDied, match="^While setting up Horovod: rank 1 was killed by SIGKILL"):
+        with waiting.named_deaths(s, [0, 1], "while setting up Horovod"):
+            raise KeyError(11)  # client[11] once the controller has unregistered it
+    cluster.deaths = {}
+    with pytest.raises(KeyError):  # no death behind it: the error itself
+        with waiting.named_deaths(s, [0, 1], "while setting up Horovod"):
+            raise KeyError(11)

@@ -200,12 +200,13 @@ class EngineStrategy(Strategy):
         self.lost = set()
         now = None
         try:
-            hold("setup", cluster, addresses=self.listen_addresses())
-            self._prepare(cluster, ctx, ranks)
-            if pushed:
-                waiting.gather(self, [cluster.view().push(pushed, block=False)], ranks, 600,
-                               "while --push sent its values")
-            self.before_cell(cluster, ctx, ranks)
+            with waiting.named_deaths(self, ranks, f"while setting up {self.setup_words}"):
+                hold("setup", cluster, addresses=self.listen_addresses())
+                self._prepare(cluster, ctx, ranks)
+                if pushed:
+                    waiting.gather(self, [cluster.view().push(pushed, block=False)], ranks, 600,
+                                   "while --push sent its values")
+                self.before_cell(cluster, ctx, ranks)
             t_ready = time.monotonic()
             self.last_timing = {"cluster_s": t_cluster - t0, "setup_s": t_ready - t_cluster}
             value_ar = self._execute(cell, cluster, ctx, ranks)
@@ -341,12 +342,12 @@ class EngineStrategy(Strategy):
         from .. import engine
 
         spec, record = ctx.spec, ctx.record
-        begun = [cluster.client[e.engine_id].apply_async(engine.begin, rank, spec.telemetry, FEED_INTERVAL,
-                                                         spec.checkpoint, ctx.options.freeze_gc,
-                                                         ctx.options.tf_info_logs,
-                                                         ctx.options.helper_nice)
-                 for e, rank in zip(cluster.engines, ranks)]
-        waiting.gather(self, begun, ranks, 60, "as the run began")
+        with waiting.named_deaths(self, ranks, "as the run began"):
+            begun = [cluster.client[e.engine_id].apply_async(
+                engine.begin, rank, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
+                ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice)
+                for e, rank in zip(cluster.engines, ranks)]
+            waiting.gather(self, begun, ranks, 60, "as the run began")
         def go_on(deaths):
             renumbered = self.go_on_without(cluster, ctx, deaths)
             if renumbered is not None:  # ranks and engines grow together (see RunSupervisor.take)

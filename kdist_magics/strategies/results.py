@@ -20,10 +20,13 @@ DURING = "after the cell, while its values came back"
 def from_rank0(strategy, cluster, by_rank: dict, fn, *args) -> Any:
     """``fn(*args)`` on rank 0 (on every rank with ``strategy.collective_values``), its result."""
     if not strategy.collective_values:  # only rank 0 matters (another's death: the next cell)
-        ar = cluster.client[by_rank[0].engine_id].apply_async(fn, *args)
-        return waiting.gather(strategy, [ar], {by_rank[0].engine_id: 0}, None, DURING, ran=True)[0]
+        lead = {by_rank[0].engine_id: 0}
+        with waiting.named_deaths(strategy, lead, DURING, ran=True):
+            ar = cluster.client[by_rank[0].engine_id].apply_async(fn, *args)
+        return waiting.gather(strategy, [ar], lead, None, DURING, ran=True)[0]
     ranks = {e.engine_id: rank for rank, e in by_rank.items()}
-    ars = {rank: cluster.client[e.engine_id].apply_async(fn, *args) for rank, e in by_rank.items()}
+    with waiting.named_deaths(strategy, ranks, DURING, ran=True):
+        ars = {rank: cluster.client[e.engine_id].apply_async(fn, *args) for rank, e in by_rank.items()}
     try:
         return waiting.gather(strategy, [ars[0]], ranks, None, DURING, ran=True)[0]
     finally:  # the others' part of the collective; none worth waiting for once one died

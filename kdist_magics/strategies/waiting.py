@@ -9,6 +9,7 @@ naming the phase, instead of leaving the kernel waiting for a reply that cannot 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -35,6 +36,20 @@ def check(strategy, ranks, during: str, ran: bool = False) -> None:
         by_rank = {by_engine[eid]: how for eid, how in deaths.items()}
         strategy.needs_restart = "an engine died in the previous run"
         raise RankDied(by_rank, during, ran)
+
+
+@contextlib.contextmanager
+def named_deaths(strategy, ranks, during: str, ran: bool = False):
+    """Around calls that reach the engines: ipyparallel's own error for an engine that is
+    already gone (a ``KeyError`` for its id, once the controller has unregistered it) becomes
+    that engine's death, named (:func:`check`); any other error passes unchanged."""
+    try:
+        yield
+    except KDistError:
+        raise
+    except Exception:
+        check(strategy, ranks, during, ran)
+        raise
 
 
 def wait_all(strategy, ars: list, ranks, timeout: float | None, during: str,
