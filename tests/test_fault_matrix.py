@@ -100,7 +100,7 @@ def test_faults_on_an_attached_cluster_never_end_its_engines(tmp_path):
     k, holds = fm.new_kernel(tmp_path)
     cell = fm.CELLS["horovod"].replace("--np 2", "--np 2 --cluster-id theirs")
     try:
-        k.check("import ipyparallel as ipp\ntheirs = ipp.Cluster(n=2, cluster_id='theirs', "
+        k.check("import kdist_magics, ipyparallel as ipp\ntheirs = ipp.Cluster(n=2, cluster_id='theirs', "
                 "controller_ip='127.0.0.1', log_level=40)\ntheirs.start_cluster_sync()\n"
                 "theirs.connect_client_sync().wait_for_engines(2, timeout=120, interactive=False)")
         k.check(cell, timeout=300)  # warm: TensorFlow and Horovod imported on their engines
