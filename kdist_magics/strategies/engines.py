@@ -308,8 +308,9 @@ class EngineStrategy(Strategy):
         ctx.record.phase(PHASE_FINISHING)
         hold("finishing", cluster)
         if self.needs_restart is None and cluster.running and cluster.controller_gone():
-            self.needs_restart = "the controller died after the previous run"  # said by _pull
-        if self.needs_restart is None and cluster.running and (deaths := cluster.dead(settle=True)):
+            self.needs_restart = "the controller died after the previous run"  # said by results.pull
+        if self.needs_restart is None and cluster.running and (deaths := {
+                eid: how for eid, how in cluster.dead(settle=True).items() if eid not in self.lost}):
             # after the cell had run (else the supervisor would have said): its work stands
             self.needs_restart = "an engine died after the previous run"
             if ok:
