@@ -7,7 +7,7 @@ COLAB_VENV ?= .venv-colab
 # the JupyterLab browser tests (Colab's front end is Notebook 6: the classic test runs instead),
 # network namespaces and the pinned-stack installs (both are about this machine, not the stack),
 # and PyTorch (Colab's torch comes from its own wheel index, not from its published freeze).
-COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks and not soak) or classic
+COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks and not long) or classic
 
 .PHONY: setup lab test test-fast demo bench clean
 

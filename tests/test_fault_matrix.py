@@ -23,7 +23,7 @@ pytest.importorskip("psutil", reason="processes are found with psutil")
 
 import fault_matrix as fm  # noqa: E402
 
-pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]
 
 
 def matches(out: fm.Outcome, expected) -> bool:
@@ -71,7 +71,10 @@ def test_torch_multiworker_faults_at_every_phase(tmp_path):
     run_strategy("torch", fm.EXPECTED["torch"], tmp_path)
 
 
-@pytest.mark.parametrize("strategy,phase,fault", fm.KERNEL_CASES, ids=["-".join(c) for c in fm.KERNEL_CASES])
+KERNEL_TESTED = [c for c in fm.KERNEL_CASES if c not in fm.KERNEL_CASES_BENCH_ONLY]
+
+
+@pytest.mark.parametrize("strategy,phase,fault", KERNEL_TESTED, ids=["-".join(c) for c in KERNEL_TESTED])
 def test_a_kernel_that_dies_or_restarts_at_any_phase_leaves_nothing(strategy, phase, fault, tmp_path):
     if strategy == "horovod":
         pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here")

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import soak  # noqa: E402
 
-pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.soak]
+pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.long]
 RUNS = int(os.environ.get("KDIST_SOAK_RUNS", "50"))
 
 
