@@ -314,7 +314,7 @@ class EngineStrategy(Strategy):
             # after the cell had run (else the supervisor would have said): its work stands
             self.needs_restart = "an engine died after the previous run"
             if ok:
-                by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
+                by_engine = waiting.rank_of(cluster, ranks)
                 say(died_after({by_engine.get(eid, eid): how for eid, how in deaths.items()}), warn=True)
         if sup is not None:
             sup.printer.flush()

@@ -19,6 +19,11 @@ from ..faults import hold
 LOOK_EVERY = 0.25  # seconds between looks at the engines' and controller's processes
 
 
+def rank_of(cluster, ranks) -> dict[int, int]:
+    """``{engine_id: rank}`` from each engine's rank in ``cluster.engines`` order (or that dict)."""
+    return ranks if isinstance(ranks, dict) else {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
+
+
 def check(strategy, ranks, during: str, ran: bool = False) -> None:
     """Raise if the controller or an engine of ``strategy.cluster`` in ``ranks`` is gone
     (marking the engines for a restart). ``ranks``: each engine's rank, in
@@ -29,8 +34,7 @@ def check(strategy, ranks, during: str, ran: bool = False) -> None:
     if how := cluster.controller_gone():
         strategy.needs_restart = "the controller died in the previous run"
         raise ControllerDied(how, during, ran)
-    by_engine = ranks if isinstance(ranks, dict) else {
-        e.engine_id: r for e, r in zip(cluster.engines, ranks)}
+    by_engine = rank_of(cluster, ranks)
     deaths = {eid: how for eid, how in cluster.dead().items() if eid in by_engine}
     if deaths:
         by_rank = {by_engine[eid]: how for eid, how in deaths.items()}
