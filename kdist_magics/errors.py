@@ -87,30 +87,35 @@ class RankDied(KDistError):
 
     status = "failed"
 
-    def __init__(self, deaths: dict, during: str | None = None, ran: bool = False):
+    def __init__(self, deaths: dict, during: str | None = None, ran: bool = False, owned: bool = True):
         self.deaths = dict(deaths)  # rank -> "was killed by SIGKILL ..."
         what = "; ".join(f"rank {r} {how}" for r, how in sorted(self.deaths.items()))
+        then = ("engines restart with the next %%kdist cell" if owned else
+                "restart the cluster's engines (kdist restarts no cluster it did not start), then run "
+                "the cell again")
         if during:  # outside the cell ("while Horovod started"); ``ran``: after it
-            super().__init__(f"{during[0].upper()}{during[1:]}: {what}. {_after(ran)}; engines "
-                             f"restart with the next %%kdist cell.")
+            super().__init__(f"{during[0].upper()}{during[1:]}: {what}. {_after(ran)}; {then}.")
         else:
-            super().__init__(f"{what}. The run was stopped; engines restart with the next %%kdist cell.")
+            super().__init__(f"{what}. The run was stopped; {then}.")
 
 
 class ControllerDied(KDistError):
-    """The ipyparallel controller of a kdist-started cluster ended during the run."""
+    """The ipyparallel controller ended during the run: a kdist-started cluster's, or
+    (``owned`` False) the controller of a cluster kdist attached to, when it runs on this host."""
 
     status = "failed"
 
-    def __init__(self, how: str, during: str | None = None, ran: bool = False):
+    def __init__(self, how: str, during: str | None = None, ran: bool = False, owned: bool = True):
         self.how = how
+        whose = "the ipyparallel controller" if owned else "the cluster's ipyparallel controller"
+        then = ("the next %%kdist cell starts a new cluster" if owned else
+                "start the cluster again (kdist restarts no cluster it did not start), then run the "
+                "cell again")
         if during:  # outside the cell ("while Horovod started"); ``ran``: after it
-            super().__init__(f"{during[0].upper()}{during[1:]}: the ipyparallel controller {how}. "
-                             f"{_after(ran)}; the next %%kdist cell starts a new cluster.")
+            super().__init__(f"{during[0].upper()}{during[1:]}: {whose} {how}. {_after(ran)}; {then}.")
         else:
-            super().__init__(f"the ipyparallel controller {how} during the run, so no rank could "
-                             f"report any more; every rank was stopped. The next %%kdist cell "
-                             f"starts a new cluster.")
+            super().__init__(f"{whose} {how} during the run, so no rank could report any more; "
+                             f"every rank was stopped. {then[0].upper()}{then[1:]}.")
 
 
 def _after(ran: bool) -> str:

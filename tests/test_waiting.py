@@ -37,7 +37,8 @@ class FakeResult:
 
 
 class FakeCluster:
-    def __init__(self, n=2):
+    def __init__(self, n=2, owned=True):
+        self.owned = owned
         self.engines = [EngineInfo(10 + i, 1000 + i, "here") for i in range(n)]
         self.deaths: dict[int, str] = {}
         self.controller: str | None = None
@@ -72,6 +73,23 @@ def test_an_engine_dying_while_waiting_is_rankdied_naming_the_rank_and_the_phase
     assert info.value.deaths == {0: "was killed by SIGKILL"}
     assert str(info.value).startswith("While Horovod started: rank 0 was killed by SIGKILL. The cell did not run")
     assert s.needs_restart
+
+
+def test_on_an_attached_cluster_the_error_promises_no_restart_kdist_would_not_do():
+    cluster = FakeCluster(owned=False)
+    cluster.deaths = {11: "was killed by SIGKILL"}
+    with pytest.raises(RankDied) as info:
+        waiting.check(strategy(cluster), [0, 1], "while Horovod started")
+    text = str(info.value)
+    assert text.startswith("While Horovod started: rank 1 was killed by SIGKILL. The cell did not run; ")
+    assert "restart the cluster's engines (kdist restarts no cluster it did not start), then run the cell again" in text and "engines restart with" not in text
+    cluster.deaths, cluster.controller = {}, "has ended (pid 4242, on this host)"
+    with pytest.raises(ControllerDied) as info:
+        waiting.check(strategy(cluster), [0, 1], "after the cell, while its values came back", ran=True)
+    text = str(info.value)
+    assert text.startswith("After the cell, while its values came back: the cluster's ipyparallel "
+                           "controller has ended (pid 4242, on this host). The cell had run on every rank; ")
+    assert "start the cluster again (kdist restarts no cluster it did not start), then run the cell again" in text and "starts a new cluster" not in text
 
 
 def test_deaths_of_engines_outside_the_mapping_do_not_count():

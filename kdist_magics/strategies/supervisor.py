@@ -238,7 +238,7 @@ class RunSupervisor:
                             record.set_rank(rank, state="failed", error=f"the controller {controller}")
                         self.stop(cluster, ranks, children, grace, hard=True)
                         self.needs_restart = "the controller died in the previous run"
-                        raise ControllerDied(controller)
+                        raise ControllerDied(controller, owned=cluster.owned)
                     deaths = cluster.dead()
                     next_death_check = time.monotonic() + DEATH_CHECK
                     by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
@@ -251,7 +251,7 @@ class RunSupervisor:
                             record.set_rank(rank, state="failed", error=f"process {how}")
                         self.drain()
                         self.stop(cluster, ranks, children, grace, hard=True)
-                        raise RankDied(deaths_by_rank)
+                        raise RankDied(deaths_by_rank, owned=cluster.owned)
                 if first_failure and now - first_failure > min(1.0, grace):
                     stopped = self.stop(cluster, ranks, children, grace)
                     self.drain()

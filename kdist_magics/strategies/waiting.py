@@ -33,13 +33,13 @@ def check(strategy, ranks, during: str, ran: bool = False) -> None:
         return
     if how := cluster.controller_gone():
         strategy.needs_restart = "the controller died in the previous run"
-        raise ControllerDied(how, during, ran)
+        raise ControllerDied(how, during, ran, owned=cluster.owned)
     by_engine = rank_of(cluster, ranks)
     deaths = {eid: how for eid, how in cluster.dead().items() if eid in by_engine}
     if deaths:
         by_rank = {by_engine[eid]: how for eid, how in deaths.items()}
         strategy.needs_restart = "an engine died in the previous run"
-        raise RankDied(by_rank, during, ran)
+        raise RankDied(by_rank, during, ran, owned=cluster.owned)
 
 
 @contextlib.contextmanager
