@@ -88,6 +88,7 @@ class EngineCluster:
         self._ended_why: dict[int, str] = {}  # pids of engines kdist ended, and why (their death's words)
         self._pids_started: set[int] = set()
         self._exits = LauncherExits()
+        self._theirs: tuple[int, float] | None = None  # an attached cluster's local controller: pid, start
         self.starts = 0
 
     # -- lifecycle -----------------------------------------------------------
@@ -127,6 +128,7 @@ class EngineCluster:
                 if self.profile is not None:
                     kwargs["profile"] = self.profile
                 self.client = ipp.Client(**kwargs)
+                self._theirs = self._their_controller()
             self._wait_for_engines()
             self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
         except KeyboardInterrupt:
@@ -165,7 +167,9 @@ class EngineCluster:
                 told = count
             if count >= self.n:
                 return
-            if self.owned and (trouble := self._starting_trouble()):
+            trouble = (self._starting_trouble() if self.owned else
+                       (gone := self.controller_gone()) and f"its controller {gone} while the engines registered")
+            if trouble:
                 raise ClusterError(trouble)
             time.sleep(every)
 
@@ -188,6 +192,26 @@ class EngineCluster:
             how = self._ended_why.get(pid) or describe_exit(self.exit_status(EngineInfo(-1, pid, "")))
             return f"an engine (pid {pid}) {how} before it registered"
         return None
+
+    def _their_controller(self) -> tuple[int, float] | None:
+        """An attached cluster's controller when it runs on this host (pid, start time), found
+        by the address its connection file names: kdist watches it as it watches its own (never
+        signalling it). A local address where nothing listens is a controller that is not
+        running: say so now rather than wait out the start bound for its engines."""
+        import psutil
+
+        from .compat_ipyparallel import registration_url
+        from .peers import listener
+
+        url = registration_url(self.client)
+        pid = listener(url) if url else None
+        if pid == 0:
+            raise ClusterError(f"its controller is not running: nothing listens on {url}, the address in "
+                               f"its connection file; start the cluster again")
+        try:
+            return (pid, psutil.Process(pid).create_time()) if pid else None
+        except psutil.Error:
+            return None
 
     def _launched(self) -> list[int]:
         """Pids of the engines an owned cluster's launchers started."""
@@ -224,6 +248,7 @@ class EngineCluster:
         """Disconnect; for an owned cluster stop controller and engines and reap every process."""
         client, self.client = self.client, None
         cluster, self.cluster = self.cluster, None
+        self._theirs = None
         tree = self._process_tree_pids() if cluster is not None else []
         if client is not None:
             try:
@@ -334,15 +359,22 @@ class EngineCluster:
             elif engine.engine_id not in registered:
                 gone = True
             if gone:
-                out[engine.engine_id] = (self._ended_why.get(engine.pid)
-                                         or describe_exit(self.exit_status(engine)))
+                out[engine.engine_id] = (self._ended_why.get(engine.pid) or (
+                    describe_exit(self.exit_status(engine)) if self.owned else
+                    f"has ended (pid {engine.pid}; kdist did not start it, so its exit status is not known here)"))
         return out
 
     def controller_gone(self) -> str | None:
         """How the controller of an owned cluster ended ("was killed by SIGKILL"), or None
-        while it runs (and always for an attached cluster: its controller is not ours)."""
+        while it runs; for an attached cluster whose controller runs on this host, "has ended
+        (pid N)" once it has (its exit status is its starter's to know); None for one elsewhere."""
         import psutil
 
+        if self.attached:
+            from .follow import alive
+
+            theirs = self._theirs
+            return None if theirs is None or alive(*theirs) else f"has ended (pid {theirs[0]}, on this host)"
         controller = getattr(self.cluster, "controller", None) if self.owned else None
         pid = getattr(controller, "pid", -1) if controller is not None else -1
         if pid is None or pid <= 0:

@@ -98,3 +98,11 @@ def end_sync_thread(obj) -> None:
             loop.close()
     except Exception:
         pass
+
+
+def registration_url(client) -> str | None:
+    """The controller's registration address a Client connected to (``tcp://HOST:PORT``, from
+    the connection file; ``client._config['registration']``, 8.x-9.x), or None: kdist watches an
+    attached cluster's controller through the process listening there, when it is on this host."""
+    url = (getattr(client, "_config", None) or {}).get("registration")
+    return url if isinstance(url, str) and url.startswith("tcp://") else None

@@ -8,7 +8,8 @@ address. :func:`allowed` accepts a peer of the same user, and any peer that is n
 (an attached cluster's engines on other hosts: see the README's threat model); a loopback peer
 whose owner cannot be read is refused.
 
-Used by the kernel's Horovod rendezvous server and the abort line (``rendezvous.py``).
+Used by the kernel's Horovod rendezvous server and the abort line (``rendezvous.py``);
+:func:`listener` finds the process behind an attached cluster's controller address (``cluster.py``).
 Gloo's pairs, TensorFlow's gRPC servers and the JAX coordinator are other libraries' listeners
 and are not covered here.
 """
@@ -100,3 +101,36 @@ def other_users(processes=None) -> list[int]:
         if uid != me and FIRST_HUMAN_UID <= uid < 65534:
             found.add(uid)
     return sorted(found)
+
+
+def _this_host(host: str) -> bool:
+    import psutil
+
+    if on_loopback(host):
+        return True
+    try:
+        return any(a.address.split("%", 1)[0] == host for addrs in psutil.net_if_addrs().values() for a in addrs)
+    except Exception:
+        return False
+
+
+def listener(url: str) -> int | None:
+    """The pid of this host's process listening on ``url`` (``tcp://HOST:PORT``); 0 when the
+    address is this host's and nothing listens there; None when that cannot be told (another
+    host, or a listener whose process this user cannot see)."""
+    import psutil
+
+    host, _, port = url.removeprefix("tcp://").rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit() or not _this_host(host):
+        return None
+    try:
+        conns = psutil.net_connections("tcp")
+    except (psutil.Error, OSError):
+        return None
+    wildcard = ("0.0.0.0", "::", host)
+    found = [c for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == int(port)
+             and c.laddr.ip in wildcard]
+    if not found:
+        return 0
+    return found[0].pid or None

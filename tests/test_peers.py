@@ -160,3 +160,18 @@ def test_the_first_engine_run_on_a_shared_host_says_once_what_stays_open(ip, mon
     assert "TensorFlow's gRPC workers" in err
     ext.execute(EngineRun(), "pass", spec, RunRecord("multiworker", size=2))
     assert "other users" not in capsys.readouterr().err  # once per kernel
+
+
+def test_listener_names_the_local_process_behind_an_address_and_says_when_nothing_listens():
+    """How kdist finds an attached cluster's controller on this host (cluster.py)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    try:
+        assert peers.listener(f"tcp://127.0.0.1:{port}") == os.getpid()
+    finally:
+        sock.close()
+    assert peers.listener(f"tcp://127.0.0.1:{port}") == 0  # this host's address, nothing there
+    assert peers.listener("tcp://192.0.2.1:5555") is None  # another host's (TEST-NET): cannot tell
+    assert peers.listener("tcp://127.0.0.1:notaport") is None
