@@ -13,7 +13,8 @@ runs, no engine is launched yet), ``engines`` (engines launched, not yet waited 
 registering), ``setup`` (all registered; before the strategy's set-up calls), ``init`` (the
 set-up calls are on their way: engines import the framework and meet in its rendezvous),
 ``cell`` (the cell was sent to every rank), ``pull`` (the cell is done; before ``--pull`` and
-its value), ``finishing`` (before the engines' end-of-run calls).
+its value), ``finishing`` (before the engines' end-of-run calls); and ``stopping``, outside a
+run: ``%kdist stop`` (or a restart, or another ``--np``) is about to end the engines.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-PHASES = ("controller", "engines", "setup", "init", "cell", "pull", "finishing")
+PHASES = ("controller", "engines", "setup", "init", "cell", "pull", "finishing", "stopping")
 AT_MOST = 600.0  # a forgotten hold file cannot keep a kernel for ever
 
 

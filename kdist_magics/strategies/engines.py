@@ -112,8 +112,10 @@ class EngineStrategy(Strategy):
         return None
 
     def listen_addresses(self) -> list[str]:
-        """``host:port`` each rank is to listen on, in rank order, where kdist chose them
-        before the set-up (multiworker's TF_CONFIG); empty where the library picks its own."""
+        """``host:port`` the ranks are to listen on, in rank order, where kdist chose them before
+        the set-up (multiworker's TF_CONFIG, JAX's coordinator on rank 0); empty where the
+        library picks its own or the listening socket is open before its port is told
+        (Horovod's rendezvous in the kernel, torch's store on rank 0)."""
         return []
 
     def grow(self, cluster: EngineCluster, ctx: RunContext, final: bool) -> list:
@@ -177,6 +179,7 @@ class EngineStrategy(Strategy):
             self.warming = None
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
+            hold("stopping", cluster)
             cluster.stop()
 
     # -- the run ---------------------------------------------------------------

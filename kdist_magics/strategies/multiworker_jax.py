@@ -87,7 +87,7 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
         dists = [i["distributed"] for i in infos]
         if all(dists) and len({d["coordinator"] for d in dists}) == 1 and all(
                 d["processes"] == n and d["process"] == r for d, r in zip(dists, ranks)):
-            self.coordinator = dists[0]["coordinator"]
+            self.coordinator, self._bind = dists[0]["coordinator"], ""  # it runs already
             return ""
         started = sorted(r for r, i in zip(ranks, infos) if i["started"] or i["distributed"])
         if started:
@@ -118,6 +118,10 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
         self._end_collective_cell(cluster, ctx, ok, "the JAX processes' collectives", _leave)
+
+    def listen_addresses(self) -> list[str]:
+        """The coordinator's address, when this run is to start it (rank 0 binds it in set-up)."""
+        return [self._bind] if self._bind else []
 
     def teardown(self) -> None:
         self.coordinator, self._bind = "", ""
