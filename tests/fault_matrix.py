@@ -32,6 +32,8 @@ KERNEL_FAULTS = ("kernel-kill", "kernel-restart")
 GONE_WITHIN = 10.0  # a kernel that is gone takes its processes within this (issue 20)
 CASE_BOUND = 120.0  # a case whose cell has not ended this long after the fault hangs
 
+#: the cell of the ``stopping`` phase (held as it is about to end the engines)
+STOP = "%kdist stop"
 #: the cell each strategy runs: short, and its last line tells the next cell works
 CELLS = {
     "horovod": ("%%kdist --strategy horovod --np 2 --no-dashboard --pull kd_r\n"
@@ -82,19 +84,30 @@ EXPECTED = {"horovod": {
     ("finishing", "engine-kill"): ["ok", GLOO_ABORT],
     ("finishing", "engine-stop"): "ok",
     ("finishing", "controller-kill"): ("ControllerDied", "After the cell, while its values came back"),
+    # %kdist stop itself: it ends what it finds (a stopped engine too), whatever is already gone
+    ("stopping", "engine-stop"): "ok",
+    ("stopping", "controller-kill"): "ok",
 }, "multiworker": {
     ("setup", "port-taken"): ("KDistError", "creating MultiWorkerMirroredStrategy failed: rank 1"),
     # its set-up may have finished when the hold ends: then the death is seen as the run begins
     ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
     ("cell", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}"),
     ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
+    ("stopping", "engine-kill"): "ok",
 }, "jax": {  # --pull and the value run on every rank under JAX (saving is a collective there)
+    # rank 0 binds the coordinator's port (chosen free on its engine) in set-up: first, cold
+    ("setup", "port-taken"): ("KDistError", "joining jax.distributed failed: rank 0: "),
     ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+    ("init", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}", "The cell did not run"),
+    ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
     ("pull", "engine-kill"): ("RankDied", "After the cell, while its values came back: ",
                               f"rank 1 {KILLED}", "The cell had run on every rank"),
 }, "torch": {
     ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+    ("init", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}", "The cell did not run"),
+    ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
     ("pull", "engine-kill"): "ok",  # rank 0 alone sends the values back
+    # no port-taken case: rank 0 opens the store's socket before its port is told to anyone
 }}
 
 #: cases ``make test`` leaves to the tests that already do them (tests/test_horovod_engines.py:
@@ -191,11 +204,11 @@ def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None 
     out = Outcome(strategy, phase, fault)
     if k is None:
         k, holds = new_kernel(tmp, strategy)
-    cell = CELLS[strategy]
+    cell = STOP if phase == "stopping" else CELLS[strategy]
     holds.arm(phase)
     msg_id = k.kc.execute(cell, store_history=False)
     facts = holds.wait(phase)
-    k.tree()  # remember every process so far
+    before = started(k)  # (the kernel remembers every process seen so far)
     t_fault = time.time()
     taken = None
     try:
@@ -229,6 +242,8 @@ def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None 
             return out, None
         holds.release(phase)
         res = k.wait_for(msg_id, timeout=CASE_BOUND)
+        if phase == "stopping":  # what it stopped must be gone, the harmed process too
+            out.left, _ = wait_gone(before, GONE_WITHIN)
         out.to_outcome_s = (res.messages[-1]["received"] if res.messages else time.time()) - t_fault
         if res.ok:
             out.ok = True

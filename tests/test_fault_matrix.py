@@ -91,12 +91,31 @@ def test_a_kernel_that_dies_or_restarts_at_any_phase_leaves_nothing(strategy, ph
             k.cleanup()
 
 
+THEIRS = ("import kdist_magics, ipyparallel as ipp\ntheirs = ipp.Cluster(n=2, cluster_id='theirs', "
+          "controller_ip='127.0.0.1', log_level=40)\ntheirs.start_cluster_sync()\n"
+          "theirs.connect_client_sync().wait_for_engines(2, timeout=120, interactive=False)")
+#: the user mends their cluster: what is left of it stopped (an engine set whose engines died
+#: with their controller raises as it stops), the connection files a killed controller left
+#: removed (new engines would read them and fail: what ``ipcluster clean`` does), a new one
+#: started under the same id
+RESTART_THEIRS = ("import glob, os\ntry:\n    theirs.stop_cluster_sync()\nexcept Exception as e:\n"
+                  "    print('stop:', repr(e)[:200])\nfor f in glob.glob(os.path.join(theirs.profile_dir, "
+                  "'security', 'ipcontroller-theirs-*.json')):\n    os.remove(f)\n"
+                  + THEIRS.split("\n", 1)[1])
+
+
 @pytest.mark.horovod
 def test_faults_on_an_attached_cluster_never_end_its_engines(tmp_path):
-    """A cluster the notebook's user started (attach: ``--cluster-id``): an engine stopped
-    mid-cell counts as lost after 10 s and the run stops naming it, but kdist never ends it
-    (nor any engine of theirs); once continued, the next cell works; ``%kdist stop`` leaves
-    their engines running."""
+    """A cluster the notebook's user started (attach: ``--cluster-id``), three faults in turn.
+    Each is named in one line that sends the user to their cluster (kdist restarts nothing it
+    did not start), kdist ends none of their processes, and once the user has mended their
+    cluster the next cell works; ``%kdist stop`` leaves their engines running.
+
+    1. An engine stopped mid-cell counts as lost after 10 s, and is never ended.
+    2. An engine killed while Horovod starts (set-up): the other engine is left alone.
+    3. Their controller killed mid-cell: kdist watches it through the process listening on the
+       address in the cluster's connection file, so the run ends at once instead of hanging.
+    """
     import os
     import signal
     import time
@@ -106,20 +125,30 @@ def test_faults_on_an_attached_cluster_never_end_its_engines(tmp_path):
     pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here")
     k, holds = fm.new_kernel(tmp_path)
     cell = fm.CELLS["horovod"].replace("--np 2", "--np 2 --cluster-id theirs")
-    try:
-        k.check("import kdist_magics, ipyparallel as ipp\ntheirs = ipp.Cluster(n=2, cluster_id='theirs', "
-                "controller_ip='127.0.0.1', log_level=40)\ntheirs.start_cluster_sync()\n"
-                "theirs.connect_client_sync().wait_for_engines(2, timeout=120, interactive=False)")
-        k.check(cell, timeout=300)  # warm: TensorFlow and Horovod imported on their engines
-        pids = k.eval("[e.pid for e in kdist_magics._extension._strategies['horovod'].cluster.engines]")
-        holds.arm("cell")
-        msg_id = k.kc.execute(cell, store_history=False)
-        facts = holds.wait("cell")
-        os.kill(facts["engines"][-1], signal.SIGSTOP)
-        holds.release("cell")
+
+    def engines():
+        return k.eval("[e.pid for e in kdist_magics._extension._strategies['horovod'].cluster.engines]")
+
+    def faulted(phase, harm, code=cell):
+        holds.arm(phase)
+        msg_id = k.kc.execute(code, store_history=False)
+        facts = holds.wait(phase)
+        harm(facts)
+        holds.release(phase)
         res = k.wait_for(msg_id, timeout=fm.CASE_BOUND)
-        err = res.errors[0] if res.errors else {}
-        assert err.get("ename") == "RankDied", res.text[-1500:]
+        assert res.errors, res.text[-1500:]
+        err = res.errors[0]
+        assert len([ln for ln in err.get("traceback", []) if ln.strip()]) == 1, err  # one named line
+        return err
+
+    try:
+        k.check(THEIRS)
+        k.check(cell, timeout=300)  # warm: TensorFlow and Horovod imported on their engines
+        pids = engines()
+
+        # 1. an engine stopped mid-cell
+        err = faulted("cell", lambda facts: os.kill(facts["engines"][-1], signal.SIGSTOP))
+        assert err.get("ename") == "RankDied", err
         assert "rank 1 has been stopped (SIGSTOP) for 10 s" in err["evalue"], err["evalue"]
         assert f"kill -CONT {pids[-1]}" in err["evalue"], err["evalue"]
         time.sleep(1)
@@ -127,6 +156,35 @@ def test_faults_on_an_attached_cluster_never_end_its_engines(tmp_path):
         assert all(psutil.pid_exists(p) for p in pids)
         os.kill(pids[-1], signal.SIGCONT)
         assert "2" in k.check(cell, timeout=300).text  # continued: the next cell works
+
+        # 2. an engine killed while Horovod starts
+        pids = engines()
+        err = faulted("init", lambda facts: os.kill(facts["engines"][-1], signal.SIGKILL))
+        assert err.get("ename") == "RankDied", err
+        assert err["evalue"].startswith(f"While Horovod started: rank 1 has ended (pid {pids[-1]}; kdist did "
+                                        f"not start it"), err["evalue"]
+        assert "restart the cluster's engines (kdist restarts no cluster it did not start)" in err["evalue"]
+        assert psutil.pid_exists(pids[0])  # the other engine is theirs: left running
+        k.check(RESTART_THEIRS, timeout=180)
+        assert "2" in k.check(cell, timeout=300).text
+
+        # 3. their controller killed mid-cell: its every process (ipyparallel 9's hub and
+        # schedulers are children of the launched one, and go on serving without it)
+        pids = engines()
+        top = k.eval("theirs.controller.pid")
+        controller = [top] + [c.pid for c in psutil.Process(top).children(recursive=True)]
+        long_cell = cell.replace("time.sleep(1.5)", "time.sleep(30)")  # running when it dies
+        t0 = time.monotonic()
+        err = faulted("cell", lambda facts: [os.kill(pid, signal.SIGKILL) for pid in controller], long_cell)
+        assert time.monotonic() - t0 < 25  # named at once, not at the cell's end nor never
+        assert err.get("ename") == "ControllerDied", err
+        assert err["evalue"].startswith("the cluster's ipyparallel controller has ended (pid "), err["evalue"]
+        assert "on this host) during the run" in err["evalue"], err["evalue"]
+        assert "Start the cluster again (kdist restarts no cluster it did not start), then run" in err["evalue"]
+        assert all(psutil.pid_exists(p) for p in pids)  # their engines: not ended by kdist
+        k.check(RESTART_THEIRS, timeout=180)
+        assert "2" in k.check(cell, timeout=300).text
+        pids = engines()
         k.check("%kdist stop")
         time.sleep(1)
         assert all(psutil.pid_exists(p) for p in pids)  # kdist never stops their engines
