@@ -1,8 +1,9 @@
 """Soak: many consecutive short ``%%kdist --np 2`` engine runs through a real kernel.
 
 The runs mix successes, a rank raising, the Stop button (kernel interrupt) and ``--timeout``
-overruns, on one warm cluster (``--strategy horovod``, the default; ``multiworker`` has
-successes and raising runs: a worker stopped mid-collective costs it an engine restart). With
+overruns, on one warm cluster (``--strategy horovod``, the default; ``multiworker`` (TensorFlow),
+``jax`` and ``torch`` (multiworker under that Keras backend) have successes and raising runs: a
+worker stopped mid-collective costs them an engine restart). With
 ``--faults`` a fault comes every 15th run (``--fault-every``), in turn: a rank dying mid-cell, and an engine
 SIGKILLed while the framework starts (held there by :mod:`kdist_magics.faults`); the counts
 are judged on the other runs. After every run the script samples, by pid: the number of
@@ -55,7 +56,25 @@ CELLS = {
                "time.sleep(60)",
         "held": f"{MW}\nstrategy.num_replicas_in_sync",
     },
+    # Keras on JAX / PyTorch across engines (multiworker with the kernel's KERAS_BACKEND set)
+    "jax": {
+        "ok": f"{MW}\nimport jax.numpy as jnp\nfrom jax.experimental import multihost_utils\n"
+              "kd_sum = float(multihost_utils.process_allgather(jnp.ones(())).sum())\nkd_sum",
+        "raise": f"{MW}\nraise ValueError('soak: every process fails')",
+        "die": f"{MW}\nimport jax, os, time\nif jax.process_index() == 1:\n    os._exit(3)\ntime.sleep(60)",
+        "held": f"{MW}\nimport jax\njax.process_count()",
+    },
+    "torch": {
+        "ok": f"{MW}\nimport torch, torch.distributed as dist\nkd_t = torch.ones(1)\ndist.all_reduce(kd_t)\n"
+              "kd_sum = float(kd_t[0])\nkd_sum",
+        "raise": f"{MW}\nraise ValueError('soak: every process fails')",
+        "die": f"{MW}\nimport os, time, torch.distributed as dist\nif dist.get_rank() == 1:\n    os._exit(3)\n"
+               "time.sleep(60)",
+        "held": f"{MW}\nimport torch.distributed as dist\ndist.get_world_size()",
+    },
 }
+#: the kernel's Keras backend per soak strategy (multiworker follows it)
+BACKENDS = {"horovod": "tensorflow", "multiworker": "tensorflow", "jax": "jax", "torch": "torch"}
 EXPECT = {"ok": None, "raise": "RankFailed", "interrupt": "KeyboardInterrupt", "timeout": "RunTimedOut",
           "die": "RankDied", "held": "RankDied"}
 #: faults mixed in with --faults: a rank dying mid-cell, an engine killed while the framework
@@ -141,7 +160,7 @@ def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: 
     cells = CELLS[strategy]
     home = Path(tempfile.mkdtemp(prefix="kdist-soak-"))
     holds = Holds(home / "holds")
-    k = Kernel(cwd=ROOT, env=isolated_env(home, KDIST_HOLD_DIR=str(holds.dir)))
+    k = Kernel(cwd=ROOT, env=isolated_env(home, KDIST_HOLD_DIR=str(holds.dir), KERAS_BACKEND=BACKENDS[strategy]))
     rows = []
     try:
         k.check("import kdist_magics")

@@ -64,3 +64,17 @@ def test_multiworker_runs_with_faults_leave_processes_fds_and_rss_flat():
     result = soak.soak(runs=20, warmup=5, out=out, strategy="multiworker", faults=True, fault_every=8)
     sys.stderr.write(out.getvalue())
     check(result, 20, {"ok", "raise", "die", "held"})
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend", ["jax", pytest.param("torch", marks=pytest.mark.torch)])
+def test_jax_and_torch_multiworker_runs_with_faults_leave_processes_fds_and_rss_flat(backend):
+    """Keras on JAX / PyTorch across engines: 12 runs of successes, every process raising, and
+    the two faults (runs 5 and 10: a rank dying mid-cell, an engine killed while
+    jax.distributed / torch.distributed starts), each costing the next run a restart."""
+    pytest.importorskip(backend, reason=f"multiworker under KERAS_BACKEND={backend} needs {backend} "
+                                        f"(.venv has both; .venv-colab has no torch)")
+    out = io.StringIO()
+    result = soak.soak(runs=12, warmup=5, out=out, strategy=backend, faults=True, fault_every=5)
+    sys.stderr.write(out.getvalue())
+    check(result, 12, {"ok", "raise", "die", "held"})
