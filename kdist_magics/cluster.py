@@ -359,10 +359,16 @@ class EngineCluster:
             elif engine.engine_id not in registered:
                 gone = True
             if gone:
-                out[engine.engine_id] = (self._ended_why.get(engine.pid) or (
-                    describe_exit(self.exit_status(engine)) if self.owned else
-                    f"has ended (pid {engine.pid}; kdist did not start it, so its exit status is not known here)"))
+                out[engine.engine_id] = self._ended_why.get(engine.pid) or self._gone_words(engine)
         return out
+
+    def _gone_words(self, engine: EngineInfo) -> str:
+        if self.owned:
+            return describe_exit(self.exit_status(engine))
+        if not self._local(engine):  # frozen (no heartbeat), ended, or cut off: it cannot be told
+            return (f"on {engine.hostname} left the cluster (its controller unregistered it: it ended, "
+                    f"or stopped answering ipyparallel's heartbeat)")
+        return f"has ended (pid {engine.pid}; kdist did not start it, so its exit status is not known here)"
 
     def controller_gone(self) -> str | None:
         """How the controller of an owned cluster ended ("was killed by SIGKILL"), or None

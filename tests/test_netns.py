@@ -358,3 +358,42 @@ def test_horovod_across_namespaced_hosts(shell, hosts):
         for a, b in zip(weights[0], w):
             np.testing.assert_array_equal(np.array(a), np.array(b))
     hosts.stop_engines()
+
+
+def test_a_remote_engine_that_freezes_is_named_once_the_heartbeat_gives_up(shell, hosts):
+    """An engine on another "host" stopped (SIGSTOP) mid-cell: kdist cannot see that process,
+    so ipyparallel's heartbeat is what notices (10 missed beats of 3 s by default); the run
+    then ends naming the rank, instead of waiting on it for ever (no --timeout here)."""
+    import re
+    import signal
+
+    import psutil
+
+    from kdist_magics.errors import RankDied
+
+    shell.run_line_magic("kdist", "stop")
+    hosts.launch_engines()
+    cell = ("import os, signal, threading, time\nif strategy.cluster_resolver.task_id == 2:\n"
+            "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGSTOP)).start()\ntime.sleep(300)")
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RankDied) as info:
+            shell.run_cell_magic("kdist", f"--strategy multiworker --np 3 --no-dashboard "
+                                          f"--cluster-id {hosts.cluster_id}", cell)
+        waited = time.monotonic() - t0
+    except BaseException:
+        print("engine log:\n" + hosts.engine_log())
+        raise
+    finally:
+        shell.run_line_magic("kdist", "stop")
+        frozen = [p.pid for p in hosts.engines
+                  if p.poll() is None and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED]
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert len(frozen) == 1  # rank 2 stopped itself, and only it (kdist ends no engine of theirs)
+    text = str(info.value)
+    assert re.match(r"rank 2 on kd-host-[ab] left the cluster \(its controller unregistered it: it ended, "
+                    r"or stopped answering ipyparallel's heartbeat\)\. The run was stopped; restart the "
+                    r"cluster's engines", text), text
+    assert waited < 150, waited  # the heartbeat's ~30 s, plus starting the workers (never the 300 s of sleep)
+    hosts.stop_engines()
