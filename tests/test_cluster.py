@@ -11,7 +11,8 @@ import pytest
 
 from kdist_magics import engine, values
 from kdist_magics import feed as feed_mod
-from kdist_magics.cluster import EngineCluster, EngineInfo, describe_exit
+from kdist_magics.cluster import EngineCluster, EngineInfo
+from kdist_magics.exits import describe_exit
 from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
 from kdist_magics.record import RunRecord
 from kdist_magics.strategies.engines import EngineStrategy
@@ -470,9 +471,9 @@ def test_a_local_engine_left_stopped_is_ended_and_its_death_says_why(monkeypatch
     import sys
     import time
 
-    from kdist_magics import cluster as cluster_mod
+    from kdist_magics import cluster as cluster_mod, liveness
 
-    monkeypatch.setattr(cluster_mod, "FROZEN_AFTER", 0.5)
+    monkeypatch.setattr(liveness, "FROZEN_AFTER", 0.5)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         c = EngineCluster(1)
@@ -500,9 +501,9 @@ def test_a_stopped_engine_of_an_attached_cluster_counts_as_lost_but_is_never_end
     import sys
     import time
 
-    from kdist_magics import cluster as cluster_mod
+    from kdist_magics import cluster as cluster_mod, liveness
 
-    monkeypatch.setattr(cluster_mod, "FROZEN_AFTER", 0.3)
+    monkeypatch.setattr(liveness, "FROZEN_AFTER", 0.3)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         c = EngineCluster(1, cluster_id="theirs")  # attached: somebody else's engines
