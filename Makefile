@@ -6,8 +6,9 @@ COLAB_VENV ?= .venv-colab
 # What also runs on Colab's own stack (.venv-colab): everything but Horovod (Colab has none),
 # the JupyterLab browser tests (Colab's front end is Notebook 6: the classic test runs instead),
 # network namespaces and the pinned-stack installs (both are about this machine, not the stack),
-# and PyTorch (Colab's torch comes from its own wheel index, not from its published freeze).
-COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks and not long) or classic
+# PyTorch (Colab's torch comes from its own wheel index, not from its published freeze), and the
+# GPU check's dry run (a script for the lent GPU machine, whose stack is not Colab's).
+COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks and not long and not gpucheck) or classic
 
 .PHONY: setup lab test test-fast demo bench clean
 

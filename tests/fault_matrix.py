@@ -113,11 +113,14 @@ EXPECTED = {"horovod": {
 }}
 
 #: cases ``make test`` leaves to the tests that already do them (tests/test_horovod_engines.py:
-#: a rank dying, a frozen rank, the controller killed, mid-cell); the benchmark runs them all
+#: a rank dying, a frozen rank, the controller killed, mid-cell) or to a case of the same code
+#: path (each costs the next cell a restart); the benchmark runs them all
 COVERED_ELSEWHERE = {("horovod", "cell", "engine-kill"), ("horovod", "cell", "engine-stop"),
                      ("horovod", "cell", "controller-kill"),
                      # the same wait for a stopped engine as at --pull, ten seconds more CI
-                     ("horovod", "finishing", "engine-stop")}
+                     ("horovod", "finishing", "engine-stop"),
+                     # the same wait in set-up (waiting.setup_results) as Horovod's at init
+                     ("jax", "init", "engine-stop"), ("torch", "init", "engine-stop")}
 
 #: (strategy, phase, fault) with the kernel as the victim: nothing may be left 10 s later
 KERNEL_CASES = [("horovod", "controller", "kernel-kill"), ("horovod", "engines", "kernel-kill"),
