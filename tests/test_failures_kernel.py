@@ -312,9 +312,8 @@ def test_restarting_the_engines_leaves_the_kernels_open_files_flat(kern):
     kern.check("%kdist restart", timeout=300)
     kern.check(f"{HVD}\nkd_x = 1", timeout=300)
     before = psutil.Process(kern.pid).num_fds()
-    for _ in range(2):
-        kern.check("%kdist restart", timeout=300)
-        kern.check(f"{HVD}\nkd_x = 1", timeout=300)
+    kern.check("%kdist restart", timeout=300)  # one more: any fd a restart keeps shows (the
+    kern.check(f"{HVD}\nkd_x = 1", timeout=300)  # soaks watch the drift over many restarts)
     assert psutil.Process(kern.pid).num_fds() == before
 
 
