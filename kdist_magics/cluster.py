@@ -152,9 +152,7 @@ class EngineCluster(Liveness):
                 told = count
             if count >= self.n:
                 return
-            trouble = (self._starting_trouble() if self.owned else
-                       (gone := self.controller_gone()) and f"its controller {gone} while the engines registered")
-            if trouble:
+            if trouble := self._starting_trouble():
                 raise ClusterError(trouble)
             time.sleep(every)
 

@@ -37,12 +37,15 @@ class Liveness:
     ``_stopped_since``, ``_ended_why`` and ``_theirs``."""
 
     def _starting_trouble(self) -> str | None:
-        """Why an owned cluster's engines will never all register: its controller ended, or an
-        engine ended (or stayed stopped for ``FROZEN_AFTER`` s, and was ended) before it did."""
+        """Why the engines will never all register: the controller ended (an attached cluster's,
+        when it runs on this host, too), or an engine of an owned cluster ended (or stayed
+        stopped for ``FROZEN_AFTER`` s, and was ended) before it did."""
         import psutil
 
         if gone := self.controller_gone():
-            return f"the controller {gone} while the engines registered"
+            return f"{'the' if self.owned else 'its'} controller {gone} while the engines registered"
+        if not self.owned:
+            return None
         now = time.monotonic()
         for pid in sorted(self._pids_started):
             try:
