@@ -312,13 +312,7 @@ class EngineStrategy(Strategy):
         hold("finishing", cluster)
         if self.needs_restart is None and cluster.running and cluster.controller_gone():
             self.needs_restart = "the controller died after the previous run"  # said by results.pull
-        if self.needs_restart is None and cluster.running and (deaths := {
-                eid: how for eid, how in cluster.dead(settle=True).items() if eid not in self.lost}):
-            # after the cell had run (else the supervisor would have said): its work stands
-            self.needs_restart = "an engine died after the previous run"
-            if ok:
-                by_engine = waiting.rank_of(cluster, ranks)
-                say(died_after({by_engine.get(eid, eid): how for eid, how in deaths.items()}), warn=True)
+        self._died_after(cluster, ranks, ok)
         if sup is not None:
             sup.printer.flush()
         if self.needs_restart is None and cluster.running:
@@ -336,8 +330,24 @@ class EngineStrategy(Strategy):
         try:
             self.after_cell(cluster, ctx, ok and self.needs_restart is None)
         except Exception:
-            if ok:
+            # an engine killed just before (still being torn down at the look above) fails
+            # the end-of-run calls with ipyparallel's own error (KeyError: its id): a death
+            if not self._died_after(cluster, ranks, ok) and ok:
                 raise
+
+    def _died_after(self, cluster, ranks, ok) -> bool:
+        """An engine that died after the cell had run (else the supervisor would have said):
+        the cell's work stands, the engines restart with the next cell, and a warning says so."""
+        if self.needs_restart is not None or not cluster.running:
+            return False
+        deaths = {eid: how for eid, how in cluster.dead(settle=True).items() if eid not in self.lost}
+        if not deaths:
+            return False
+        self.needs_restart = "an engine died after the previous run"
+        if ok:
+            by_engine = waiting.rank_of(cluster, ranks)
+            say(died_after({by_engine.get(eid, eid): how for eid, how in deaths.items()}), warn=True)
+        return True
 
     # -- execute and supervise -------------------------------------------------
     def _execute(self, cell: str, cluster: EngineCluster, ctx: RunContext, ranks: list[int]):
