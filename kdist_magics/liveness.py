@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from .errors import ClusterError
-from .exits import describe_exit
+from .exits import describe_exit, exiting
 
 #: seconds a local engine may stay stopped (SIGSTOP, a debugger) before kdist ends it
 FROZEN_AFTER = 10.0
@@ -52,7 +52,7 @@ class Liveness:
                 status = psutil.Process(pid).status()
             except psutil.NoSuchProcess:
                 status = psutil.STATUS_ZOMBIE
-            if status != psutil.STATUS_ZOMBIE:
+            if status != psutil.STATUS_ZOMBIE and not exiting(pid):
                 self._watch_frozen(pid, status, now)
                 continue
             how = self._ended_why.get(pid) or describe_exit(self.exit_status(EngineInfo(-1, pid, "")))
@@ -134,7 +134,8 @@ class Liveness:
                     status = proc.status()
                     self._watch_frozen(engine.pid, status, now)
                     # an attached engine stopped too long counts as lost (it is not ended)
-                    gone = status == psutil.STATUS_ZOMBIE or (self.attached and engine.pid in self._ended_why)
+                    gone = (status == psutil.STATUS_ZOMBIE or exiting(engine.pid)
+                            or (self.attached and engine.pid in self._ended_why))
                 except psutil.NoSuchProcess:
                     gone = True
             elif engine.engine_id not in registered:
@@ -167,7 +168,7 @@ class Liveness:
         if pid is None or pid <= 0:
             return None
         try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and not exiting(pid):
                 return None
         except psutil.NoSuchProcess:
             pass

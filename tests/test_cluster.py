@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from kdist_magics import engine, values
 from kdist_magics import feed as feed_mod
 from kdist_magics.cluster import EngineCluster, EngineInfo
-from kdist_magics.exits import describe_exit
+from kdist_magics.exits import describe_exit, exiting
 from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
 from kdist_magics.record import RunRecord
 from kdist_magics.strategies.engines import EngineStrategy
@@ -230,6 +231,49 @@ def test_dead_engine_is_detected_with_its_exit_status():
         assert c.dead() == {1: describe_exit(-9)}
         c.signal(signal.SIGTERM, [0])
         assert procs[0].wait(timeout=10) == -signal.SIGTERM
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_process_being_killed_reads_as_exiting(tmp_path):
+    """SIGKILL pending, or the kernel's PF_EXITING flag: the process is ending, though its
+    status still reads running (a large engine takes a moment to be torn down)."""
+    def proc(pid, flags, shdpnd="0000000000000000", sigpnd="0000000000000000"):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "stat").write_text(f"{pid} (python3 (engine)) R 1 2 3 4 5 {flags} 0 0\n")
+        (d / "status").write_text(f"Name:\tpython3\nSigPnd:\t{sigpnd}\nShdPnd:\t{shdpnd}\n")
+    proc(1, 0x400000)
+    proc(2, 0x400004)  # PF_EXITING
+    proc(3, 0x400000, shdpnd="0000000000000100")  # SIGKILL (9) pending for the process
+    proc(4, 0x400000, sigpnd="0000000000000100")  # ... for its main thread
+    proc(5, 0x400000, shdpnd="0000000000000002")  # SIGINT pending: it may live on
+    assert [exiting(pid, str(tmp_path)) for pid in range(1, 7)] == [False, True, True, True, False, False]
+    assert not exiting(os.getpid())
+    child = _sleeper()
+    child.kill()
+    deadline = time.monotonic() + 10
+    while not exiting(child.pid) and time.monotonic() < deadline:  # until reaped it is ending
+        time.sleep(0.01)
+    assert exiting(child.pid)
+    child.wait()
+    assert not exiting(child.pid)
+
+
+def test_an_engine_being_torn_down_counts_as_dead_before_its_status_says_so(monkeypatch):
+    from kdist_magics import liveness
+
+    procs = [_sleeper(), _sleeper()]
+    try:
+        c = EngineCluster(2)
+        c.cluster = _FakeIpp([p.pid for p in procs])
+        c.client = _FakeClient([0, 1])
+        c.engines = [EngineInfo(i, p.pid, "here") for i, p in enumerate(procs)]
+        c.cluster.engines["set"].launchers[1].stop_data = {"exit_code": -9}
+        monkeypatch.setattr(liveness, "exiting", lambda pid: pid == procs[1].pid)
+        assert c.dead() == {1: describe_exit(-9)}
     finally:
         for p in procs:
             p.kill()
@@ -483,10 +527,10 @@ def test_a_local_engine_left_stopped_is_ended_and_its_death_says_why(monkeypatch
         time.sleep(0.2)
         assert c.dead() == {}  # stopped for a moment: not yet
         time.sleep(0.5)
-        assert c.dead() == {}  # now ended (SIGKILL); it reads as dead from the next look
+        why = {7: "was stopped (SIGSTOP) for 0 s while its peers waited for it; kdist ended it"}
+        assert c.dead() == why  # ended now (SIGKILL): dead at this look, though not yet reaped
         assert proc.wait(10) == -signal.SIGKILL
-        assert c.dead() == {7: "was stopped (SIGSTOP) for 0 s while its peers waited for it; "
-                               "kdist ended it"}
+        assert c.dead() == why
     finally:
         if proc.poll() is None:
             proc.kill()

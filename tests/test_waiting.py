@@ -110,6 +110,44 @@ def test_the_controller_ending_is_controllerdied_and_says_the_cell_had_run():
                                       "controller was killed by SIGKILL. The cell had run on every rank")
 
 
+class EngineError(Exception):
+    """ipyparallel's word for a request on an engine that died (as its RemoteError names it)."""
+
+    ename = "EngineError"
+
+
+def test_an_engine_error_before_the_death_shows_waits_for_it_and_names_the_death():
+    """The controller can unregister an engine (ipyparallel then fails its requests with
+    EngineError) a moment before its process is seen ended: the wait looks again, and the
+    death is named, not ipyparallel's error."""
+    cluster = FakeCluster()
+    s = strategy(cluster)
+    threading.Timer(0.6, lambda: cluster.deaths.update({11: "was killed by SIGKILL"})).start()
+    died = FakeResult(0, error=EngineError("Engine 11 died while running task 'x_42'"))
+    with pytest.raises(RankDied) as info:
+        waiting.gather(s, [FakeResult(0, "a"), died], [0, 1], 30, "while the engines were prepared")
+    assert info.value.deaths == {1: "was killed by SIGKILL"}
+    cluster.deaths = {}
+    threading.Timer(0.6, lambda: cluster.deaths.update({10: "was killed by SIGKILL"})).start()
+    with pytest.raises(RankDied, match="^While the engines were asked what they hold: rank 0 was killed"):
+        with waiting.named_deaths(s, [0, 1], "while the engines were asked what they hold"):
+            raise EngineError("Engine 10 died")
+
+
+def test_an_engine_error_whose_death_never_shows_is_raised_as_itself_after_the_wait(monkeypatch):
+    monkeypatch.setattr(waiting, "DEATH_SHOWS_WITHIN", 0.5)
+    s = strategy(FakeCluster())
+    t0 = time.monotonic()
+    with pytest.raises(EngineError):
+        with waiting.named_deaths(s, [0, 1], "while x"):
+            raise EngineError("Engine 10 died")
+    assert time.monotonic() - t0 >= 0.5
+    with pytest.raises(RuntimeError):  # any other error is raised at once
+        with waiting.named_deaths(s, [0, 1], "while x"):
+            raise RuntimeError("boom")
+    assert s.needs_restart is None
+
+
 def test_setup_results_stops_at_the_first_failure_and_names_who_waits():
     s = strategy(FakeCluster())
     err = RuntimeError("no module named horovod")

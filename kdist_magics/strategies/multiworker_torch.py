@@ -42,6 +42,7 @@ from ..cluster import EngineCluster
 from ..errors import KDistError
 from ..network import engine_address, interface_of, join
 from ..placement import host_grouped_ranks
+from . import waiting
 from .base import RunContext
 from .processes import ProcessGroupStrategy
 from .fit_data import process_shards
@@ -83,16 +84,22 @@ class TorchMultiWorkerStrategy(ProcessGroupStrategy):
 
         mode = "loopback" if cluster.owned else ctx.options.worker_network
         by_rank = dict(zip(ranks, cluster.engines))
+        during = "while torch.distributed was set up"
+        lead = {by_rank[0].engine_id: 0}
         try:
-            opened = cluster.client[by_rank[0].engine_id].apply_async(_listen, mode).get(timeout=60)
+            opened = waiting.gather(self, [cluster.client[by_rank[0].engine_id].apply_async(_listen, mode)],
+                                    lead, 60, during)[0]
+        except KDistError:  # rank 0 or the controller ended: named
+            raise
         except Exception as exc:
             raise KDistError(f"torch's store could not listen on rank 0: "
                              f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}") from None
         address, port = opened["address"], opened["port"]
         self.check_reachable(address, cluster, "torch's store")
         self.store = join(address, port)
-        gpus = [(e.hostname, ar.get(timeout=60)) for e, ar in
-                zip(cluster.engines, [cluster.client[e.engine_id].apply_async(_cuda) for e in cluster.engines])]
+        cudas = waiting.gather(self, [cluster.client[e.engine_id].apply_async(_cuda) for e in cluster.engines],
+                               ranks, 60, during)
+        gpus = [(e.hostname, cuda) for e, cuda in zip(cluster.engines, cudas)]
         # NCCL when every rank has a GPU of its own (it refuses two ranks on one GPU)
         backend = "nccl" if all(g for _, g in gpus) and len(set(gpus)) == len(gpus) else "gloo"
         seed = secrets.randbelow(2 ** 31)  # one per run, the same on every process

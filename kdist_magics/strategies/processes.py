@@ -14,6 +14,7 @@ from ..cluster import EngineCluster
 from ..errors import KDistError
 from ..messages import say
 from ..placement import host_grouped_ranks
+from . import waiting
 from .base import RunContext
 from .engines import EngineStrategy
 
@@ -38,16 +39,22 @@ class ProcessGroupStrategy(EngineStrategy):
 
     def _cluster(self, ctx: RunContext) -> EngineCluster:
         cluster = super()._cluster(ctx)
-        reason = self._plan(cluster, ctx)
+        reason = self._look(cluster, ctx)
         if reason:
             if not cluster.owned:
                 raise KDistError(reason + self.attached_advice)
             say(f"restarting the engines ({reason}{self.restart_because})")
             cluster.restart()
-            reason = self._plan(cluster, ctx)
+            reason = self._look(cluster, ctx)
             if reason:  # pragma: no cover - a fresh engine that starts the framework at start-up
                 raise KDistError(f"{reason} even on freshly started engines")
         return cluster
+
+    def _look(self, cluster: EngineCluster, ctx: RunContext) -> str:
+        """:meth:`_plan`, an engine or the controller ending meanwhile named (:mod:`.waiting`)."""
+        ranks = host_grouped_ranks([e.hostname for e in cluster.engines])
+        with waiting.named_deaths(self, ranks, "while the engines were asked what they hold"):
+            return self._plan(cluster, ctx)
 
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
         return list(self._ranks) or host_grouped_ranks([e.hostname for e in cluster.engines])

@@ -32,6 +32,7 @@ from ..compat_ipyparallel import children as list_children
 from ..feed import FEED_MIME, FeedIntake
 from ..errors import ControllerDied, RankDied, RankFailed, RunTimedOut
 from ..messages import say
+from .waiting import engine_died
 
 POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
 DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
@@ -339,7 +340,7 @@ class RunSupervisor:
             if exc is None:  # ipyparallel resolves a failed request with its error
                 reply = fut.result()
                 exc = reply if isinstance(reply, BaseException) else None
-            if exc is not None and getattr(exc, "ename", type(exc).__name__) == "EngineError":
+            if exc is not None and engine_died(exc):
                 # the engine died: the death check names how (and an elastic run goes on)
                 if rank not in self.late_failures:
                     self.vanishing.setdefault(rank, (time.monotonic(), exc))

@@ -17,6 +17,15 @@ from ..errors import ControllerDied, KDistError, RankDied
 from ..faults import hold
 
 LOOK_EVERY = 0.25  # seconds between looks at the engines' and controller's processes
+#: seconds an "engine died" error from ipyparallel waits for the death to show (the
+#: controller can unregister an engine a moment before its process is seen ended)
+DEATH_SHOWS_WITHIN = 5.0
+
+
+def engine_died(exc: BaseException) -> bool:
+    """ipyparallel's own word that an engine died under a request (``EngineError``, raised
+    as itself or inside a ``RemoteError``)."""
+    return getattr(exc, "ename", type(exc).__name__) == "EngineError"
 
 
 def rank_of(cluster, ranks) -> dict[int, int]:
@@ -24,10 +33,20 @@ def rank_of(cluster, ranks) -> dict[int, int]:
     return ranks if isinstance(ranks, dict) else {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
 
 
-def check(strategy, ranks, during: str, ran: bool = False) -> None:
+def check(strategy, ranks, during: str, ran: bool = False, settle: float = 0.0) -> None:
     """Raise if the controller or an engine of ``strategy.cluster`` in ``ranks`` is gone
     (marking the engines for a restart). ``ranks``: each engine's rank, in
-    ``cluster.engines`` order, or ``{engine_id: rank}`` of the engines that matter."""
+    ``cluster.engines`` order, or ``{engine_id: rank}`` of the engines that matter.
+    ``settle``: look again for up to that many seconds before finding nothing."""
+    deadline = time.monotonic() + settle
+    while True:
+        _check(strategy, ranks, during, ran)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(LOOK_EVERY)
+
+
+def _check(strategy, ranks, during: str, ran: bool) -> None:
     cluster = strategy.cluster
     if cluster is None:
         return
@@ -51,8 +70,8 @@ def named_deaths(strategy, ranks, during: str, ran: bool = False):
         yield
     except KDistError:
         raise
-    except Exception:
-        check(strategy, ranks, during, ran)
+    except Exception as exc:
+        check(strategy, ranks, during, ran, settle=DEATH_SHOWS_WITHIN if engine_died(exc) else 0.0)
         raise
 
 
@@ -72,9 +91,20 @@ def wait_all(strategy, ars: list, ranks, timeout: float | None, during: str,
             check(strategy, ranks, during, ran)
             next_look = now + LOOK_EVERY
         time.sleep(every)
-    if any(ar.ready() and not ar.successful() for ar in ars):
+    failed = [ar for ar in ars if ar.ready() and not ar.successful()]
+    if failed:
         # ipyparallel reports an engine's death as its task's error: name the death instead
-        check(strategy, ranks, during, ran)
+        check(strategy, ranks, during, ran,
+              settle=DEATH_SHOWS_WITHIN if any(engine_died(_error(ar)) for ar in failed) else 0.0)
+
+
+def _error(ar) -> BaseException | None:
+    """The error a ready, failed result raises."""
+    try:
+        ar.get(timeout=0)
+    except Exception as exc:
+        return exc
+    return None
 
 
 def gather(strategy, ars: list, ranks, timeout: float | None, during: str,
