@@ -44,6 +44,9 @@ from conftest import ROOT
 pytestmark = [pytest.mark.netns, pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(900)]
 
 HOSTS = {"kd-host-a": 2, "kd-host-b": 1}  # "host" -> engines on it
+#: the fixture controller's heartbeat: a beat each HEARTBEAT_MS, an engine unregistered after
+#: HEARTBEAT_MISSES missed beats
+HEARTBEAT_MS, HEARTBEAT_MISSES = 1000, 5
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -132,8 +135,12 @@ class Hosts:
     def start_controller(self) -> None:
         import ipyparallel as ipp
 
+        # a quicker heartbeat than ipyparallel's default (10 missed beats of 3 s): a frozen
+        # "remote" engine is unregistered after 5 s, not 30
         self.cluster = ipp.Cluster(n=0, cluster_id=self.cluster_id, controller_ip=self.bridge_ip,
-                                   log_level=40, shutdown_atexit=False)
+                                   log_level=40, shutdown_atexit=False,
+                                   controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}",
+                                                    f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"])
         self.cluster.start_controller_sync()
         self.controller_pids = _tree({self.cluster.controller.pid})
 
@@ -362,8 +369,9 @@ def test_horovod_across_namespaced_hosts(shell, hosts):
 
 def test_a_remote_engine_that_freezes_is_named_once_the_heartbeat_gives_up(shell, hosts):
     """An engine on another "host" stopped (SIGSTOP) mid-cell: kdist cannot see that process,
-    so ipyparallel's heartbeat is what notices (10 missed beats of 3 s by default); the run
-    then ends naming the rank, instead of waiting on it for ever (no --timeout here)."""
+    so ipyparallel's heartbeat is what notices (here 5 missed beats of 1 s; 10 of 3 s by
+    default); the run then ends naming the rank, instead of waiting on it for ever (no
+    --timeout here)."""
     import re
     import signal
 
@@ -395,5 +403,5 @@ def test_a_remote_engine_that_freezes_is_named_once_the_heartbeat_gives_up(shell
     assert re.match(r"rank 2 on kd-host-[ab] left the cluster \(its controller unregistered it: it ended, "
                     r"or stopped answering ipyparallel's heartbeat\)\. The run was stopped; restart the "
                     r"cluster's engines", text), text
-    assert waited < 150, waited  # the heartbeat's ~30 s, plus starting the workers (never the 300 s of sleep)
+    assert waited < 120, waited  # the heartbeat's ~5 s, plus starting the workers (never the 300 s of sleep)
     hosts.stop_engines()
