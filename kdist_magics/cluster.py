@@ -31,10 +31,11 @@ def _identify():  # runs on an engine
     return os.getpid(), socket.gethostname()
 
 
-def _following(controller_nice: int = 0):
+def _following(controller_nice: int = 0, netns: int | None = None):
     """Launcher configuration: an owned cluster's controller and engines start through
     :mod:`kdist_magics.follow`, so they (and their nannies and schedulers) end with this
-    kernel from their first instant, even while they are still starting."""
+    kernel from their first instant, even while they are still starting; the engines inside
+    the namespaces of holder ``netns`` when given (:mod:`.namespace`)."""
     from traitlets.config import Config
 
     from .follow import command
@@ -42,8 +43,8 @@ def _following(controller_nice: int = 0):
     config = Config()
     config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller",
                                                             nice=controller_nice)
-    config.LocalEngineLauncher.engine_cmd = command("ipyparallel.engine")
-    config.LocalEngineSetLauncher.engine_cmd = command("ipyparallel.engine")
+    config.LocalEngineLauncher.engine_cmd = command("ipyparallel.engine", netns=netns)
+    config.LocalEngineSetLauncher.engine_cmd = command("ipyparallel.engine", netns=netns)
     return config
 
 
@@ -53,11 +54,17 @@ class EngineCluster(Liveness):
     ``n``: engines to start (owned) or to wait for (attached).
     ``cluster_id`` / ``profile``: attach instead of starting.
     ``ip``: where an owned controller listens (loopback unless configured).
+    ``private``: an owned cluster's engines get a network of their own (:mod:`.namespace`);
+    the controller then listens on Unix sockets only, in a folder of this user's alone.
     """
 
     def __init__(self, n: int, cluster_id: str | None = None, profile: str | None = None,
-                 ip: str = "127.0.0.1", start_timeout: float = 120.0, controller_nice: int = 0):
+                 ip: str = "127.0.0.1", start_timeout: float = 120.0, controller_nice: int = 0,
+                 private: bool = False):
         self.n = n
+        self.private = private and not (cluster_id is not None or profile is not None)
+        #: the running private network (:class:`~.namespace.Namespace`), while there is one
+        self.namespace = None
         self.controller_nice = controller_nice  # an owned controller runs this much nicer
         self.attached = cluster_id is not None or profile is not None
         self.cluster_id = cluster_id
@@ -96,8 +103,16 @@ class EngineCluster(Liveness):
         try:
             if self.owned:
                 self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
-                self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
-                                           log_level=40, shutdown_atexit=True, config=_following(self.controller_nice))
+                ip, args = self.ip, []
+                if self.private:
+                    from .namespace import Namespace
+
+                    self.namespace = Namespace().start()
+                    self._pids_started.add(self.namespace.pid)
+                    ip, args = str(self.namespace.folder / "c"), ["--transport=ipc"]
+                self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=ip,
+                                           controller_args=args, log_level=40, shutdown_atexit=True,
+                                           config=_following(self.controller_nice, self.namespace and self.namespace.pid))
                 self.cluster.start_controller_sync()
                 self._exits.attach(self.cluster)  # the controller's exit is known at once
                 hold("controller", self)
@@ -211,6 +226,9 @@ class EngineCluster(Liveness):
 
                 logging.getLogger("kdist_magics").debug("stop_cluster: %r", exc)
             end_sync_thread(cluster)
+        if self.namespace is not None:
+            self.namespace.stop()
+            self.namespace = None
         self._pids_started = set()
         self.engines = []
         self._exits.close()
@@ -270,5 +288,9 @@ class EngineCluster(Liveness):
     def status(self) -> dict[str, Any]:
         if not self.running:
             return {"engines": "not started"}
-        return {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
-                "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}
+        facts = {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
+                 "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}
+        if self.namespace is not None:
+            facts["network"] = (f"private (the engines in namespace holder pid {self.namespace.pid}; "
+                                f"the controller on Unix sockets in {self.namespace.folder})")
+        return facts

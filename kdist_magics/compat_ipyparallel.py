@@ -106,3 +106,31 @@ def registration_url(client) -> str | None:
     attached cluster's controller through the process listening there, when it is on this host."""
     url = (getattr(client, "_config", None) or {}).get("registration")
     return url if isinstance(url, str) and url.startswith("tcp://") else None
+
+
+def ipc_urls_as_read() -> None:
+    """The controller binds ``ipc`` URLs as its connection files are read (8.8-9.2).
+
+    ``IPController.construct_url`` joins an ``ipc://PATH`` interface and a port with ``-``
+    (``PATH-PORT``), but the client and the engines (``Client``, ``IPEngine``) join what the
+    connection file says with ``:``, so with ``--transport=ipc`` nobody reaches the hub
+    ("Hub connection request timed out"). Run in the controller's process before it starts
+    (``kdist_magics.follow`` does): the controller then binds ``PATH:PORT`` too. A no-op for
+    ``tcp``. Not reported upstream (searched ipyparallel's issues, Dec 2026).
+    """
+    from ipyparallel.controller.app import IPController
+
+    if getattr(IPController.construct_url, "_kdist", False):
+        return
+    original = IPController.construct_url
+
+    def construct_url(self, kind, channel, index=None):
+        url = original(self, kind, channel, index)
+        info = {"engine": self.engine_info, "client": self.client_info}.get(kind) or self.internal_info
+        interface = info["interface"]
+        if interface.startswith("ipc://") and url.startswith(interface + "-"):
+            url = f"{interface}:{url[len(interface) + 1:]}"
+        return url
+
+    construct_url._kdist = True
+    IPController.construct_url = construct_url

@@ -11,7 +11,8 @@ the engines are still starting, takes them with it: a killed kernel runs no ``at
 ipyparallel has no such option. The watcher sleeps on a pidfd (Linux), waking only when the
 kernel ends; elsewhere it looks every half second. A small guard process (``--guard``) does
 the same from outside, since a thread cannot run while the process's interpreter lock is held
-for seconds (TensorFlow's import does that).
+for seconds (TensorFlow's import does that). ``--netns HOLDER`` first joins a cluster's
+private network (:mod:`.namespace`).
 """
 
 from __future__ import annotations
@@ -116,17 +117,18 @@ def _running(proc) -> bool:
 
 
 def command(module: str, pid: int | None = None, started: float | None = None,
-            nice: int = 0) -> list[str]:
+            nice: int = 0, netns: int | None = None) -> list[str]:
     """The command line that runs ``python -m module`` following process ``pid`` (this one),
-    ``nice`` added to its priority (the controller: it and its schedulers run beside the ranks)."""
+    ``nice`` added to its priority (the controller: it and its schedulers run beside the ranks),
+    inside the namespaces of holder ``netns`` (:mod:`.namespace`) when given."""
     import psutil
 
     if pid is None:
         pid = os.getpid()
     if started is None:
         started = psutil.Process(pid).create_time()
-    return [sys.executable, "-m", "kdist_magics.follow", *(["--nice", str(nice)] if nice else []),
-            str(pid), repr(started), module]
+    return [sys.executable, "-m", "kdist_magics.follow", *(["--netns", str(netns)] if netns else []),
+            *(["--nice", str(nice)] if nice else []), str(pid), repr(started), module]
 
 
 def guard(pid: int, started: float, target: int) -> None:
@@ -172,6 +174,11 @@ def main(argv: list[str]) -> None:
     if argv[0] == "--guard":
         guard(int(argv[1]), float(argv[2]), int(argv[3]))
         return
+    if argv[0] == "--netns":  # first, while this process has one thread (setns needs that)
+        from .namespace import enter
+
+        enter(int(argv[1]))
+        argv = argv[2:]
     if argv[0] == "--nice":
         try:
             os.nice(int(argv[1]))  # before anything starts: its threads and children inherit it
@@ -183,6 +190,10 @@ def main(argv: list[str]) -> None:
     # the guard: started before the module (and its heavy imports) runs
     subprocess.Popen([sys.executable, "-m", "kdist_magics.follow", "--guard", pid, started,
                       str(os.getpid())], stdin=subprocess.DEVNULL, close_fds=True)
+    if module == "ipyparallel.controller":
+        from .compat_ipyparallel import ipc_urls_as_read
+
+        ipc_urls_as_read()
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
