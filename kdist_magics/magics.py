@@ -75,6 +75,14 @@ class KDist(Magics):
                                "accept connections from this user only: on a shared host every user "
                                "shares loopback. False: anyone's (to debug with outside tools); "
                                "%kdist status says so").tag(config=True)
+    private_network = Bool(RunOptions.private_network,
+                           help="a cluster kdist starts runs its engines in a network namespace of "
+                                "their own (no privilege needed where the host allows user "
+                                "namespaces): nothing they listen on (Gloo, TF gRPC, the JAX "
+                                "coordinator, torch's store) can be reached by other local users, "
+                                "and the kernel reaches the controller over Unix sockets. Takes "
+                                "effect at the next cluster start; %kdist status says which "
+                                "holds").tag(config=True)
     stop_grace = Float(RunOptions.stop_grace, help="seconds ranks get to stop after an interrupt (SIGINT) before "
                                  "they are killed and the engines restarted").tag(config=True)
 
@@ -146,13 +154,20 @@ class KDist(Magics):
             show(record, nice=self.helper_nice)  # a live view; finalises itself when the record ends
         return self.execute(strategy, cell, spec, record)
 
+    def _private(self) -> bool:
+        """A cluster kdist starts gets a network of its own (KDist.private_network, where it can)."""
+        from .namespace import unavailable
+
+        return self.private_network and unavailable() is None
+
     def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord):
         from .strategies import RunContext
 
         ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self))
         if strategy.in_kernel:
             record.phase(PHASE_CELL)  # engine strategies name their own phases
-        elif not spec.attach and getattr(strategy, "exposure", None) and not self._sharing_said:
+        elif not spec.attach and getattr(strategy, "exposure", None) and not self._sharing_said \
+                and not self._private():
             self._sharing_said = True  # once per kernel: what other users here could reach
             from .peers import other_users
 
@@ -230,6 +245,13 @@ class KDist(Magics):
         if not self.same_user_only:
             lines.append("  isolation: off (KDist.same_user_only = False): kdist's rendezvous and "
                          "abort line accept any local user's connections")
+        if self.private_network:
+            from .namespace import unavailable
+
+            why = unavailable()
+            lines.append("  private network: " + (f"not here ({why})" if why else
+                                                  "on (KDist.private_network): a cluster kdist starts "
+                                                  "gets a network of its own"))
         print("\n".join(lines))
 
     def _cmd_stop(self, rest: str):

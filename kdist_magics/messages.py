@@ -132,4 +132,10 @@ def shared_host(uids: list[int], exposed: str) -> str:
     who = ", ".join(str(u) for u in uids[:5]) + (" ..." if len(uids) > 5 else "")
     return (f"other users have processes on this host (uid {who}): kdist's own listeners serve "
             f"only you, but {exposed} accept connections from anyone here; for a private run use "
-            f"a container, a network namespace or an exclusive node (README: On a shared host)")
+            f"a container, a network namespace (KDist.private_network = True) or an exclusive node "
+            f"(README: On a shared host)")
+
+
+def no_private_network(why: str) -> str:
+    return (f"KDist.private_network: {why}; the engines share this host's loopback (kdist's own "
+            f"listeners still serve only you)")

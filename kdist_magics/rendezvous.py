@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .peers import allowed
 
@@ -40,10 +40,14 @@ class Rendezvous:
 
     ``elastic``: the ranks run with ``HOROVOD_ELASTIC=1`` and :meth:`shrink` re-forms the
     job with the engines still alive (see :class:`ElasticPlan`).
+    ``sockets``: where the listening sockets come from (``address`` -> a bound socket): a
+    private network's (:meth:`~kdist_magics.namespace.Namespace.socket`), so that the kernel
+    serves on the engines' own loopback; by default bound here.
     """
 
     def __init__(self, hostnames: Sequence[str], address: str = "127.0.0.1", iface: str = "lo",
-                 elastic: bool = False, same_user: bool = True):
+                 elastic: bool = False, same_user: bool = True,
+                 sockets: Callable[[str], socket.socket] | None = None):
         self.hostnames = list(hostnames)
         self.address = address
         self.iface = iface
@@ -55,12 +59,24 @@ class Rendezvous:
         self.abort_line: AbortLine | None = None
         #: serve connections from this user only (kdist_magics.peers; KDist.same_user_only)
         self.same_user = same_user
+        self.sockets = sockets
 
     def start(self) -> int:
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
         handler = RendezvousHandler if self.plan is None else self.plan.handler()
-        self._httpd = RendezvousHTTPServer((self.address, 0), handler, 0)
+        if self.sockets is None:
+            self._httpd = RendezvousHTTPServer((self.address, 0), handler, 0)
+        else:
+            premade = self.sockets(self.address)
+
+            class Server(RendezvousHTTPServer):  # serves on the socket made in the namespace
+                def server_bind(self):
+                    self.socket.close()
+                    self.socket = premade
+                    self.server_address = premade.getsockname()
+
+            self._httpd = Server((self.address, 0), handler, 0)
         self.port = self._httpd.server_address[1]
         self._httpd.init(self.slots)
         if self.same_user:  # socketserver closes a request this refuses, unanswered
@@ -68,7 +84,8 @@ class Rendezvous:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="kdist-rendezvous",
                                         daemon=True)
         self._thread.start()
-        self.abort_line = AbortLine(self.address, same_user=self.same_user)
+        self.abort_line = AbortLine(self.address, same_user=self.same_user,
+                                    sock=self.sockets(self.address) if self.sockets else None)
         return self.port
 
     def env(self, index: int, iface: str | None = None) -> dict[str, str]:
@@ -270,11 +287,14 @@ class AbortLine:
     backlog until :meth:`abort` or :meth:`close` accepts them.
     """
 
-    def __init__(self, address: str = "127.0.0.1", same_user: bool = True):
+    def __init__(self, address: str = "127.0.0.1", same_user: bool = True,
+                 sock: socket.socket | None = None):
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self.same_user = same_user
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.bind((address, 0))
+        if sock is None:  # else one bound already (in a private network: namespace.py)
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.bind((address, 0))
+        self._sock = sock
         self._sock.listen(256)
         self._sock.setblocking(False)
         self.address = address

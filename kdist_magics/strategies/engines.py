@@ -265,7 +265,8 @@ class EngineStrategy(Strategy):
         if cluster is None or not cluster.running:
             address = ctx.options.bind_address if spec.attach else "127.0.0.1"
             cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
-                                    controller_nice=ctx.options.helper_nice)
+                                    controller_nice=ctx.options.helper_nice,
+                                    private=not spec.attach and private_network(ctx, news))
             if not spec.attach:
                 news(f"starting {n} engines on this machine (loopback only)...")
             self.cluster = cluster
@@ -385,6 +386,19 @@ class EngineStrategy(Strategy):
             return sup.watch(cluster, ranks, ar, spec.timeout, ctx.options.stop_grace)
         finally:
             self.needs_restart = self.needs_restart or sup.needs_restart
+
+
+def private_network(ctx: RunContext, news) -> bool:
+    """``KDist.private_network`` where this host gives one (else it says once why not)."""
+    if not ctx.options.private_network:
+        return False
+    from ..messages import no_private_network
+    from ..namespace import unavailable
+
+    why = unavailable()
+    if why:
+        news(no_private_network(why))
+    return not why
 
 
 def _prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine

@@ -81,8 +81,10 @@ class HorovodStrategy(EngineStrategy):
         spec = ctx.spec
         elastic = spec.min_np is not None or spec.max_np is not None
         self.min_np = (spec.min_np or len(hosts)) if elastic else None
-        self.rendezvous = Rendezvous(hosts, address=address, iface=iface_for(address),
-                                     elastic=elastic, same_user=ctx.options.same_user_only)
+        private = cluster.namespace  # the ranks' own loopback: only they can connect there
+        self.rendezvous = Rendezvous(hosts, address=address, iface=iface_for(address), elastic=elastic,
+                                     same_user=ctx.options.same_user_only and private is None,
+                                     sockets=private.socket if private is not None else None)
         self.labels = {i: slot.rank for i, slot in enumerate(self.rendezvous.slots)}
         self.engine_of = dict(enumerate(cluster.engines))  # engine index -> EngineInfo
         self.growth = None
