@@ -325,10 +325,11 @@ def by_rank(name, strategy="multiworker"):
 """
 
 
-def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = ()) -> dict:
+def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = (),
+                       prefix: tuple[str, ...] = ()) -> dict:
     """Run ``body`` after :data:`FRESH_SHELL_PRELUDE` in a new Python (for frameworks that fix
     their devices at start-up); the body fills ``out``, which comes back as a dict (plus
-    ``_stdout`` and ``_stderr``)."""
+    ``_stdout`` and ``_stderr``). ``prefix``: a command the Python runs under (``setpriv ...``)."""
     import json
     import subprocess
     import textwrap
@@ -336,7 +337,7 @@ def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = ()) -> dic
     code = FRESH_SHELL_PRELUDE + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n"
     full_env = {k: v for k, v in os.environ.items() if k not in unset}
     full_env.update(env)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    proc = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=400, env=full_env)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"

@@ -305,9 +305,9 @@ def test_attached_cluster_is_never_killed_and_remote_engines_are_signalled_throu
 class _FakeEngineCluster:
     made: list = []
 
-    def __init__(self, n, cluster_id=None, profile=None, ip="127.0.0.1", controller_nice=0):
+    def __init__(self, n, cluster_id=None, profile=None, ip="127.0.0.1", controller_nice=0, private=False):
         self.n, self.cluster_id, self.profile, self.ip = n, cluster_id, profile, ip
-        self.controller_nice = controller_nice
+        self.controller_nice, self.private = controller_nice, private
         self.attached = cluster_id is not None or profile is not None
         self.owned = not self.attached
         self.running = False
