@@ -89,6 +89,7 @@ def test_an_owned_cluster_in_a_private_network_listens_on_no_host_socket(holder,
     import psutil
 
     from kdist_magics.cluster import EngineCluster
+    from kdist_magics.compat import net_connections
 
     holder.stop()  # (the fixture's probe said yes; the cluster makes its own)
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
@@ -101,7 +102,7 @@ def test_an_owned_cluster_in_a_private_network_listens_on_no_host_socket(holder,
         host_net = os.readlink("/proc/self/ns/net")
         for pid in cluster._process_tree_pids():
             if os.readlink(f"/proc/{pid}/ns/net") == host_net:  # the controller and its schedulers
-                assert not [c for c in psutil.Process(pid).net_connections("inet")
+                assert not [c for c in net_connections(psutil.Process(pid), "inet")
                             if c.status == psutil.CONN_LISTEN], pid
         assert any(p.name.startswith("c:") for p in ns.folder.iterdir())  # its ipc sockets
         pids = set(cluster._process_tree_pids()) | {ns.pid}
