@@ -216,14 +216,20 @@ def _sleeper():
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
 
+def _watched(procs) -> EngineCluster:
+    """An owned cluster whose engines are ``procs`` (ids 0, 1, ...), with fake ipyparallel parts."""
+    c = EngineCluster(len(procs))
+    c.cluster = _FakeIpp([p.pid for p in procs])
+    c.client = _FakeClient(list(range(len(procs))))
+    c.engines = [EngineInfo(i, p.pid, "here") for i, p in enumerate(procs)]
+    return c
+
+
 @pytest.mark.timeout(60)
 def test_dead_engine_is_detected_with_its_exit_status():
     procs = [_sleeper(), _sleeper()]
     try:
-        c = EngineCluster(2)
-        c.cluster = _FakeIpp([p.pid for p in procs])
-        c.client = _FakeClient([0, 1])
-        c.engines = [EngineInfo(i, p.pid, "here") for i, p in enumerate(procs)]
+        c = _watched(procs)
         assert c.dead() == {}
         procs[1].kill()
         procs[1].wait()  # what the launcher's watcher does; it records the status:
@@ -267,10 +273,7 @@ def test_an_engine_being_torn_down_counts_as_dead_before_its_status_says_so(monk
 
     procs = [_sleeper(), _sleeper()]
     try:
-        c = EngineCluster(2)
-        c.cluster = _FakeIpp([p.pid for p in procs])
-        c.client = _FakeClient([0, 1])
-        c.engines = [EngineInfo(i, p.pid, "here") for i, p in enumerate(procs)]
+        c = _watched(procs)
         c.cluster.engines["set"].launchers[1].stop_data = {"exit_code": -9}
         monkeypatch.setattr(liveness, "exiting", lambda pid: pid == procs[1].pid)
         assert c.dead() == {1: describe_exit(-9)}
