@@ -120,12 +120,7 @@ COVERED_ELSEWHERE = {("horovod", "cell", "engine-kill"), ("horovod", "cell", "en
                      # the same wait for a stopped engine as at --pull, ten seconds more CI
                      ("horovod", "finishing", "engine-stop"),
                      # the same wait in set-up (waiting.setup_results) as Horovod's at init
-                     ("jax", "init", "engine-stop"), ("torch", "init", "engine-stop"),
-                     # the controller found gone by the same look as in the phase before (start:
-                     # "controller"; after the cell: "pull"); a stopped engine ended by %kdist stop
-                     # by pid as a killed one is (multiworker's "stopping" case)
-                     ("horovod", "engines", "controller-kill"), ("horovod", "finishing", "controller-kill"),
-                     ("horovod", "stopping", "engine-stop")}
+                     ("jax", "init", "engine-stop"), ("torch", "init", "engine-stop")}
 
 #: (strategy, phase, fault) with the kernel as the victim: nothing may be left 10 s later
 KERNEL_CASES = [("horovod", "controller", "kernel-kill"), ("horovod", "engines", "kernel-kill"),
