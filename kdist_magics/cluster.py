@@ -62,11 +62,11 @@ class EngineCluster(Liveness):
                  ip: str = "127.0.0.1", start_timeout: float = 120.0, controller_nice: int = 0,
                  private: bool = False):
         self.n = n
-        self.private = private and not (cluster_id is not None or profile is not None)
-        #: the running private network (:class:`~.namespace.Namespace`), while there is one
-        self.namespace = None
         self.controller_nice = controller_nice  # an owned controller runs this much nicer
         self.attached = cluster_id is not None or profile is not None
+        self.private = private and not self.attached
+        #: the running private network (:class:`~.namespace.Namespace`), while there is one
+        self.namespace = None
         self.cluster_id = cluster_id
         self.profile = profile
         self.ip = ip

@@ -24,6 +24,13 @@ from .exits import describe_exit, exiting
 FROZEN_AFTER = 10.0
 
 
+def _ended(pid: int, status: str) -> bool:
+    """A process whose status reads ``status`` has ended: a zombie, or being torn down."""
+    import psutil
+
+    return status == psutil.STATUS_ZOMBIE or exiting(pid)
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     engine_id: int
@@ -52,7 +59,7 @@ class Liveness:
                 status = psutil.Process(pid).status()
             except psutil.NoSuchProcess:
                 status = psutil.STATUS_ZOMBIE
-            if status != psutil.STATUS_ZOMBIE and not exiting(pid):
+            if not _ended(pid, status):
                 self._watch_frozen(pid, status, now)
                 continue
             how = self._ended_why.get(pid) or describe_exit(self.exit_status(EngineInfo(-1, pid, "")))
@@ -134,8 +141,7 @@ class Liveness:
                     status = proc.status()
                     self._watch_frozen(engine.pid, status, now)
                     # an attached engine stopped too long counts as lost (it is not ended)
-                    gone = (status == psutil.STATUS_ZOMBIE or exiting(engine.pid)
-                            or (self.attached and engine.pid in self._ended_why))
+                    gone = _ended(engine.pid, status) or (self.attached and engine.pid in self._ended_why)
                 except psutil.NoSuchProcess:
                     gone = True
             elif engine.engine_id not in registered:
@@ -168,7 +174,7 @@ class Liveness:
         if pid is None or pid <= 0:
             return None
         try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and not exiting(pid):
+            if not _ended(pid, psutil.Process(pid).status()):
                 return None
         except psutil.NoSuchProcess:
             pass

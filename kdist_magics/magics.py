@@ -13,6 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
+from . import namespace
 from . import spec as specmod
 from .errors import CellFailed, KDistError
 from .messages import EXPOSED, PHASE_CELL, say, shared_host, tensorboard_line, warm_started
@@ -154,12 +155,6 @@ class KDist(Magics):
             show(record, nice=self.helper_nice)  # a live view; finalises itself when the record ends
         return self.execute(strategy, cell, spec, record)
 
-    def _private(self) -> bool:
-        """A cluster kdist starts gets a network of its own (KDist.private_network, where it can)."""
-        from .namespace import unavailable
-
-        return self.private_network and unavailable() is None
-
     def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord):
         from .strategies import RunContext
 
@@ -167,7 +162,7 @@ class KDist(Magics):
         if strategy.in_kernel:
             record.phase(PHASE_CELL)  # engine strategies name their own phases
         elif not spec.attach and getattr(strategy, "exposure", None) and not self._sharing_said \
-                and not self._private():
+                and not namespace.wanted(self.private_network):
             self._sharing_said = True  # once per kernel: what other users here could reach
             from .peers import other_users
 
@@ -246,9 +241,7 @@ class KDist(Magics):
             lines.append("  isolation: off (KDist.same_user_only = False): kdist's rendezvous and "
                          "abort line accept any local user's connections")
         if self.private_network:
-            from .namespace import unavailable
-
-            why = unavailable()
+            why = namespace.unavailable()
             lines.append("  private network: " + (f"not here ({why})" if why else
                                                   "on (KDist.private_network): a cluster kdist starts "
                                                   "gets a network of its own"))

@@ -42,29 +42,25 @@ START_WITHIN = 10.0  # seconds for the holder to say it is ready
 _probed: dict[str, str | None] = {}
 
 
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def unshare(flags: int) -> None:
-    """``unshare(2)`` (``os.unshare`` from Python 3.12; libc before)."""
-    if hasattr(os, "unshare"):
-        os.unshare(flags)
-        return
-    if _libc().unshare(flags) != 0:
+def _syscall(name: str, *args: int) -> None:
+    """``os.<name>`` (Python 3.12+), else the C library's, raising OSError as ``os`` does."""
+    if hasattr(os, name):
+        getattr(os, name)(*args)
+    elif getattr(ctypes.CDLL(None, use_errno=True), name)(*args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
 
+def unshare(flags: int) -> None:
+    """``unshare(2)``."""
+    _syscall("unshare", flags)
+
+
 def setns(path: str, nstype: int) -> None:
-    """Join the namespace at ``path`` (``/proc/PID/ns/net``); ``os.setns`` from 3.12."""
+    """Join the namespace at ``path`` (``/proc/PID/ns/net``)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        if hasattr(os, "setns"):
-            os.setns(fd, nstype)
-        elif _libc().setns(fd, nstype) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
+        _syscall("setns", fd, nstype)
     finally:
         os.close(fd)
 
@@ -93,6 +89,19 @@ def unavailable() -> str | None:
                 why = str(exc)
             _probed["answer"] = why and f"this host allows no user namespace for this user ({why})"
     return _probed["answer"]
+
+
+def wanted(enabled: bool, news=None) -> bool:
+    """Whether a cluster kdist starts gets a private network: ``KDist.private_network``
+    (``enabled``) where this host gives one; where it gives none, ``news`` is told why."""
+    if not enabled:
+        return False
+    why = unavailable()
+    if why and news is not None:
+        from .messages import no_private_network
+
+        news(no_private_network(why))
+    return not why
 
 
 class Namespace:
@@ -125,8 +134,8 @@ class Namespace:
             time.sleep(0.01)
         err = b"" if self.process.poll() is None else self.process.stderr.read() or b""
         self.stop()
-        raise OSError(f"the network namespace's holder did not start: "
-                      f"{err.decode(errors='replace').strip().splitlines()[-1:] or 'no answer'}")
+        last = (err.decode(errors="replace").strip().splitlines() or ["no answer"])[-1]
+        raise OSError(f"the network namespace's holder did not start: {last}")
 
     def socket(self, address: str = "127.0.0.1") -> socket.socket:
         """A TCP socket bound to ``address`` (port chosen) inside the namespace, not listening."""

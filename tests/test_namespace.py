@@ -130,15 +130,11 @@ def test_status_says_whether_a_private_network_is_had_here(ip, capsys, monkeypat
 
 
 def test_a_cluster_asked_for_a_private_network_where_there_is_none_starts_without_and_says_why(monkeypatch):
-    from kdist_magics.strategies.base import RunOptions
-    from kdist_magics.strategies.engines import private_network
-
     said = []
-    ctx = type("Ctx", (), {"options": RunOptions(private_network=True)})()
     monkeypatch.setitem(namespace._probed, "answer", "this host allows no user namespace for this user (x)")
-    assert private_network(ctx, said.append) is False
+    assert namespace.wanted(True, said.append) is False
     assert said == ["KDist.private_network: this host allows no user namespace for this user (x); the "
                     "engines share this host's loopback (kdist's own listeners still serve only you)"]
     monkeypatch.setitem(namespace._probed, "answer", None)
-    assert private_network(ctx, said.append) is True and len(said) == 1  # where there is one: quiet
-    assert private_network(type("Ctx", (), {"options": RunOptions()})(), said.append) is False
+    assert namespace.wanted(True, said.append) is True and len(said) == 1  # where there is one: quiet
+    assert namespace.wanted(False, said.append) is False

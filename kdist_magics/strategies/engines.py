@@ -51,6 +51,7 @@ from ..cluster import EngineCluster
 from ..compat_ipyparallel import children
 from ..errors import CellFailed, KDistError, RankDied
 from ..faults import hold
+from ..namespace import wanted
 from ..messages import (PHASE_CELL, PHASE_FINISHING, died_after, phase_engines, phase_setup,
                         registered, say)
 from ..placement import default_np
@@ -266,7 +267,7 @@ class EngineStrategy(Strategy):
             address = ctx.options.bind_address if spec.attach else "127.0.0.1"
             cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
                                     controller_nice=ctx.options.helper_nice,
-                                    private=not spec.attach and private_network(ctx, news))
+                                    private=not spec.attach and wanted(ctx.options.private_network, news))
             if not spec.attach:
                 news(f"starting {n} engines on this machine (loopback only)...")
             self.cluster = cluster
@@ -386,19 +387,6 @@ class EngineStrategy(Strategy):
             return sup.watch(cluster, ranks, ar, spec.timeout, ctx.options.stop_grace)
         finally:
             self.needs_restart = self.needs_restart or sup.needs_restart
-
-
-def private_network(ctx: RunContext, news) -> bool:
-    """``KDist.private_network`` where this host gives one (else it says once why not)."""
-    if not ctx.options.private_network:
-        return False
-    from ..messages import no_private_network
-    from ..namespace import unavailable
-
-    why = unavailable()
-    if why:
-        news(no_private_network(why))
-    return not why
 
 
 def _prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine

@@ -32,11 +32,11 @@ from ..compat_ipyparallel import children as list_children
 from ..feed import FEED_MIME, FeedIntake
 from ..errors import ControllerDied, RankDied, RankFailed, RunTimedOut
 from ..messages import say
-from .waiting import engine_died
+from .waiting import DEATH_SHOWS_WITHIN, engine_died
 
 POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
 DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
-VANISHED_GRACE = 5.0  # seconds an "engine died" reply waits for the death check to confirm it
+VANISHED_GRACE = DEATH_SHOWS_WITHIN  # seconds an "engine died" reply waits for the death check to confirm it
 
 
 class Printer:

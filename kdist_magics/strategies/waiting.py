@@ -28,6 +28,12 @@ def engine_died(exc: BaseException) -> bool:
     return getattr(exc, "ename", type(exc).__name__) == "EngineError"
 
 
+def _settle(errors) -> float:
+    """How long to look for a death before giving up: ``DEATH_SHOWS_WITHIN`` when one of
+    ``errors`` is ipyparallel's "engine died", else not at all."""
+    return DEATH_SHOWS_WITHIN if any(engine_died(e) for e in errors) else 0.0
+
+
 def rank_of(cluster, ranks) -> dict[int, int]:
     """``{engine_id: rank}`` from each engine's rank in ``cluster.engines`` order (or that dict)."""
     return ranks if isinstance(ranks, dict) else {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
@@ -71,7 +77,7 @@ def named_deaths(strategy, ranks, during: str, ran: bool = False):
     except KDistError:
         raise
     except Exception as exc:
-        check(strategy, ranks, during, ran, settle=DEATH_SHOWS_WITHIN if engine_died(exc) else 0.0)
+        check(strategy, ranks, during, ran, settle=_settle([exc]))
         raise
 
 
@@ -94,8 +100,7 @@ def wait_all(strategy, ars: list, ranks, timeout: float | None, during: str,
     failed = [ar for ar in ars if ar.ready() and not ar.successful()]
     if failed:
         # ipyparallel reports an engine's death as its task's error: name the death instead
-        check(strategy, ranks, during, ran,
-              settle=DEATH_SHOWS_WITHIN if any(engine_died(_error(ar)) for ar in failed) else 0.0)
+        check(strategy, ranks, during, ran, settle=_settle(_error(ar) for ar in failed))
 
 
 def _error(ar) -> BaseException | None:
