@@ -49,6 +49,13 @@ def _needs():
         pytest.skip("setpriv (util-linux) runs the kernel without privileges")
 
 
+def _needs_a_namespace():
+    from kdist_magics.namespace import unavailable
+
+    if unavailable():
+        pytest.skip(f"no namespace here: {unavailable()}")
+
+
 #: the kernel without any capability: root then gets namespaces only as any user does
 UNPRIVILEGED = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
 
@@ -254,13 +261,10 @@ def check_nothing_reachable(seen: dict, kernel_too: bool) -> None:
 def test_with_a_private_network_no_other_user_reaches_any_socket_of_a_run(tmp_path):
     _needs()
     pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv)")
-    from kdist_magics.namespace import unavailable
-
+    _needs_a_namespace()
     cells = [("horovod", "--strategy horovod --np 2 --no-dashboard", HVD_CELL),
              ("multiworker", "--strategy multiworker --np 2 --no-dashboard", MW_CELL)]
     result, seen = run_probed(tmp_path, cells, private=True)
-    if unavailable():
-        pytest.skip(f"no namespace here: {unavailable()}")
     for (name, _, _), found in zip(cells, seen):
         check_run_unaffected(result, name)
         check_nothing_reachable(found, kernel_too=name == "horovod")
@@ -270,6 +274,7 @@ def test_with_a_private_network_no_other_user_reaches_any_socket_of_a_run(tmp_pa
 def test_jax_multiworker_with_a_private_network_is_out_of_other_users_reach(tmp_path):
     _needs()
     pytest.importorskip("jax", reason="Keras on JAX across engines needs JAX")
+    _needs_a_namespace()
     cells = [("multiworker", "--strategy multiworker --np 2 --no-dashboard", JAX_CELL)]
     result, seen = run_probed(tmp_path, cells, private=True, env={"KERAS_BACKEND": "jax"})
     check_run_unaffected(result, "multiworker")
