@@ -11,6 +11,9 @@ cell and under ``horovodrun -np 2 --gloo``. Per repeat, in a rotating order:
   S  horovodrun with the thread variables kdist set on its engines (read back from the engines)
   T  horovodrun hand-tuned: ``TF_NUM_INTRAOP_THREADS=1`` per rank
   N  horovodrun as is (TensorFlow's default threads), for reference (only with --variants ...,N)
+  O  K in a second kernel with ``KDist.private_network = False``: the engines on the host's
+     network, the controller on TCP (only with --variants ...,O); K / O is what the private
+     network costs (issue 18: "P1 within noise")
 
 P1 = K / S steady-state steps/s; P4 = K / T; P2 = (cell submit -> rank 0's first
 step end, K) / (horovodrun launch -> rank 0's first step end, S); P5 = step end
@@ -39,11 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (isolates IPython/Jupyter dirs on import)
 from harness import fmt, log, median  # noqa: E402
 
-VARIANTS = ("K", "D", "Q", "S", "T", "N")
+VARIANTS = ("K", "D", "Q", "O", "S", "T", "N")
 DESCRIBE = {
     "K": "%%kdist --strategy horovod --np 2 (defaults)",
     "D": "%%kdist --strategy horovod --np 2 --no-dashboard",
     "Q": "%%kdist --strategy horovod --np 2 --no-telemetry",
+    "O": "%%kdist --strategy horovod --np 2, private_network off",
     "S": "horovodrun -np 2 --gloo, kdist's thread variables",
     "T": "horovodrun -np 2 --gloo, TF_NUM_INTRAOP_THREADS=1",
     "N": "horovodrun -np 2 --gloo, TF default threads",
@@ -77,10 +81,20 @@ def main(argv=None) -> dict:
     kernel = harness.Kernel()
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     exposed: set[str] = set()
+    kernels = {v: kernel for v in ("K", "D", "Q")}
+    networks = {}
     try:
         kernel.run(harness.KERNEL_SETUP)
         # warm-up, not measured: start the engines, import TensorFlow there and in the page cache
         warm = harness.kdist_run(kernel, 60, out, "warm-K", np=args.np)
+        if "O" in variants:  # a second kernel, its engines on the host's network
+            kernels["O"] = harness.Kernel()
+            kernels["O"].run(harness.KERNEL_SETUP + "\n%config KDist.private_network = False\n")
+            harness.kdist_run(kernels["O"], 60, out, "warm-O", np=args.np)
+        for v in {"K", "O"} & set(variants):
+            networks[v] = kernels[v].value("kdist_magics._extension._strategies['horovod'].status()"
+                                           ".get('network', 'the host network')")
+            log(f"bench_horovod: {v}'s engines: {networks[v]}")
         kdist_threads = {k: v for k, v in warm["ranks"][0]["threads"].items() if v is not None}
         envs = {"S": kdist_threads, "T": {"TF_NUM_INTRAOP_THREADS": "1"}, "N": {}}
         harness.horovodrun(60, out, "warm-S", envs["S"], np=args.np)
@@ -89,8 +103,8 @@ def main(argv=None) -> dict:
             order = variants[i % len(variants):] + variants[:i % len(variants)]
             for v in order:
                 tag = f"{v}{i}"
-                if v in ("K", "D", "Q"):
-                    run = harness.kdist_run(kernel, args.steps, out, tag, KDIST_OPTIONS[v], np=args.np)
+                if v in kernels:
+                    run = harness.kdist_run(kernels[v], args.steps, out, tag, KDIST_OPTIONS.get(v, ""), np=args.np)
                     run["to_first_step"] = run["ranks"][0]["step_ends"][0] - run["submitted"]
                 else:
                     run = harness.horovodrun(args.steps, out, tag, envs[v], np=args.np)
@@ -104,9 +118,10 @@ def main(argv=None) -> dict:
                     f"({run['cpu']['side_cpu_per_step'] * 1000:.2f} ms CPU/step beside the ranks), "
                     f"first step {run['to_first_step']:.2f} s after submit/launch")
     finally:
-        left = kernel.close()
-        if left:
-            log(f"bench_horovod: killed processes the kernel left behind: {left}")
+        for k in {id(k): k for k in kernels.values()}.values():
+            left = k.close()
+            if left:
+                log(f"bench_horovod: killed processes the kernel left behind: {left}")
 
     rates = {v: median([r["rate"] for r in runs[v]]) for v in variants}
     first = {v: median([r["to_first_step"] for r in runs[v]]) for v in variants}
@@ -152,6 +167,11 @@ def main(argv=None) -> dict:
     if "T" in variants:
         results["goals"]["P4"] = {"value": rates["K"] / rates["T"], "goal": ">= 0.98"}
         results["goals"]["P4 per CPU-s"] = {"value": cpu["K"] / cpu["T"], "goal": ">= 0.98"}
+    if "O" in variants:  # issue 18: the private network costs nothing beside the engine
+        results["networks"] = networks
+        results["goals"]["P1 private/host network"] = {"value": rates["K"] / rates["O"], "goal": "~1 (noise)"}
+        results["goals"]["P1 private/host network per CPU-s"] = {"value": cpu["K"] / cpu["O"],
+                                                                 "goal": "~1 (noise)"}
     if "N" in variants and "T" in variants:
         results["naive_vs_tuned"] = rates["N"] / rates["T"]
     print(table(results))
@@ -188,6 +208,11 @@ def table(res: dict) -> str:
     p5 = res["p5"]
     lines.append(f"step end -> row in last_run().metrics: median {fmt(p5['median'])} s, "
                  f"max {fmt(p5['max'])} s over {p5['rows']} rows; lost batches {p5['lost_batches']}")
+    if "networks" in res:
+        g = res["goals"]
+        lines.append(f"private network (K) / host network (O): {fmt(g['P1 private/host network']['value'])} "
+                     f"steps/s, {fmt(g['P1 private/host network per CPU-s']['value'])} per CPU-s "
+                     f"(K: {res['networks'].get('K')}; O: {res['networks'].get('O')})")
     if "naive_vs_tuned" in res:
         lines.append(f"horovodrun TF default threads / hand-tuned: {fmt(res['naive_vs_tuned'])}")
     lines.append("listening beyond loopback: " + (", ".join(res["exposed"]) or "nothing"))

@@ -31,11 +31,26 @@ def _identify():  # runs on an engine
     return os.getpid(), socket.gethostname()
 
 
-def _following(controller_nice: int = 0, netns: int | None = None):
+#: an owned controller's heartbeat: ipyparallel counts an engine registered at the first beat
+#: after its heart answered one, so its default of a beat every 3 s made every cold start wait
+#: 3-6 s for nothing (the engines were up). A beat every 0.25 s, and the same 30 s of silence
+#: (120 beats) as the default before an engine is dropped: kdist itself tells a dead or frozen
+#: engine from its process, not from the heartbeat.
+HEARTBEAT_MS, HEARTBEAT_MISSES = 250, 120
+
+
+def heartbeat_args() -> list[str]:
+    return [f"--HeartMonitor.period={HEARTBEAT_MS}",
+            f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
+
+
+def _following(controller_nice: int = 0, netns: int | None = None,
+               preload: tuple[str, ...] = (), threads: int = 0):
     """Launcher configuration: an owned cluster's controller and engines start through
     :mod:`kdist_magics.follow`, so they (and their nannies and schedulers) end with this
     kernel from their first instant, even while they are still starting; the engines inside
-    the namespaces of holder ``netns`` when given (:mod:`.namespace`)."""
+    the namespaces of holder ``netns`` when given (:mod:`.namespace`), importing ``preload``
+    as they start (``threads`` per rank, 0: the run's rule)."""
     from traitlets.config import Config
 
     from .follow import command
@@ -43,8 +58,9 @@ def _following(controller_nice: int = 0, netns: int | None = None):
     config = Config()
     config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller",
                                                             nice=controller_nice)
-    config.LocalEngineLauncher.engine_cmd = command("ipyparallel.engine", netns=netns)
-    config.LocalEngineSetLauncher.engine_cmd = command("ipyparallel.engine", netns=netns)
+    engine = command("ipyparallel.engine", netns=netns, preload=preload, threads=threads)
+    config.LocalEngineLauncher.engine_cmd = engine
+    config.LocalEngineSetLauncher.engine_cmd = engine
     return config
 
 
@@ -56,12 +72,21 @@ class EngineCluster(Liveness):
     ``ip``: where an owned controller listens (loopback unless configured).
     ``private``: an owned cluster's engines get a network of their own (:mod:`.namespace`);
     the controller then listens on Unix sockets only, in a folder of this user's alone.
+    ``preload``: modules an owned cluster's engines import as they start, while the controller
+    and the other engines start (the strategy's framework, with ``threads`` per rank as the run
+    sets them; 0: the run's rule); see :func:`kdist_magics.follow.preload`.
     """
 
     def __init__(self, n: int, cluster_id: str | None = None, profile: str | None = None,
                  ip: str = "127.0.0.1", start_timeout: float = 120.0, controller_nice: int = 0,
-                 private: bool = False):
+                 private: bool = False, preload: tuple[str, ...] = (), threads: int = 0):
         self.n = n
+        self.preload = tuple(preload)
+        if preload and not threads:  # the run's rule: this host's cores shared by the ranks
+            from .engine import cpu_count
+
+            threads = max(1, cpu_count() // max(1, n))
+        self.threads = threads
         self.controller_nice = controller_nice  # an owned controller runs this much nicer
         self.attached = cluster_id is not None or profile is not None
         self.private = private and not self.attached
@@ -103,16 +128,17 @@ class EngineCluster(Liveness):
         try:
             if self.owned:
                 self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
-                ip, args = self.ip, []
+                ip, args = self.ip, heartbeat_args()
                 if self.private:
                     from .namespace import Namespace
 
                     self.namespace = Namespace().start()
                     self._pids_started.add(self.namespace.pid)
-                    ip, args = str(self.namespace.folder / "c"), ["--transport=ipc"]
+                    ip, args = str(self.namespace.folder / "c"), [*args, "--transport=ipc"]
                 self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=ip,
                                            controller_args=args, log_level=40, shutdown_atexit=True,
-                                           config=_following(self.controller_nice, self.namespace and self.namespace.pid))
+                                           config=_following(self.controller_nice, self.namespace and self.namespace.pid,
+                                                             self.preload, self.threads))
                 self.cluster.start_controller_sync()
                 self._exits.attach(self.cluster)  # the controller's exit is known at once
                 hold("controller", self)
@@ -179,10 +205,12 @@ class EngineCluster(Liveness):
 
     def processes(self) -> dict[str, Any]:
         """Pids so far: an owned cluster's ``controller`` (None when attached or not started),
-        the engines its launchers started (``launched``), and the registered ``engines``."""
+        the engines its launchers started (``launched``), the registered ``engines``, and the
+        holder of their private network (``netns``, None without one)."""
         pid = getattr(getattr(self.cluster, "controller", None), "pid", None)
         return {"controller": pid if (pid or -1) > 0 else None, "launched": self._launched(),
-                "engines": [e.pid for e in self.engines]}
+                "engines": [e.pid for e in self.engines],
+                "netns": self.namespace.pid if self.namespace is not None else None}
 
     def _identify(self) -> None:
         ids = sorted(self.client.ids)[: self.n]

@@ -117,10 +117,12 @@ def _running(proc) -> bool:
 
 
 def command(module: str, pid: int | None = None, started: float | None = None,
-            nice: int = 0, netns: int | None = None) -> list[str]:
+            nice: int = 0, netns: int | None = None, preload: tuple[str, ...] = (),
+            threads: int = 0) -> list[str]:
     """The command line that runs ``python -m module`` following process ``pid`` (this one),
     ``nice`` added to its priority (the controller: it and its schedulers run beside the ranks),
-    inside the namespaces of holder ``netns`` (:mod:`.namespace`) when given."""
+    inside the namespaces of holder ``netns`` (:mod:`.namespace`) when given, importing
+    ``preload`` first (:func:`preload`)."""
     import psutil
 
     if pid is None:
@@ -128,7 +130,32 @@ def command(module: str, pid: int | None = None, started: float | None = None,
     if started is None:
         started = psutil.Process(pid).create_time()
     return [sys.executable, "-m", "kdist_magics.follow", *(["--netns", str(netns)] if netns else []),
-            *(["--nice", str(nice)] if nice else []), str(pid), repr(started), module]
+            *(["--nice", str(nice)] if nice else []),
+            *(["--preload", ",".join(preload), "--threads", str(threads)] if preload else []),
+            str(pid), repr(started), module]
+
+
+def preload(modules: list[str], threads: int) -> str:
+    """Import ``modules`` (a strategy's framework) in an engine before it registers, so the
+    import runs while the controller and the other engines start rather than after them;
+    the thread variables first, as the run sets them (``threads`` per rank). Not where NVIDIA
+    GPUs are visible: a rank's GPU is chosen when its run starts (as ``%kdist start`` does).
+    A failing import is left to the run, which imports again and names the error. Returns
+    what was done."""
+    import importlib
+
+    from .engine import thread_env
+    from .placement import visible_gpus
+
+    if visible_gpus(os.environ):
+        return "skipped: GPUs here"
+    os.environ.update(thread_env(threads))
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the run's own import says it in the cell
+            return f"{name} failed: {type(exc).__name__}: {exc}"
+    return "imported " + ", ".join(modules)
 
 
 def guard(pid: int, started: float, target: int) -> None:
@@ -185,6 +212,9 @@ def main(argv: list[str]) -> None:
         except (AttributeError, OSError):
             pass
         argv = argv[2:]
+    modules, threads = [], 0
+    if argv[0] == "--preload":
+        modules, threads, argv = argv[1].split(","), int(argv[3]), argv[4:]
     pid, started, module, *rest = argv
     end_with(int(pid), float(started))
     # the guard: started before the module (and its heavy imports) runs
@@ -194,6 +224,8 @@ def main(argv: list[str]) -> None:
         from .compat_ipyparallel import ipc_urls_as_read
 
         ipc_urls_as_read()
+    if modules:  # after the guard: an import holds this process's lock for seconds
+        os.environ["KDIST_PRELOADED"] = preload(modules, threads)
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

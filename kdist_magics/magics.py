@@ -84,6 +84,12 @@ class KDist(Magics):
                                 "and the kernel reaches the controller over Unix sockets. Takes "
                                 "effect at the next cluster start; %kdist status says which "
                                 "holds").tag(config=True)
+    preload = Bool(RunOptions.preload,
+                   help="engines kdist starts import the strategy's framework (TensorFlow and "
+                        "Horovod, TensorFlow, JAX or torch) as they start, while the controller and "
+                        "the other engines start, instead of after them (not where GPUs are "
+                        "visible: a rank's GPU is chosen as its run starts). Takes effect at the "
+                        "next cluster start").tag(config=True)
     stop_grace = Float(RunOptions.stop_grace, help="seconds ranks get to stop after an interrupt (SIGINT) before "
                                  "they are killed and the engines restarted").tag(config=True)
 
@@ -161,14 +167,15 @@ class KDist(Magics):
         ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self))
         if strategy.in_kernel:
             record.phase(PHASE_CELL)  # engine strategies name their own phases
-        elif not spec.attach and getattr(strategy, "exposure", None) and not self._sharing_said \
-                and not namespace.wanted(self.private_network):
+        elif not spec.attach and getattr(strategy, "exposure", None) and not self._sharing_said:
             self._sharing_said = True  # once per kernel: what other users here could reach
-            from .peers import other_users
+            why = namespace.unavailable() if self.private_network else None
+            if why or not self.private_network:
+                from .peers import other_users
 
-            uids = other_users()
-            if uids:
-                say(shared_host(uids, EXPOSED[strategy.exposure]), warn=True)
+                uids = other_users()
+                if uids:
+                    say(shared_host(uids, EXPOSED[strategy.exposure], why), warn=True)
         try:
             with quiet_info(not self.tf_info_logs):  # the strategy's set-up logs too
                 value = strategy.run(cell, ctx)
@@ -240,11 +247,11 @@ class KDist(Magics):
         if not self.same_user_only:
             lines.append("  isolation: off (KDist.same_user_only = False): kdist's rendezvous and "
                          "abort line accept any local user's connections")
-        if self.private_network:
-            why = namespace.unavailable()
-            lines.append("  private network: " + (f"not here ({why})" if why else
-                                                  "on (KDist.private_network): a cluster kdist starts "
-                                                  "gets a network of its own"))
+        why = namespace.unavailable() if self.private_network else None
+        lines.append("  private network: " + (
+            f"not here ({why}): the engines share this host's loopback" if why else
+            "on: a cluster kdist starts gets a network of its own" if self.private_network else
+            "off (KDist.private_network = False): the engines share this host's loopback"))
         print("\n".join(lines))
 
     def _cmd_stop(self, rest: str):

@@ -128,14 +128,13 @@ EXPOSED = {"horovod": "the ranks' Gloo pairs", "multiworker": "TensorFlow's gRPC
            "jax": "the JAX coordinator and Gloo pairs", "torch": "torch's TCPStore and Gloo pairs"}
 
 
-def shared_host(uids: list[int], exposed: str) -> str:
+def shared_host(uids: list[int], exposed: str, no_namespace: str | None = None) -> str:
+    """Other users are here and the engines share their loopback: the private network is off
+    (``no_namespace`` None) or this host gives none (``no_namespace`` says why)."""
     who = ", ".join(str(u) for u in uids[:5]) + (" ..." if len(uids) > 5 else "")
+    mend = (f"this host gives kdist no private network ({no_namespace}): for a private run use a "
+            f"container or an exclusive node" if no_namespace else
+            "KDist.private_network = True (the default) gives the engines a network of their own")
     return (f"other users have processes on this host (uid {who}): kdist's own listeners serve "
-            f"only you, but {exposed} accept connections from anyone here; for a private run use "
-            f"a container, a network namespace (KDist.private_network = True) or an exclusive node "
+            f"only you, but {exposed} accept connections from anyone here; {mend} "
             f"(README: On a shared host)")
-
-
-def no_private_network(why: str) -> str:
-    return (f"KDist.private_network: {why}; the engines share this host's loopback (kdist's own "
-            f"listeners still serve only you)")

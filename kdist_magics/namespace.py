@@ -91,17 +91,11 @@ def unavailable() -> str | None:
     return _probed["answer"]
 
 
-def wanted(enabled: bool, news=None) -> bool:
+def wanted(enabled: bool) -> bool:
     """Whether a cluster kdist starts gets a private network: ``KDist.private_network``
-    (``enabled``) where this host gives one; where it gives none, ``news`` is told why."""
-    if not enabled:
-        return False
-    why = unavailable()
-    if why and news is not None:
-        from .messages import no_private_network
-
-        news(no_private_network(why))
-    return not why
+    (``enabled``, the default) where this host gives one. (Where it gives none, the extension
+    says so once, with who else is here: ``messages.shared_host``.)"""
+    return enabled and not unavailable()
 
 
 class Namespace:

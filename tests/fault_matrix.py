@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -277,16 +276,47 @@ def _next_ok(k: Kernel, strategy: str, out: Outcome) -> bool:
     return res.ok and "2" in res.text
 
 
-def take_worker_port(facts: dict) -> socket.socket | None:
-    """Listen on the port the last rank was given (multiworker's TF_CONFIG) before it binds."""
+def take_worker_port(facts: dict) -> "Taken | None":
+    """Listen on the port the last rank was given (multiworker's TF_CONFIG) before it binds:
+    on the engines' own loopback, inside their private network when they have one."""
     addresses = facts.get("addresses") or []
     if not addresses:
         return None
     host, port = addresses[-1].rsplit(":", 1)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((host, int(port)))
-    sock.listen()
-    return sock
+    return Taken(host, int(port), facts.get("netns"))
+
+
+class Taken:
+    """A socket listening on ``(host, port)``, held by a child process that first joins the
+    network namespace of holder ``netns`` (or stays on the host's without one)."""
+
+    CODE = ("import socket, sys, time\n"
+            "from kdist_magics.namespace import enter\n"
+            "if sys.argv[3] != 'None':\n    enter(int(sys.argv[3]))\n"
+            "s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n"
+            "print('listening', flush=True); time.sleep(3600)")
+
+    def __init__(self, host: str, port: int, netns: int | None):
+        import subprocess
+        import sys
+
+        self.address = (host, port)
+        self.process = subprocess.Popen([sys.executable, "-c", self.CODE, host, str(port), str(netns)],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        if line.strip() != "listening":
+            self.close()
+            raise RuntimeError(f"could not take {self.address}: {self.process.stderr.read()[-500:]}")
+
+    def getsockname(self) -> tuple[str, int]:
+        return self.address
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.process.stdout.close()
+        self.process.stderr.close()
 
 
 def run_strategy(strategy: str, table: dict, tmp: Path, skip=frozenset()):

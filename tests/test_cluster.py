@@ -308,8 +308,10 @@ def test_attached_cluster_is_never_killed_and_remote_engines_are_signalled_throu
 class _FakeEngineCluster:
     made: list = []
 
-    def __init__(self, n, cluster_id=None, profile=None, ip="127.0.0.1", controller_nice=0, private=False):
+    def __init__(self, n, cluster_id=None, profile=None, ip="127.0.0.1", controller_nice=0, private=False,
+                 preload=(), threads=0):
         self.n, self.cluster_id, self.profile, self.ip = n, cluster_id, profile, ip
+        self.preload, self.threads = preload, threads
         self.controller_nice, self.private = controller_nice, private
         self.attached = cluster_id is not None or profile is not None
         self.owned = not self.attached
@@ -476,16 +478,19 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
     from kernel_driver import wait_gone
 
     (tmp_path / "kd_follow_probe.py").write_text(
-        "import subprocess, sys, time\n"
+        "import os, subprocess, sys, time\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-        "open(sys.argv[1], 'w').write(f'{child.pid} {sys.argv[2]}')\n"
+        "seen = os.environ['KDIST_PRELOADED'].replace(' ', '_'), os.environ['TF_NUM_INTRAOP_THREADS']\n"
+        "open(sys.argv[1], 'w').write(f'{child.pid} {sys.argv[2]} {seen[0]} {seen[1]} {\"wave\" in sys.modules}')\n"
         "time.sleep(120)\n")
     kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     procs = [kernel]
     try:
-        cmd = command("kd_follow_probe", kernel.pid, psutil.Process(kernel.pid).create_time())
+        cmd = command("kd_follow_probe", kernel.pid, psutil.Process(kernel.pid).create_time(),
+                      preload=("wave",), threads=3)
         assert cmd[1:3] == ["-m", "kdist_magics.follow"] and cmd[-1] == "kd_follow_probe"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+               "CUDA_VISIBLE_DEVICES": ""}
         out = tmp_path / "child.txt"
         follower = subprocess.Popen(cmd + [str(out), "argv-kept"], env=env)
         procs.append(follower)
@@ -493,8 +498,10 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
         while not out.exists() or not out.read_text():
             assert time.monotonic() < deadline and follower.poll() is None
             time.sleep(0.05)
-        child, argv = out.read_text().split()
+        child, argv, preloaded, threads, imported = out.read_text().split()
         assert argv == "argv-kept"  # the module ran as __main__ with its own arguments
+        # what the engines preload was imported first, after the run's thread variables
+        assert (preloaded, threads, imported) == ("imported_wave", "3", "True")
         time.sleep(0.5)
         assert follower.poll() is None and psutil.pid_exists(int(child))  # all alive meanwhile
         kernel.kill()
@@ -507,6 +514,35 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+
+
+def test_preload_imports_after_the_thread_variables_and_leaves_gpus_and_failures_to_the_run():
+    code = ("import os, sys\nfrom kdist_magics.follow import preload\n"
+            "said = preload(['wave', 'kd_no_such_module', 'json'], 2)\n"
+            "print(said, '|', os.environ.get('TF_NUM_INTRAOP_THREADS'), os.environ.get('TF_NUM_INTEROP_THREADS'),"
+            " 'wave' in sys.modules)")
+    run = lambda gpus: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                                      env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus}).stdout.strip()
+    # a failing import stops the preload there and says why; the run imports again and names it
+    assert run("") == "kd_no_such_module failed: ModuleNotFoundError: No module named 'kd_no_such_module' | 2 2 True"
+    # GPUs here: a rank's GPU is chosen as its run starts, so nothing is imported or set before
+    assert run("0") == "skipped: GPUs here | None None False"
+
+
+def test_an_owned_cluster_preloads_its_framework_and_beats_its_heart_often():
+    from kdist_magics.cluster import HEARTBEAT_MISSES, HEARTBEAT_MS, _following, heartbeat_args
+
+    cluster = EngineCluster(4, preload=("tensorflow",))
+    assert cluster.threads == max(1, engine.cpu_count() // 4)  # the run's rule
+    assert EngineCluster(4, preload=("tensorflow",), threads=3).threads == 3
+    cmd = _following(preload=cluster.preload, threads=2).LocalEngineSetLauncher.engine_cmd
+    assert cmd[cmd.index("--preload") + 1:cmd.index("--preload") + 4] == ["tensorflow", "--threads", "2"]
+    assert "--preload" not in _following().LocalEngineSetLauncher.engine_cmd
+    # ipyparallel counts an engine registered at the first beat after its heart answered: a beat
+    # each 0.25 s; an engine is dropped after the same 30 s of silence as ipyparallel's default
+    assert heartbeat_args() == [f"--HeartMonitor.period={HEARTBEAT_MS}",
+                                f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
+    assert HEARTBEAT_MS * HEARTBEAT_MISSES == 30_000
 
 
 def test_a_local_engine_left_stopped_is_ended_and_its_death_says_why(monkeypatch):

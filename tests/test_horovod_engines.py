@@ -66,6 +66,7 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
 
     kdist(hip, "", "import os\nkd_seen = (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())\n"
                    "kd_threads = os.environ.get('TF_NUM_INTRAOP_THREADS')\n"
+                   "kd_preloaded = os.environ.get('KDIST_PRELOADED')\n"
                    "import horovod.tensorflow.keras as hk\n"
                    "kd_binding = (hvd.__name__, hk is hvd)")
     assert engine_values("kd_seen") == [(0, 2, 0, 2), (1, 2, 1, 2)]
@@ -73,6 +74,11 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
     assert engine_values("kd_binding") == [("kdist_magics.keras_horovod", True)] * 2
     cpus = len(os.sched_getaffinity(0))
     assert engine_values("kd_threads") == [str(max(1, cpus // 2))] * 2
+    # the engines imported TensorFlow and Horovod as they started (no GPU here), before the
+    # controller counted them, and the controller beats their hearts every 0.25 s
+    assert engine_values("kd_preloaded") == ["imported tensorflow, horovod.tensorflow"] * 2
+    controller = psutil.Process(strategy().cluster.processes()["controller"])
+    assert "--HeartMonitor.period=250" in controller.cmdline()
     rec = kdist_magics.last_run()
     assert rec.status == "done" and set(rec.ranks) == {0, 1}
     assert all(r.state == "done" and r.pid in cluster_pids() and r.host for r in rec.ranks.values())
@@ -81,7 +87,8 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
     kdist(hip, "", "kd_seen2 = (kd_seen[0], hvd.rank(), hvd.size())")
     assert engine_values("kd_seen2") == [(0, 0, 2), (1, 1, 2)]
     assert cluster_pids() == pids
-    # every socket a kdist-started cluster listens on is on loopback
+    # every socket a kdist-started cluster listens on is on loopback (with its own network, the
+    # default where the host gives one, the controller serves on Unix sockets: no TCP at all)
     listening = []
     for pid in strategy().cluster._process_tree_pids():
         try:
@@ -89,7 +96,8 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
                           if c.status == psutil.CONN_LISTEN]
         except psutil.Error:
             pass
-    assert listening and all(ip in ("127.0.0.1", "::1") for ip in listening), listening
+    assert all(ip in ("127.0.0.1", "::1") for ip in listening), listening
+    assert listening or strategy().cluster.namespace is not None
     # and so does every socket of the ranks while Horovod (Gloo) is initialised and talking
     kdist(hip, "", "import psutil, tensorflow as tf, horovod.tensorflow as hcore\n"
                    "from kdist_magics.compat import net_connections\n"

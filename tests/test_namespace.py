@@ -118,23 +118,22 @@ def test_status_says_whether_a_private_network_is_had_here(ip, capsys, monkeypat
     import kdist_magics
 
     ext = kdist_magics._extension
-    ip.run_line_magic("kdist", "status")
-    assert "private network" not in capsys.readouterr().out  # off: nothing to say
-    monkeypatch.setattr(ext, "private_network", True)
+    assert ext.private_network is True  # the default
     monkeypatch.setitem(namespace._probed, "answer", None)
     ip.run_line_magic("kdist", "status")
-    assert "private network: on (KDist.private_network)" in capsys.readouterr().out
+    assert "private network: on: a cluster kdist starts gets a network of its own" in capsys.readouterr().out
     monkeypatch.setitem(namespace._probed, "answer", "this host allows no user namespace for this user (x)")
     ip.run_line_magic("kdist", "status")
-    assert "private network: not here (this host allows no user namespace for this user (x))" in capsys.readouterr().out
+    assert ("private network: not here (this host allows no user namespace for this user (x)): the engines "
+            "share this host's loopback") in capsys.readouterr().out
+    monkeypatch.setattr(ext, "private_network", False)
+    ip.run_line_magic("kdist", "status")
+    assert "private network: off (KDist.private_network = False)" in capsys.readouterr().out
 
 
-def test_a_cluster_asked_for_a_private_network_where_there_is_none_starts_without_and_says_why(monkeypatch):
-    said = []
+def test_a_cluster_gets_a_private_network_by_default_where_the_host_gives_one(monkeypatch):
     monkeypatch.setitem(namespace._probed, "answer", "this host allows no user namespace for this user (x)")
-    assert namespace.wanted(True, said.append) is False
-    assert said == ["KDist.private_network: this host allows no user namespace for this user (x); the "
-                    "engines share this host's loopback (kdist's own listeners still serve only you)"]
+    assert namespace.wanted(True) is False  # none here: the run goes on without
     monkeypatch.setitem(namespace._probed, "answer", None)
-    assert namespace.wanted(True, said.append) is True and len(said) == 1  # where there is one: quiet
-    assert namespace.wanted(False, said.append) is False
+    assert namespace.wanted(True) is True
+    assert namespace.wanted(False) is False  # turned off

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kdist_magics import peers
+from kdist_magics import namespace, peers
 from kdist_magics.record import RunRecord
 from kdist_magics.rendezvous import AbortLine
 
@@ -133,8 +133,12 @@ def test_other_users_are_people_with_processes_here_not_system_accounts():
 def test_the_shared_host_line_names_who_and_what_stays_open():
     from kdist_magics.messages import EXPOSED, shared_host
 
-    line = shared_host([1001, 1002], EXPOSED["horovod"])
+    line = shared_host([1001, 1002], EXPOSED["horovod"])  # the private network turned off
     assert "uid 1001, 1002" in line and "the ranks' Gloo pairs" in line and "only you" in line
+    assert "KDist.private_network = True (the default)" in line
+    line = shared_host([1001], EXPOSED["jax"], "this host allows no user namespace for this user (x)")
+    assert "no private network (this host allows no user namespace for this user (x))" in line
+    assert "a container or an exclusive node" in line and "the JAX coordinator" in line
     assert set(EXPOSED) == {"horovod", "multiworker", "jax", "torch"}
 
 
@@ -152,14 +156,23 @@ def test_the_first_engine_run_on_a_shared_host_says_once_what_stays_open(ip, mon
             return None
 
     ext = kdist_magics._extension
-    monkeypatch.setattr(ext, "_sharing_said", False)
     spec = specmod.parse_line("--strategy multiworker --np 2")
+    for answer in (None, "this host allows no user namespace for this user (x)"):
+        monkeypatch.setitem(namespace._probed, "answer", answer)
+        monkeypatch.setattr(ext, "_sharing_said", False)
+        ext.execute(EngineRun(), "pass", spec, RunRecord("multiworker", size=2))
+        err = capsys.readouterr().err
+        if answer is None:  # the engines get a network of their own: nothing to say
+            assert "other users" not in err
+            continue
+        assert "kdist: other users have processes on this host (uid 1001)" in err
+        assert "TensorFlow's gRPC workers" in err and "no private network" in err
+        ext.execute(EngineRun(), "pass", spec, RunRecord("multiworker", size=2))
+        assert "other users" not in capsys.readouterr().err  # once per kernel
+    monkeypatch.setattr(ext, "private_network", False)  # turned off: said too
+    monkeypatch.setattr(ext, "_sharing_said", False)
     ext.execute(EngineRun(), "pass", spec, RunRecord("multiworker", size=2))
-    err = capsys.readouterr().err
-    assert "kdist: other users have processes on this host (uid 1001)" in err
-    assert "TensorFlow's gRPC workers" in err
-    ext.execute(EngineRun(), "pass", spec, RunRecord("multiworker", size=2))
-    assert "other users" not in capsys.readouterr().err  # once per kernel
+    assert "KDist.private_network = True (the default)" in capsys.readouterr().err
 
 
 def test_listener_names_the_local_process_behind_an_address_and_says_when_nothing_listens():

@@ -5,10 +5,11 @@ engines (a JAX multiworker cell in a shell of its own), and rank 0 waits inside 
 another user (uid 65534, the system's Python) tries to connect to **every** TCP socket the
 kernel's and the engines' processes listen on, and to ``PUT`` into the Horovod rendezvous.
 
-* ``KDist.private_network = True``: the engines' network is a namespace of their own. Every
-  socket of the run is found there (the kernel's rendezvous and abort line too, made in the
-  namespace and handed over), none on the host's network, and every attempt is refused.
-* Off (the default), with another person's process on the host: kdist says once what stays
+* By default (``KDist.private_network``, untouched): the engines' network is a namespace of
+  their own. Every socket of the run is found there (the kernel's rendezvous and abort line
+  too, made in the namespace and handed over), none on the host's network, and every attempt
+  is refused.
+* Turned off, with another person's process on the host: kdist says once what stays
   reachable (Gloo's pairs), and kdist's own listeners hang up on the other user unanswered.
 
 Both runs must end as always (identical weights on the ranks). Where this runs as root (CI),
@@ -208,8 +209,9 @@ JAX_CELL = cell("strategy.process_index == 0", "None", "keras.optimizers.SGD(0.0
 def body(flags: Path, cells: list[tuple[str, str, str]], private: bool) -> str:
     """The shell's part: ``cells`` are (name, strategy line, cell), each run in turn."""
     lines = [f"import os, pathlib; pathlib.Path({str(flags)!r}, 'kernel').write_text(str(os.getpid()))",
-             f"ip.run_line_magic('config', 'KDist.private_network = {private}')",
              "out['runs'] = {}"]
+    if not private:  # (on is the default: the private runs leave the setting alone)
+        lines.insert(1, "ip.run_line_magic('config', 'KDist.private_network = False')")
     for i, (name, line, cell) in enumerate(cells):
         text = cell.replace("@FLAGS@", repr(str(flags))).replace("@I@", str(i))
         lines += [f"value, err = attempt({line!r}, {text!r})",

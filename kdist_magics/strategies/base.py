@@ -25,7 +25,8 @@ class RunOptions:
     stop_grace: float = 5.0
     helper_nice: int = 10  # kdist's helper threads and the controller, below the ranks
     same_user_only: bool = True  # kdist's own listeners refuse other local users (peers.py)
-    private_network: bool = False  # a cluster kdist starts gets a network of its own (namespace.py)
+    private_network: bool = True  # a cluster kdist starts gets a network of its own (namespace.py)
+    preload: bool = True  # engines kdist starts import the strategy's framework as they start (follow.py)
 
     @classmethod
     def of(cls, config: Any) -> "RunOptions":

@@ -267,7 +267,9 @@ class EngineStrategy(Strategy):
             address = ctx.options.bind_address if spec.attach else "127.0.0.1"
             cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
                                     controller_nice=ctx.options.helper_nice,
-                                    private=not spec.attach and wanted(ctx.options.private_network, news))
+                                    private=not spec.attach and wanted(ctx.options.private_network),
+                                    preload=self.warm_modules if ctx.options.preload else (),
+                                    threads=ctx.options.threads_per_rank or 0)
             if not spec.attach:
                 news(f"starting {n} engines on this machine (loopback only)...")
             self.cluster = cluster
