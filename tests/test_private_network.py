@@ -1,7 +1,7 @@
 """Issue 18: no other user of a shared host can reach a run.
 
 Engines tier. A fresh IPython shell (the kernel) runs a horovod and a multiworker cell on 2
-engines (a JAX multiworker cell in a shell of its own), and rank 0 waits inside its cell while
+engines (a JAX and a PyTorch multiworker cell each in a shell of its own), and rank 0 waits inside its cell while
 another user (uid 65534, the system's Python) tries to connect to **every** TCP socket the
 kernel's and the engines' processes listen on, and to ``PUT`` into the Horovod rendezvous.
 
@@ -203,7 +203,8 @@ HVD_CELL = cell("hvd.rank() == 0",
                 "hvd.DistributedOptimizer(keras.optimizers.SGD(0.05))",
                 "callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)]")
 MW_CELL = cell("strategy.cluster_resolver.task_id == 0", "None", "keras.optimizers.SGD(0.05)")
-JAX_CELL = cell("strategy.process_index == 0", "None", "keras.optimizers.SGD(0.05)")
+PROCESSES_CELL = cell(  # JAX and torch processes: the same bound strategy attributes
+    "strategy.process_index == 0", "None", "keras.optimizers.SGD(0.05)")
 
 
 def body(flags: Path, cells: list[tuple[str, str, str]], private: bool) -> str:
@@ -277,8 +278,21 @@ def test_jax_multiworker_with_a_private_network_is_out_of_other_users_reach(tmp_
     _needs()
     pytest.importorskip("jax", reason="Keras on JAX across engines needs JAX")
     _needs_a_namespace()
-    cells = [("multiworker", "--strategy multiworker --np 2 --no-dashboard", JAX_CELL)]
+    cells = [("multiworker", "--strategy multiworker --np 2 --no-dashboard", PROCESSES_CELL)]
     result, seen = run_probed(tmp_path, cells, private=True, env={"KERAS_BACKEND": "jax"})
+    check_run_unaffected(result, "multiworker")
+    check_nothing_reachable(seen[0], kernel_too=False)
+
+
+@pytest.mark.torch
+def test_torch_multiworker_with_a_private_network_is_out_of_other_users_reach(tmp_path):
+    """torch's TCPStore and Gloo pairs (not named by the issue, which predates them: the same
+    namespace holds them)."""
+    _needs()
+    pytest.importorskip("torch", reason="Keras on torch across engines needs PyTorch (make test installs it)")
+    _needs_a_namespace()
+    cells = [("multiworker", "--strategy multiworker --np 2 --no-dashboard", PROCESSES_CELL)]
+    result, seen = run_probed(tmp_path, cells, private=True, env={"KERAS_BACKEND": "torch"})
     check_run_unaffected(result, "multiworker")
     check_nothing_reachable(seen[0], kernel_too=False)
 
