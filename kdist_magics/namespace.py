@@ -117,7 +117,7 @@ class Namespace:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "kdist_magics.namespace", str(me), repr(psutil.Process(me).create_time()),
              self.control], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            close_fds=True)
+            close_fds=True, start_new_session=True)  # a kernel interrupt (SIGINT to its group) passes it by
         deadline = time.monotonic() + START_WITHIN
         line = b""
         os.set_blocking(self.process.stdout.fileno(), False)
@@ -141,6 +141,11 @@ class Namespace:
         if not fds:
             raise OSError(f"the namespace's holder could not bind {address}")
         return socket.socket(fileno=fds[0])
+
+    @property
+    def gone(self) -> bool:
+        """The holder has ended (the engines keep their namespace, but nothing new is bound there)."""
+        return self.process is not None and self.process.poll() is not None
 
     def stop(self) -> None:
         proc, self.process = self.process, None

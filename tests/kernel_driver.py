@@ -208,19 +208,9 @@ class Kernel:
         return [p for p in self.tree() if p != self.pid]
 
     def listening(self) -> list[tuple[int, str, int]]:
-        """(pid, ip, port) of every listening TCP socket of the kernel's process tree."""
-        import psutil
-
-        from kdist_magics.compat import net_connections
-
-        out = []
-        for pid in self.tree():
-            try:
-                conns = net_connections(psutil.Process(pid), "inet")
-            except psutil.Error:
-                continue
-            out += [(pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
-        return out
+        """(pid, ip, port) of every listening TCP socket of the kernel's process tree, in
+        whichever network namespace it lies (the engines' private one too)."""
+        return [(s["pid"], s["address"], s["port"]) for s in listening_sockets(self.tree())]
 
     def interrupt(self) -> None:
         self.km.interrupt_kernel()
@@ -355,3 +345,54 @@ def engine_values(strategy, name: str) -> list:
 
 def engine_pids(strategy) -> set[int]:
     return {e.pid for e in strategy.cluster.engines}
+
+
+# -- listening sockets, per network namespace ------------------------------------------------
+def _decode(hex_address: str) -> tuple[str, int]:
+    import socket
+
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word: host order
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, words), int(port, 16)
+
+
+def _table(pid: int) -> dict[int, tuple[str, int]]:
+    """inode -> (address, port) of the LISTEN sockets in process ``pid``'s network namespace."""
+    out = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                out[int(fields[9])] = _decode(fields[1])
+    return out
+
+
+def listening_sockets(pids) -> list[dict]:
+    """Every listening TCP socket the processes ``pids`` hold, wherever its network:
+    ``{pid, address, port, netns}``. Each process's own ``/proc/PID/net/tcp*`` is read (psutil
+    reads the caller's namespace's table, so it misses the engines' private network), and a
+    socket made in one namespace and held in another (the kernel's rendezvous, handed over
+    from the engines' namespace) is listed in the namespace it lies in."""
+    tables, found = {}, []
+    for pid in pids:
+        try:
+            tables.setdefault(os.readlink(f"/proc/{pid}/ns/net"), _table(pid))
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        for inode in (int(link[8:-1]) for link in links if link.startswith("socket:[")):
+            for netns, table in tables.items():
+                if inode in table:
+                    found.append({"pid": pid, "address": table[inode][0], "port": table[inode][1],
+                                  "netns": netns})
+    return found

@@ -313,6 +313,7 @@ class _FakeEngineCluster:
         self.n, self.cluster_id, self.profile, self.ip = n, cluster_id, profile, ip
         self.preload, self.threads = preload, threads
         self.controller_nice, self.private = controller_nice, private
+        self.namespace = None  # (a private network's holder: EngineCluster.namespace)
         self.attached = cluster_id is not None or profile is not None
         self.owned = not self.attached
         self.running = False
@@ -374,14 +375,20 @@ def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch
     strategy.needs_restart = "stopped ranks did not answer"
     strategy._cluster(ctx(np=2))
     assert first.calls == ["start", "restart", "restart"] and strategy.needs_restart is None
+    first.namespace = type("Holder", (), {"gone": True})()  # the private network's holder ended
+    strategy._cluster(ctx(np=2))
+    assert first.calls[-1] == "restart"
+    early = capsys.readouterr()
+    assert "restarting the engines (the private network's holder ended)" in early.out
+    first.namespace = None
     second = strategy._cluster(ctx(np=3))  # a different N: a new cluster
     assert second is not first and second.n == 3 and first.calls[-1] == "stop"
     attached = strategy._cluster(ctx(np=3, cluster_id="theirs", given=frozenset({"cluster_id"})))
     assert attached.attached and attached.cluster_id == "theirs" and second.calls[-1] == "stop"
     said = capsys.readouterr()
     # news, not errors: kdist's progress lines go to stdout (Jupyter shows stderr in red)
-    assert "restarting the engines (an engine died)" in said.out and "3 ranks requested" in said.out
-    assert "kdist:" not in said.err
+    assert "restarting the engines (an engine died)" in early.out and "3 ranks requested" in said.out
+    assert "kdist:" not in said.err + early.err
 
 
 def test_route_iface_names_the_interface_towards_an_address():

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -32,7 +31,7 @@ import numpy as np
 import psutil
 import pytest
 
-from kernel_driver import run_in_fresh_shell
+from kernel_driver import _table, listening_sockets, run_in_fresh_shell
 
 pytestmark = [pytest.mark.engines, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(900)]
 NOBODY, SOMEONE = 65534, 1001
@@ -62,52 +61,9 @@ UNPRIVILEGED = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
 
 
 # -- every listening socket of a process tree ----------------------------------------------
-def _decode(hex_address: str) -> tuple[str, int]:
-    host, port = hex_address.split(":")
-    raw = bytes.fromhex(host)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word: host order
-    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
-    return socket.inet_ntop(family, words), int(port, 16)
-
-
-def _table(pid: int) -> dict[int, tuple[str, int]]:
-    """inode -> (address, port) of the LISTEN sockets in process ``pid``'s network namespace."""
-    out = {}
-    for name in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A":  # LISTEN
-                out[int(fields[9])] = _decode(fields[1])
-    return out
-
-
 def listening(root: int) -> list[dict]:
-    """Every listening TCP socket held by ``root`` and its descendants, wherever its network:
-    ``{pid, address, port, netns}`` (a socket handed to the kernel from the engines' namespace
-    is listed in theirs)."""
-    procs = [psutil.Process(root)] + psutil.Process(root).children(recursive=True)
-    tables, found = {}, []
-    for p in procs:
-        try:
-            tables.setdefault(os.readlink(f"/proc/{p.pid}/ns/net"), _table(p.pid))
-        except OSError:
-            pass
-    for p in procs:
-        try:
-            inodes = [int(os.readlink(f"/proc/{p.pid}/fd/{fd}")[8:-1]) for fd in os.listdir(f"/proc/{p.pid}/fd")
-                      if os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith("socket:[")]
-        except OSError:
-            continue
-        for inode in inodes:
-            for netns, table in tables.items():
-                if inode in table:
-                    found.append({"pid": p.pid, "address": table[inode][0], "port": table[inode][1],
-                                  "netns": netns})
-    return found
+    """Every listening TCP socket held by ``root`` and its descendants, wherever its network."""
+    return listening_sockets([root] + [p.pid for p in psutil.Process(root).children(recursive=True)])
 
 
 PROBE = """

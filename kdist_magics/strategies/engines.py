@@ -256,7 +256,9 @@ class EngineStrategy(Strategy):
                 self.teardown()
                 cluster = None
             elif why := (self.needs_restart or ("an engine died" if cluster.dead(settle=True) else None)
-                         or ("the controller died" if cluster.controller_gone() else None)):
+                         or ("the controller died" if cluster.controller_gone() else None)
+                         or ("the private network's holder ended"
+                             if getattr(cluster.namespace, "gone", False) else None)):
                 news(f"restarting the engines ({why})")
                 if cluster.owned:
                     self._start(cluster, ctx, cluster.restart)
