@@ -10,6 +10,8 @@ had already started.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -50,9 +52,9 @@ kd_eval = float(model.evaluate(x, y, batch_size=16, verbose=0))
 """
 
 BODY = f'''
-import numpy as np, psutil
+import sys
+import numpy as np
 import kdist_magics
-from kdist_magics.compat import net_connections
 TRAIN = {TRAIN!r}
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard --pull model,history", TRAIN)
 out["err"] = repr(err) if err is not None else None
@@ -68,14 +70,9 @@ for name in ("kd_weights", "kd_loss", "kd_steps", "kd_replicas", "kd_eval", "kd_
 model = ip.user_ns["model"]
 out["pulled"] = [w.tolist() for w in model.get_weights()]
 out["kernel_pred"] = np.asarray(model.predict(np.ones((3, 4), "float32"), verbose=0)).shape
-listening = []
-for pid in s.cluster._process_tree_pids():
-    try:
-        listening += [(c.laddr.ip, c.laddr.port) for c in net_connections(psutil.Process(pid), "inet")
-                      if c.status == psutil.CONN_LISTEN]
-    except psutil.Error:
-        pass
-out["listening"] = listening
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from kernel_driver import listening_sockets  # each process's own network (a private one too)
+out["listening"] = [(x["address"], x["port"]) for x in listening_sockets(s.cluster._process_tree_pids())]
 pids = {{e.pid for e in s.cluster.engines}}
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "kd_again = (strategy.process_index, strategy.num_processes)")
 out["again_err"] = repr(err) if err is not None else None
