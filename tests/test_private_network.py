@@ -230,25 +230,16 @@ def test_with_a_private_network_no_other_user_reaches_any_socket_of_a_run(tmp_pa
     assert result["status"]["network"].startswith("private (the engines in namespace holder pid ")
 
 
-def test_jax_multiworker_with_a_private_network_is_out_of_other_users_reach(tmp_path):
+@pytest.mark.parametrize("backend", ["jax", pytest.param("torch", marks=pytest.mark.torch)])
+def test_jax_and_torch_multiworker_with_a_private_network_are_out_of_other_users_reach(backend, tmp_path):
+    """The JAX coordinator; torch's TCPStore (not named by the issue, which predates it: the
+    same namespace holds it); the Gloo pairs of both."""
     _needs()
-    pytest.importorskip("jax", reason="Keras on JAX across engines needs JAX")
+    pytest.importorskip(backend, reason=f"Keras on {backend} across engines needs {backend} "
+                                        f"(make test installs both in .venv)")
     _needs_a_namespace()
     cells = [("multiworker", "--strategy multiworker --np 2 --no-dashboard", PROCESSES_CELL)]
-    result, seen = run_probed(tmp_path, cells, private=True, env={"KERAS_BACKEND": "jax"})
-    check_run_unaffected(result, "multiworker")
-    check_nothing_reachable(seen[0], kernel_too=False)
-
-
-@pytest.mark.torch
-def test_torch_multiworker_with_a_private_network_is_out_of_other_users_reach(tmp_path):
-    """torch's TCPStore and Gloo pairs (not named by the issue, which predates them: the same
-    namespace holds them)."""
-    _needs()
-    pytest.importorskip("torch", reason="Keras on torch across engines needs PyTorch (make test installs it)")
-    _needs_a_namespace()
-    cells = [("multiworker", "--strategy multiworker --np 2 --no-dashboard", PROCESSES_CELL)]
-    result, seen = run_probed(tmp_path, cells, private=True, env={"KERAS_BACKEND": "torch"})
+    result, seen = run_probed(tmp_path, cells, private=True, env={"KERAS_BACKEND": backend})
     check_run_unaffected(result, "multiworker")
     check_nothing_reachable(seen[0], kernel_too=False)
 
