@@ -82,10 +82,10 @@ class EngineCluster(Liveness):
                  private: bool = False, preload: tuple[str, ...] = (), threads: int = 0):
         self.n = n
         self.preload = tuple(preload)
-        if preload and not threads:  # the run's rule: this host's cores shared by the ranks
-            from .engine import cpu_count
+        if preload:  # the run's rule (engine.threads_per_rank), as the preload must set it first
+            from .engine import threads_per_rank
 
-            threads = max(1, cpu_count() // max(1, n))
+            threads = threads_per_rank(n, threads)
         self.threads = threads
         self.controller_nice = controller_nice  # an owned controller runs this much nicer
         self.attached = cluster_id is not None or profile is not None

@@ -75,6 +75,13 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def threads_per_rank(ranks_here: int, chosen: int | None = 0) -> int:
+    """Intra-op threads for one of ``ranks_here`` ranks on this host: ``chosen``
+    (``KDist.threads_per_rank``) when set, otherwise this host's cores shared by the ranks
+    (the rule ``benchmarks/threads.py`` measured; see the README's Performance section)."""
+    return chosen or max(1, cpu_count() // max(1, ranks_here))
+
+
 def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
           checkpoint: str | None = None, freeze_gc: bool = True,
           tf_info_logs: bool = False, helper_nice: int = 0) -> dict[str, Any]:

@@ -41,7 +41,7 @@ class EngineInfo:
 class Liveness:
     """Mixed into :class:`~.cluster.EngineCluster`, whose state it reads: ``engines``,
     ``client``, ``cluster``, ``owned``/``attached``, ``_exits``, ``_pids_started``,
-    ``_stopped_since``, ``_ended_why`` and ``_theirs``."""
+    ``_stopped_since``, ``_ended_why``, ``_theirs`` and ``namespace``."""
 
     def _starting_trouble(self) -> str | None:
         """Why the engines will never all register: the controller ended (an attached cluster's,
@@ -149,6 +149,17 @@ class Liveness:
             if gone:
                 out[engine.engine_id] = self._ended_why.get(engine.pid) or self._gone_words(engine)
         return out
+
+    def why_restart(self) -> str | None:
+        """Why this running cluster cannot take the next run as it is (an engine died, the
+        controller died, the private network's holder ended), or None when it can."""
+        if self.dead(settle=True):
+            return "an engine died"
+        if self.controller_gone():
+            return "the controller died"
+        if getattr(self.namespace, "gone", False):
+            return "the private network's holder ended"
+        return None
 
     def _gone_words(self, engine: EngineInfo) -> str:
         if self.owned:

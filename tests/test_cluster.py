@@ -341,6 +341,10 @@ class _FakeEngineCluster:
     def controller_gone(self):
         return None  # its controller runs (EngineCluster.controller_gone)
 
+    from kdist_magics.liveness import Liveness
+
+    why_restart = Liveness.why_restart  # the real rule, over this fake's dead/controller_gone/namespace
+
 
 def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch, capsys):
     import kdist_magics.strategies.engines as engines_mod

@@ -255,10 +255,7 @@ class EngineStrategy(Strategy):
                 news(f"{n} ranks requested; restarting the engines (had {cluster.n})")
                 self.teardown()
                 cluster = None
-            elif why := (self.needs_restart or ("an engine died" if cluster.dead(settle=True) else None)
-                         or ("the controller died" if cluster.controller_gone() else None)
-                         or ("the private network's holder ended"
-                             if getattr(cluster.namespace, "gone", False) else None)):
+            elif why := self.needs_restart or cluster.why_restart():
                 news(f"restarting the engines ({why})")
                 if cluster.owned:
                     self._start(cluster, ctx, cluster.restart)
@@ -396,6 +393,4 @@ class EngineStrategy(Strategy):
 def _prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine
     from kdist_magics import engine
 
-    if not threads:
-        threads = max(1, engine.cpu_count() // max(1, local_size))
-    return engine.prepare(env, threads, cwd, gpu)
+    return engine.prepare(env, engine.threads_per_rank(local_size, threads), cwd, gpu)
