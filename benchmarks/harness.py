@@ -8,6 +8,7 @@ drops thread variables inherited from the caller (each run sets its own).
   notebook front end talks to), with helpers to run a cell and read values back.
 * :func:`horovodrun` -- ``horovodrun -np 2 --gloo -H localhost:2 --network-interface lo``
   on ``hvd_train.py`` (through ``horovodrun_lo.py``: rendezvous on 127.0.0.1).
+* :func:`tf_workers` -- TensorFlow's own multi-worker launch (``mwms_train.py``, ``TF_CONFIG``).
 * :class:`Listeners` -- every listening socket of a process tree, sampled while a
   run is in progress; anything not on loopback is reported.
 * Processes are ended by pid only: the kernel's and cluster's pids, horovodrun's
@@ -185,6 +186,35 @@ def horovodrun(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, s
             "listeners": sorted(listeners.seen), "watch": listeners}
 
 
+def tf_workers(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, str],
+               timeout: float = 600, np: int = 2) -> dict:
+    """TensorFlow's own multi-worker launch of the workload: ``mwms_train.py --launch N`` starts
+    N workers with ``TF_CONFIG`` on loopback ports (as one would by hand) and waits for them."""
+    env = dict(os.environ)
+    for var in workload.THREAD_VARS:
+        env.pop(var, None)
+    env.update(env_extra)
+    started = time.time()
+    cmd = [PY, str(BENCH / "mwms_train.py"), "--launch", str(np), "--steps", str(steps),
+           "--out", str(out_dir), "--tag", tag, "--started", repr(started)]
+    log_path = Path(out_dir) / f"{tag}.log"
+    with open(log_path, "w") as logf:
+        proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=logf, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        with Listeners(proc.pid, every=1.0) as listeners:
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # the group the launcher leads (started above)
+                proc.wait()
+                raise RuntimeError(f"TF workers {tag} took over {timeout} s; log: {log_path}")
+    if code != 0:
+        tail = log_path.read_text()[-3000:]
+        raise RuntimeError(f"TF workers {tag} exited with {code}; log {log_path}:\n{tail}")
+    return {"ranks": read_ranks(out_dir, tag, np), "started": started, "exposed": listeners.exposed,
+            "listeners": sorted(listeners.seen), "watch": listeners}
+
+
 # -- a real kernel ----------------------------------------------------------------------
 class CellError(RuntimeError):
     pass
@@ -328,20 +358,24 @@ def _kb_run_facts():
 """
 
 
-def kdist_cell(steps: int, out_dir: str | Path, tag: str, options: str = "", np: int = 2) -> str:
-    """The ``%%kdist`` cell that runs the shared workload on N Horovod ranks."""
-    return (f"%%kdist --strategy horovod --np {np} {options}\n"
+def kdist_cell(steps: int, out_dir: str | Path, tag: str, options: str = "", np: int = 2,
+               strategy: str = "horovod") -> str:
+    """The ``%%kdist`` cell that runs the shared workload on N Horovod ranks (``strategy``
+    "multiworker": on N MultiWorkerMirroredStrategy workers, ``workload.train_multiworker``)."""
+    call = ("workload.train(hvd, " if strategy == "horovod"
+            else "workload.train_multiworker(strategy, ")
+    return (f"%%kdist --strategy {strategy} --np {np} {options}\n"
             f"import sys\n"
             f"sys.path.insert(0, {str(BENCH)!r})\n"
             f"import workload\n"
-            f"_kb = workload.train(hvd, {steps}, {str(out_dir)!r}, {tag!r})\n")
+            f"_kb = {call}{steps}, {str(out_dir)!r}, {tag!r})\n")
 
 
 def kdist_run(kernel: Kernel, steps: int, out_dir: str | Path, tag: str, options: str = "",
-              np: int = 2) -> dict:
+              np: int = 2, strategy: str = "horovod") -> dict:
     """Run the workload cell in ``kernel``; rank records, kernel-side facts, sockets."""
     with Listeners(kernel.pid, every=1.0) as listeners:
-        cell = kernel.run(kdist_cell(steps, out_dir, tag, options, np))
+        cell = kernel.run(kdist_cell(steps, out_dir, tag, options, np, strategy))
         listeners.sample()  # CPU up to the cell's end
     kernel.remember_children()
     facts = kernel.value("_kb_run_facts()")

@@ -6,6 +6,8 @@ Runs, each in its own process (own temp IPython/Jupyter dirs, own kernel):
 * ``dashboard_overhead.py`` -- P3 (the dashboard engineer's script; reused as is)
 * ``cold_start.py``         -- P6 (a fresh kernel's first cell against horovodrun's whole job)
 * ``bench_horovod.py --model cnn`` -- P7 (P1's comparison on Horovod's MNIST CNN)
+* ``bench_multiworker.py``  -- P7's multiworker half (a ``multiworker`` cell against TensorFlow's
+  own launch by hand, ``TF_CONFIG``), shown in the table beside P7
 
 and prints their tables, then::
 
@@ -72,6 +74,8 @@ def main(argv=None) -> int:
     cnn = run("bench_horovod.py", ["--model", "cnn", "--variants", "K,S", "--steps", "120",
                                    "--warmup", "20"] + (["--repeats", "1"] if args.quick else []),
               tmp / "cnn.json")
+    multiworker = run("bench_multiworker.py", ["--repeats", "1", "--steps", "40", "--warmup", "10"]
+                      if args.quick else [], tmp / "multiworker.json")
 
     values: dict[str, float | None] = {k: None for k in GOALS}
     if horovod:
@@ -144,11 +148,19 @@ def main(argv=None) -> int:
         r = cnn["median_rate"]
         print(f"{'P7':<5} {'steps/s, MNIST CNN, %%kdist horovod --np 2':<46} "
               f"{'steps/s, horovodrun, same threads':<44} {r['K']:>8.2f} {r['S']:>8.2f}")
+    if multiworker:
+        r, g = multiworker["median_rate"], multiworker["goals"]
+        print(f"{'(P7)':<5} {'steps/s, MNIST CNN, %%kdist multiworker --np 2':<46} "
+              f"{'steps/s, 2 TF workers by hand (TF_CONFIG)':<44} {r['K']:>8.2f} {r['M']:>8.2f}")
+        print(f"(P7) multiworker: K / M {g['P7 multiworker']['value']:.3f} (per CPU-second "
+              f"{g['P7 multiworker per CPU-s']['value']:.3f}); one model on every rank: "
+              f"{'yes' if all(multiworker['synced'].values()) else 'NO'}")
     if p3_from:
         print(f"P3 from {p3_from}")
     if args.json:
         Path(args.json).write_text(json.dumps({"horovod": horovod, "dashboard": dashboard,
                                                "cold_start": cold, "cnn": cnn,
+                                               "multiworker": multiworker,
                                                "values": values}, indent=1))
     print()
     for key, goal in GOALS.items():

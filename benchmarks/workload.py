@@ -9,7 +9,9 @@ rank actually ran with, to ``<out_dir>/<tag>-rank<r>.json``.
 
 Both sides import this module: the ``%%kdist`` cell (``sys.path`` gets this
 folder) and ``hvd_train.py`` (the script horovodrun starts), so A and B measure
-the same code the same way.
+the same code the same way. :func:`train_multiworker` is the same training under
+MultiWorkerMirroredStrategy (``bench_multiworker.py``: a ``multiworker`` cell against
+``mwms_train.py`` workers started by hand with ``TF_CONFIG``).
 """
 
 from __future__ import annotations
@@ -58,71 +60,90 @@ def train(hvd, steps: int, out_dir: str, tag: str, started: float | None = None)
             except RuntimeError:  # a warm engine: TF started already, pinned by the first cell
                 pass
     keras.utils.set_random_seed(SEED)  # same initial weights everywhere; broadcast makes sure
-    if MODEL == "cnn":
-        model, data = _mnist_cnn(hvd, rank, size)
-    else:
-        model, data = _mlp(hvd, rank, size)
-    return _fit(hvd, model, data, steps, out_dir, tag, started, rank)
+    model, optimizer, loss = _model(size)
+    model.compile(optimizer=hvd.DistributedOptimizer(optimizer), loss=loss)
+    data = _data(rank, _batch())
+    return _fit(model, data, steps, out_dir, tag, started, rank, size,
+                [hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
 
-def _mnist_cnn(hvd, rank: int, size: int):
-    """The model and optimizer of Horovod's tensorflow2_keras_mnist.py (Keras 3 spelling)."""
+def train_multiworker(strategy, steps: int, out_dir: str, tag: str, started: float | None = None) -> dict:
+    """The same training under TensorFlow's MultiWorkerMirroredStrategy (one replica per worker):
+    the same model, per-worker batch and data order per rank as :func:`train`; the strategy
+    averages the gradients (P7's multiworker half)."""
     import keras
-    import numpy as np
-    import tensorflow as tf
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = np.pad(np.kron(digits.images, np.ones((3, 3))), ((0, 0), (2, 2), (2, 2)))
-    order = np.random.default_rng(SEED + rank).permutation(len(images))  # each rank its order
-    x = (images[order] / 16.0).astype(np.float32)[..., None]
-    y = digits.target[order].astype(np.int64)
-    data = (tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(CNN_BATCH, drop_remainder=True)
-            .take(DATA_BATCHES).cache().repeat())
-    model = keras.Sequential([
-        keras.Input((28, 28, 1)),
-        keras.layers.Conv2D(32, [3, 3], activation="relu"),
-        keras.layers.Conv2D(64, [3, 3], activation="relu"),
-        keras.layers.MaxPooling2D(pool_size=(2, 2)),
-        keras.layers.Dropout(0.25),
-        keras.layers.Flatten(),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dropout(0.5),
-        keras.layers.Dense(10, activation="softmax"),
-    ])
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.001 * size)),
-                  loss=keras.losses.SparseCategoricalCrossentropy())
-    return model, data
-
-
-def _mlp(hvd, rank: int, size: int):
-    import keras
-    import numpy as np
     import tensorflow as tf
 
-    rng = np.random.default_rng(SEED + rank)  # each rank its own shard
-    n = DATA_BATCHES * BATCH
-    x = rng.standard_normal((n, FEATURES), dtype=np.float32)
-    w = np.random.default_rng(SEED).standard_normal((FEATURES, CLASSES)).astype(np.float32)
-    y = np.argmax(x @ w, axis=1).astype(np.int32)
-    data = (tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
-            .cache().repeat())
+    rank, size = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
+    keras.utils.set_random_seed(SEED)  # the strategy syncs initial weights anyway
+    with strategy.scope():
+        model, optimizer, loss = _model(size)
+        model.compile(optimizer=optimizer, loss=loss)
+    options = tf.data.Options()  # each worker its own data, as each Horovod rank has its shard
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    data = _data(rank, _batch() * size).with_options(options)  # global batch: the per-worker one each
+    return _fit(model, data, steps, out_dir, tag, started, rank, size, [])
 
+
+def _batch() -> int:
+    return CNN_BATCH if MODEL == "cnn" else BATCH
+
+
+def _model(size: int):
+    """The model (uncompiled), its optimizer (learning rate scaled by ``size``) and loss."""
+    import keras
+
+    if MODEL == "cnn":  # Horovod's tensorflow2_keras_mnist.py (Keras 3 spelling)
+        model = keras.Sequential([
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(32, [3, 3], activation="relu"),
+            keras.layers.Conv2D(64, [3, 3], activation="relu"),
+            keras.layers.MaxPooling2D(pool_size=(2, 2)),
+            keras.layers.Dropout(0.25),
+            keras.layers.Flatten(),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dropout(0.5),
+            keras.layers.Dense(10, activation="softmax"),
+        ])
+        return (model, keras.optimizers.Adam(0.001 * size),
+                keras.losses.SparseCategoricalCrossentropy())
     model = keras.Sequential([
         keras.Input((FEATURES,)),
         keras.layers.Dense(HIDDEN, activation="relu"),
         keras.layers.Dense(HIDDEN, activation="relu"),
         keras.layers.Dense(CLASSES),
     ])
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * size)),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model, data
+    return (model, keras.optimizers.SGD(0.01 * size),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
-def _fit(hvd, model, data, steps: int, out_dir: str, tag: str, started, rank: int) -> dict:
+def _data(rank: int, batch: int):
+    """This rank's own data (its shard or its order), ``batch`` samples a step, repeated."""
+    import numpy as np
+    import tensorflow as tf
+
+    if MODEL == "cnn":  # scikit-learn's digits, upsampled to MNIST's 28x28
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        images = np.pad(np.kron(digits.images, np.ones((3, 3))), ((0, 0), (2, 2), (2, 2)))
+        order = np.random.default_rng(SEED + rank).permutation(len(images))  # each rank its order
+        x = (images[order] / 16.0).astype(np.float32)[..., None]
+        y = digits.target[order].astype(np.int64)
+        return (tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True)
+                .take(DATA_BATCHES).cache().repeat())
+    rng = np.random.default_rng(SEED + rank)  # each rank its own shard
+    n = DATA_BATCHES * batch
+    x = rng.standard_normal((n, FEATURES), dtype=np.float32)
+    w = np.random.default_rng(SEED).standard_normal((FEATURES, CLASSES)).astype(np.float32)
+    y = np.argmax(x @ w, axis=1).astype(np.int32)
+    return (tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+            .cache().repeat())
+
+
+def _fit(model, data, steps: int, out_dir: str, tag: str, started, rank: int, size: int,
+         callbacks: list) -> dict:
     import keras
-
-    size = hvd.size()
 
     ends: list[float] = []
     cpu: list[float] = []  # this process's CPU seconds (all threads) at each step end
@@ -134,12 +155,14 @@ def _fit(hvd, model, data, steps: int, out_dir: str, tag: str, started, rank: in
 
     t_fit = time.time()
     history = model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False,
-                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), StepTimes()])
+                        callbacks=[*callbacks, StepTimes()])
     result = {
         "tag": tag, "rank": rank, "size": size, "pid": os.getpid(), "steps": len(ends),
         "started": started, "fit_called": t_fit, "step_ends": ends,
         "step_cpu": cpu,
         "loss": float(history.history["loss"][-1]),
+        # equal on every rank when the ranks trained one model (Horovod or the strategy synced them)
+        "weights_sum": float(sum(float(abs(w).sum()) for w in model.get_weights())),
         # what TensorFlow read when it started in this process (tf.config was not used)
         "threads": {v: os.environ.get(v) for v in THREAD_VARS},
     }
