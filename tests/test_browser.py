@@ -244,11 +244,29 @@ def assert_phases_and_devices(dash, ranks: int) -> None:
         assert notes == ["accelerator: CPU only"] * ranks, notes
 
 
-def _run_all_cells(page) -> None:
+#: a cell's input prompt once it is queued or has run: "[*]:" or "[1]:"
+_STARTED = ("() => [...document.querySelectorAll('.jp-InputPrompt')]"
+            ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))")
+
+
+def _run_all_cells(page, tries: int = 3) -> None:
     """Run > Run All Cells from the menu bar (JupyterLab 4 and Notebook 7 share it): unlike
-    Shift+Enter keystrokes, it does not depend on which cell has the focus."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()
+    Shift+Enter keystrokes, it does not depend on which cell has the focus. Until a cell's
+    prompt shows it queued or ran: a click that landed before the front end was ready (seen
+    once in Notebook 7: every prompt still "[ ]" 400 s later) is repeated, never one that took."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(tries):
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()
+        try:
+            page.wait_for_function(_STARTED, timeout=30_000)
+            return
+        except PlaywrightTimeout:
+            if attempt == tries - 1:
+                raise
+            print(f"Run All Cells: no cell queued 30 s after click {attempt + 1}; clicking again")
+            page.keyboard.press("Escape")  # close the menu, should it still be open
 
 
 @pytest.mark.timeout(900)
