@@ -155,64 +155,51 @@ def _interp(points: list[tuple[float, float]], t: float) -> float:
 
 
 # -- horovodrun -------------------------------------------------------------------------
-def horovodrun(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, str],
-               timeout: float = 600, log_path: str | Path | None = None, np: int = 2) -> dict:
-    """One ``horovodrun -np N --gloo`` run of the workload; rank records and socket findings."""
+def _launched(what: str, cmd_for, np: int, out_dir: str | Path, tag: str,
+              env_extra: dict[str, str], timeout: float, log_path: str | Path | None) -> dict:
+    """Run the launcher ``cmd_for(started)`` (a new session, so its group can be killed) with
+    ``env_extra`` as the thread variables; rank records and socket findings of its tree."""
     env = dict(os.environ)
     for var in workload.THREAD_VARS:
         env.pop(var, None)
     env.update(env_extra)
     started = time.time()
-    cmd = [PY, str(BENCH / "horovodrun_lo.py"), "-np", str(np), "--gloo", "-H", f"localhost:{np}",
-           "--network-interface", "lo",
-           PY, str(BENCH / "hvd_train.py"), "--steps", str(steps), "--out", str(out_dir),
-           "--tag", tag, "--started", repr(started)]
     log_path = Path(log_path or Path(out_dir) / f"{tag}.log")
     with open(log_path, "w") as logf:
-        proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        with Listeners(proc.pid, every=1.0) as listeners:
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # the group horovodrun leads (started above)
-                proc.wait()
-                raise RuntimeError(f"horovodrun {tag} took over {timeout} s; log: {log_path}")
-    if code != 0:
-        tail = log_path.read_text()[-3000:]
-        raise RuntimeError(f"horovodrun {tag} exited with {code}; log {log_path}:\n{tail}")
-    ranks = read_ranks(out_dir, tag, np)
-    return {"ranks": ranks, "started": started, "exposed": listeners.exposed,
-            "listeners": sorted(listeners.seen), "watch": listeners}
-
-
-def tf_workers(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, str],
-               timeout: float = 600, np: int = 2) -> dict:
-    """TensorFlow's own multi-worker launch of the workload: ``mwms_train.py --launch N`` starts
-    N workers with ``TF_CONFIG`` on loopback ports (as one would by hand) and waits for them."""
-    env = dict(os.environ)
-    for var in workload.THREAD_VARS:
-        env.pop(var, None)
-    env.update(env_extra)
-    started = time.time()
-    cmd = [PY, str(BENCH / "mwms_train.py"), "--launch", str(np), "--steps", str(steps),
-           "--out", str(out_dir), "--tag", tag, "--started", repr(started)]
-    log_path = Path(out_dir) / f"{tag}.log"
-    with open(log_path, "w") as logf:
-        proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd_for(started), env=env, cwd=str(ROOT), stdout=logf,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         with Listeners(proc.pid, every=1.0) as listeners:
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # the group the launcher leads (started above)
                 proc.wait()
-                raise RuntimeError(f"TF workers {tag} took over {timeout} s; log: {log_path}")
+                raise RuntimeError(f"{what} {tag} took over {timeout} s; log: {log_path}")
     if code != 0:
         tail = log_path.read_text()[-3000:]
-        raise RuntimeError(f"TF workers {tag} exited with {code}; log {log_path}:\n{tail}")
+        raise RuntimeError(f"{what} {tag} exited with {code}; log {log_path}:\n{tail}")
     return {"ranks": read_ranks(out_dir, tag, np), "started": started, "exposed": listeners.exposed,
             "listeners": sorted(listeners.seen), "watch": listeners}
+
+
+def horovodrun(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, str],
+               timeout: float = 600, log_path: str | Path | None = None, np: int = 2) -> dict:
+    """One ``horovodrun -np N --gloo`` run of the workload; rank records and socket findings."""
+    return _launched("horovodrun", lambda started: [
+        PY, str(BENCH / "horovodrun_lo.py"), "-np", str(np), "--gloo", "-H", f"localhost:{np}",
+        "--network-interface", "lo",
+        PY, str(BENCH / "hvd_train.py"), "--steps", str(steps), "--out", str(out_dir),
+        "--tag", tag, "--started", repr(started)], np, out_dir, tag, env_extra, timeout, log_path)
+
+
+def tf_workers(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, str],
+               timeout: float = 600, np: int = 2) -> dict:
+    """TensorFlow's own multi-worker launch of the workload: ``mwms_train.py --launch N`` starts
+    N workers with ``TF_CONFIG`` on loopback ports (as one would by hand) and waits for them."""
+    return _launched("TF workers", lambda started: [
+        PY, str(BENCH / "mwms_train.py"), "--launch", str(np), "--steps", str(steps),
+        "--out", str(out_dir), "--tag", tag, "--started", repr(started)],
+        np, out_dir, tag, env_extra, timeout, None)
 
 
 # -- a real kernel ----------------------------------------------------------------------
