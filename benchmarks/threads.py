@@ -6,8 +6,9 @@ For N ranks on C cores (the affinity mask), every combination of
   TF_NUM_INTEROP_THREADS  1, 2, unset      (unset: TensorFlow's own choice)
   OMP_NUM_THREADS         1, unset
 
-runs ``workload.train`` under ``horovodrun -np N --gloo`` (the same launcher as P1's B),
-``--repeats`` times in a rotating order, and prints steady-state steps/s per setting, best
+and kdist's own setting where it is none of these (one rank: OMP C), runs ``workload.train``
+under ``horovodrun -np N --gloo`` (the same launcher as P1's B), ``--repeats`` times in a
+rotating order, and prints steady-state steps/s per setting, best
 first, as ratios to the best measured in the same run. kdist's engine defaults
 (``kdist_magics.engine.thread_env``) are marked; ``--json FILE`` keeps everything.
 
@@ -52,7 +53,7 @@ def label(env: dict[str, str]) -> str:
 
 
 def main(argv=None) -> dict:
-    from kdist_magics.engine import thread_env
+    from kdist_magics.engine import thread_env, threads_per_rank
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2)
@@ -65,10 +66,12 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     candidates = settings(cores, args.np)
+    kdist = thread_env(threads_per_rank(args.np), args.np)
+    if label(kdist) not in map(label, candidates):  # e.g. OMP C/N with one rank on C cores
+        candidates.append(kdist)
     if args.only:
         wanted = [w.strip() for w in args.only.split(";")]
         candidates = [e for e in candidates if label(e) in wanted]
-    kdist = thread_env(max(1, cores // args.np))
     out = harness.HOME / "runs"
     out.mkdir()
     log(f"threads: {len(candidates)} settings x {args.repeats} repeats, {args.np} ranks on "

@@ -45,12 +45,12 @@ def heartbeat_args() -> list[str]:
 
 
 def _following(controller_nice: int = 0, netns: int | None = None,
-               preload: tuple[str, ...] = (), threads: int = 0):
+               preload: tuple[str, ...] = (), threads: int = 0, ranks: int = 1):
     """Launcher configuration: an owned cluster's controller and engines start through
     :mod:`kdist_magics.follow`, so they (and their nannies and schedulers) end with this
     kernel from their first instant, even while they are still starting; the engines inside
     the namespaces of holder ``netns`` when given (:mod:`.namespace`), importing ``preload``
-    as they start (``threads`` per rank, 0: the run's rule)."""
+    as they start (``threads`` per rank, 0: the run's rule; ``ranks`` engines on this host)."""
     from traitlets.config import Config
 
     from .follow import command
@@ -58,7 +58,7 @@ def _following(controller_nice: int = 0, netns: int | None = None,
     config = Config()
     config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller",
                                                             nice=controller_nice)
-    engine = command("ipyparallel.engine", netns=netns, preload=preload, threads=threads)
+    engine = command("ipyparallel.engine", netns=netns, preload=preload, threads=threads, ranks=ranks)
     config.LocalEngineLauncher.engine_cmd = engine
     config.LocalEngineSetLauncher.engine_cmd = engine
     return config
@@ -138,7 +138,7 @@ class EngineCluster(Liveness):
                 self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=ip,
                                            controller_args=args, log_level=40, shutdown_atexit=True,
                                            config=_following(self.controller_nice, self.namespace and self.namespace.pid,
-                                                             self.preload, self.threads))
+                                                             self.preload, self.threads, self.n))
                 self.cluster.start_controller_sync()
                 self._exits.attach(self.cluster)  # the controller's exit is known at once
                 hold("controller", self)

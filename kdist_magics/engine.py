@@ -21,18 +21,22 @@ _run: dict[str, Any] = {}  # state of the run in progress on this engine
 _engine: dict[str, Any] = {}  # state for this engine's lifetime (kept across runs)
 
 
-def thread_env(threads: int) -> dict[str, str]:
-    """The thread variables a rank with ``threads`` cores gets (before TensorFlow starts)."""
+def thread_env(threads: int, ranks_here: int = 1) -> dict[str, str]:
+    """The thread variables for one of ``ranks_here`` ranks on this host with ``threads``
+    intra-op threads (set before TensorFlow starts): OMP the same, inter-op ``min(2, threads)``,
+    but 2 where the ranks outnumber the cores (``benchmarks/threads.py``, 4 ranks on 2 cores:
+    inter-op 1 came 3-8 % behind 2 in two runs; with one core per rank 1 was as fast or faster)."""
     env = {var: str(threads) for var in THREAD_VARS}
-    env["TF_NUM_INTEROP_THREADS"] = str(min(2, threads))
+    env["TF_NUM_INTEROP_THREADS"] = str(2 if ranks_here > cpu_count() else min(2, threads))
     return env
 
 
 def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = None,
-            gpu: tuple[int, int, str] | None = None) -> dict[str, Any]:
+            gpu: tuple[int, int, str] | None = None, ranks_here: int = 1) -> dict[str, Any]:
     """Set environment variables before the cell (and before TF is first imported here).
 
-    ``threads``: intra-op threads for this rank; also inter-op threads (at most 2).
+    ``threads``: intra-op threads for this rank, one of ``ranks_here`` on this host
+    (inter-op threads follow, :func:`thread_env`).
     ``gpu``: ``(local_rank, local_size, KDist.rank_gpus)``: which of this host's GPUs the rank
     sees (:func:`kdist_magics.placement.gpu_env`, from the GPUs visible when the engine
     started). Returns what the kernel shows in the record: pid, host, whether TF was already
@@ -50,7 +54,7 @@ def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = N
         os.chdir(cwd)  # relative paths in the cell mean what they mean in the notebook
     tf_loaded = "tensorflow" in sys.modules
     if threads and not tf_loaded:
-        os.environ.update(thread_env(threads))
+        os.environ.update(thread_env(threads, ranks_here))
     out = {"pid": os.getpid(), "host": socket.gethostname(), "tf_loaded": tf_loaded,
            "threads": os.environ.get("TF_NUM_INTRAOP_THREADS")}
     if gpu is not None:

@@ -118,11 +118,11 @@ def _running(proc) -> bool:
 
 def command(module: str, pid: int | None = None, started: float | None = None,
             nice: int = 0, netns: int | None = None, preload: tuple[str, ...] = (),
-            threads: int = 0) -> list[str]:
+            threads: int = 0, ranks: int = 1) -> list[str]:
     """The command line that runs ``python -m module`` following process ``pid`` (this one),
     ``nice`` added to its priority (the controller: it and its schedulers run beside the ranks),
     inside the namespaces of holder ``netns`` (:mod:`.namespace`) when given, importing
-    ``preload`` first (:func:`preload`)."""
+    ``preload`` first (:func:`preload`, ``threads`` each for ``ranks`` ranks on this host)."""
     import psutil
 
     if pid is None:
@@ -131,14 +131,16 @@ def command(module: str, pid: int | None = None, started: float | None = None,
         started = psutil.Process(pid).create_time()
     return [sys.executable, "-m", "kdist_magics.follow", *(["--netns", str(netns)] if netns else []),
             *(["--nice", str(nice)] if nice else []),
-            *(["--preload", ",".join(preload), "--threads", str(threads)] if preload else []),
+            *(["--preload", ",".join(preload), "--threads", str(threads), "--ranks", str(ranks)]
+              if preload else []),
             str(pid), repr(started), module]
 
 
-def preload(modules: list[str], threads: int) -> str:
+def preload(modules: list[str], threads: int, ranks: int = 1) -> str:
     """Import ``modules`` (a strategy's framework) in an engine before it registers, so the
     import runs while the controller and the other engines start rather than after them;
-    the thread variables first, as the run sets them (``threads`` per rank). Not where NVIDIA
+    the thread variables first, as the run sets them (``threads`` per rank, ``ranks`` ranks on
+    this host: :func:`kdist_magics.engine.thread_env`). Not where NVIDIA
     GPUs are visible: a rank's GPU is chosen when its run starts (as ``%kdist start`` does).
     A failing import is left to the run, which imports again and names the error. Returns
     what was done."""
@@ -149,7 +151,7 @@ def preload(modules: list[str], threads: int) -> str:
 
     if visible_gpus(os.environ):
         return "skipped: GPUs here"
-    os.environ.update(thread_env(threads))
+    os.environ.update(thread_env(threads, ranks))
     for name in modules:
         try:
             importlib.import_module(name)
@@ -212,9 +214,9 @@ def main(argv: list[str]) -> None:
         except (AttributeError, OSError):
             pass
         argv = argv[2:]
-    modules, threads = [], 0
-    if argv[0] == "--preload":
-        modules, threads, argv = argv[1].split(","), int(argv[3]), argv[4:]
+    modules, threads, ranks = [], 0, 1
+    if argv[0] == "--preload":  # --preload a,b --threads N --ranks M
+        modules, threads, ranks, argv = argv[1].split(","), int(argv[3]), int(argv[5]), argv[6:]
     pid, started, module, *rest = argv
     end_with(int(pid), float(started))
     # the guard: started before the module (and its heavy imports) runs
@@ -225,7 +227,7 @@ def main(argv: list[str]) -> None:
 
         ipc_urls_as_read()
     if modules:  # after the guard: an import holds this process's lock for seconds
-        os.environ["KDIST_PRELOADED"] = preload(modules, threads)
+        os.environ["KDIST_PRELOADED"] = preload(modules, threads, ranks)
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -491,14 +491,15 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
     (tmp_path / "kd_follow_probe.py").write_text(
         "import os, subprocess, sys, time\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-        "seen = os.environ['KDIST_PRELOADED'].replace(' ', '_'), os.environ['TF_NUM_INTRAOP_THREADS']\n"
-        "open(sys.argv[1], 'w').write(f'{child.pid} {sys.argv[2]} {seen[0]} {seen[1]} {\"wave\" in sys.modules}')\n"
+        "seen = (os.environ['KDIST_PRELOADED'].replace(' ', '_'), os.environ['TF_NUM_INTRAOP_THREADS'],\n"
+        "        os.environ['TF_NUM_INTEROP_THREADS'])\n"
+        "open(sys.argv[1], 'w').write(f'{child.pid} {sys.argv[2]} {seen[0]} {seen[1]} {seen[2]} {\"wave\" in sys.modules}')\n"
         "time.sleep(120)\n")
     kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     procs = [kernel]
     try:
         cmd = command("kd_follow_probe", kernel.pid, psutil.Process(kernel.pid).create_time(),
-                      preload=("wave",), threads=3)
+                      preload=("wave",), threads=1, ranks=engine.cpu_count() + 1)
         assert cmd[1:3] == ["-m", "kdist_magics.follow"] and cmd[-1] == "kd_follow_probe"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
                "CUDA_VISIBLE_DEVICES": ""}
@@ -509,10 +510,11 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
         while not out.exists() or not out.read_text():
             assert time.monotonic() < deadline and follower.poll() is None
             time.sleep(0.05)
-        child, argv, preloaded, threads, imported = out.read_text().split()
+        child, argv, preloaded, threads, inter, imported = out.read_text().split()
         assert argv == "argv-kept"  # the module ran as __main__ with its own arguments
         # what the engines preload was imported first, after the run's thread variables
-        assert (preloaded, threads, imported) == ("imported_wave", "3", "True")
+        # (more ranks than cores here: two inter-op threads, engine.thread_env)
+        assert (preloaded, threads, inter, imported) == ("imported_wave", "1", "2", "True")
         time.sleep(0.5)
         assert follower.poll() is None and psutil.pid_exists(int(child))  # all alive meanwhile
         kernel.kill()
@@ -525,6 +527,29 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+
+
+def test_thread_variables_share_the_cores_and_give_ranks_that_outnumber_them_two_inter_op(monkeypatch):
+    monkeypatch.setattr(engine, "cpu_count", lambda: 4)
+    assert engine.threads_per_rank(2) == 2 and engine.threads_per_rank(8) == 1
+    assert engine.threads_per_rank(8, chosen=3) == 3  # KDist.threads_per_rank wins
+    assert engine.thread_env(2, 2) == {"TF_NUM_INTRAOP_THREADS": "2", "OMP_NUM_THREADS": "2",
+                                       "TF_NUM_INTEROP_THREADS": "2"}
+    assert engine.thread_env(4)["TF_NUM_INTEROP_THREADS"] == "2"  # at most 2
+    assert engine.thread_env(1, 4)["TF_NUM_INTEROP_THREADS"] == "1"  # a core each: one
+    assert engine.thread_env(1, 8)["TF_NUM_INTEROP_THREADS"] == "2"  # ranks outnumber cores: two
+
+
+def test_a_run_sets_the_thread_rule_for_the_ranks_on_its_host(monkeypatch):
+    monkeypatch.setattr(engine, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if "THREADS" not in k})
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)  # not yet started on this "engine"
+    from kdist_magics.strategies.engines import _prepare_remote
+
+    assert _prepare_remote({}, None, 4)["threads"] == "1"  # 4 ranks on 2 cores
+    assert (os.environ["OMP_NUM_THREADS"], os.environ["TF_NUM_INTEROP_THREADS"]) == ("1", "2")
+    _prepare_remote({}, None, 2)
+    assert os.environ["TF_NUM_INTEROP_THREADS"] == "1"
 
 
 def test_preload_imports_after_the_thread_variables_and_leaves_gpus_and_failures_to_the_run():
@@ -546,8 +571,9 @@ def test_an_owned_cluster_preloads_its_framework_and_beats_its_heart_often():
     cluster = EngineCluster(4, preload=("tensorflow",))
     assert cluster.threads == max(1, engine.cpu_count() // 4)  # the run's rule
     assert EngineCluster(4, preload=("tensorflow",), threads=3).threads == 3
-    cmd = _following(preload=cluster.preload, threads=2).LocalEngineSetLauncher.engine_cmd
-    assert cmd[cmd.index("--preload") + 1:cmd.index("--preload") + 4] == ["tensorflow", "--threads", "2"]
+    cmd = _following(preload=cluster.preload, threads=2, ranks=4).LocalEngineSetLauncher.engine_cmd
+    assert cmd[cmd.index("--preload") + 1:cmd.index("--preload") + 6] == ["tensorflow", "--threads", "2",
+                                                                          "--ranks", "4"]
     assert "--preload" not in _following().LocalEngineSetLauncher.engine_cmd
     # ipyparallel counts an engine registered at the first beat after its heart answered: a beat
     # each 0.25 s; an engine is dropped after the same 30 s of silence as ipyparallel's default

@@ -86,8 +86,14 @@ def test_a_rank_lost_mid_epoch_the_others_go_on_from_the_last_commit(eip, capsys
     assert all(rec.ranks[r].state == "done" for r in (0, 2, 3))
     assert "world size 4 \u2192 3" in rec.summary() and "rank 1" in rec.summary()
     assert "rank 1 was killed by SIGKILL" in printed and "going on with 3 ranks" in printed
-    # the next cell gets a full set of engines again
-    assert eip.run_cell_magic("kdist", "--strategy horovod --np 4", "hvd.size()") == 4
+    # the next cell gets a full set of engines again, with the thread rule for 4 ranks on this
+    # host (on 2 cores: one intra-op thread each and two inter-op, as they outnumber the cores)
+    from kdist_magics.engine import thread_env, threads_per_rank
+
+    threads = eip.run_cell_magic("kdist", "--strategy horovod --np 4",
+                                 "import os\n(hvd.size(), {k: os.environ[k] for k in ('TF_NUM_INTRAOP_THREADS',"
+                                 " 'TF_NUM_INTEROP_THREADS', 'OMP_NUM_THREADS')})")
+    assert threads == (4, thread_env(threads_per_rank(4), 4))
     assert "restarting the engines (ranks were lost in the previous run)" in capsys.readouterr().out
 
 

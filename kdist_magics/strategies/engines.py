@@ -393,4 +393,4 @@ class EngineStrategy(Strategy):
 def _prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine
     from kdist_magics import engine
 
-    return engine.prepare(env, engine.threads_per_rank(local_size, threads), cwd, gpu)
+    return engine.prepare(env, engine.threads_per_rank(local_size, threads), cwd, gpu, local_size)

@@ -74,9 +74,7 @@ def warm_remote(threads: int | None, local_size: int, cwd: str | None,
 
     if visible_gpus(os.environ):
         return {"imported": [], "skipped": "GPUs here: the framework starts with the first cell"}
-    if not threads:
-        threads = max(1, engine.cpu_count() // max(1, local_size))
-    engine.prepare({}, threads, cwd)
+    engine.prepare({}, engine.threads_per_rank(local_size, threads), cwd, ranks_here=local_size)
     t0 = time.monotonic()
     for name in modules:
         importlib.import_module(name)
