@@ -172,6 +172,12 @@ def main(argv=None) -> dict:
         results["goals"]["P1 private/host network"] = {"value": rates["K"] / rates["O"], "goal": "~1 (noise)"}
         results["goals"]["P1 private/host network per CPU-s"] = {"value": cpu["K"] / cpu["O"],
                                                                  "goal": "~1 (noise)"}
+    # the same ratios repeat by repeat (both runs of a pair in one rotation), and how far
+    # horovodrun's own repeats spread: what a 1 % goal is up against on this machine
+    results["by_repeat"] = {f"K/{v}": [k["rate"] / b["rate"] for k, b in zip(runs["K"], runs[v])]
+                            for v in variants if v != "K"}
+    results["spread"] = {v: max(r["rate"] for r in runs[v]) / min(r["rate"] for r in runs[v]) - 1
+                         for v in variants if runs[v]}
     if "N" in variants and "T" in variants:
         results["naive_vs_tuned"] = rates["N"] / rates["T"]
     print(table(results))
@@ -197,6 +203,10 @@ def table(res: dict) -> str:
         lines.append(f"{v:<4} {DESCRIBE[v]:<52} {(fmt(res['median_rate'][v]) + ' (' + each + ')'):<28} "
                      f"{(fmt(res['median_cpu_rate'][v]) + ' (' + cpus + ')'):<28} {split:<25} "
                      f"{fmt(res['median_first_step'][v])} ({firsts})")
+    lines.append("by repeat: " + "; ".join(f"{pair} " + ", ".join(f"{x:.3f}" for x in ratios)
+                                           for pair, ratios in res.get("by_repeat", {}).items()))
+    lines.append("fastest / slowest repeat - 1: " + ", ".join(f"{v} {x:.1%}"
+                                                           for v, x in res.get("spread", {}).items()))
     lines.append("threads: " + "; ".join(f"{v}: {t}" for v, t in res["threads"].items()))
     lines.append(f"kdist per-cell set-up before the cell body (median): {fmt(res['kdist_setup_s'])} s")
     lines.append(f"kdist CPU beside the ranks during K (kernel, controller; median): "

@@ -134,6 +134,12 @@ def main(argv=None) -> int:
         g = horovod["goals"]
         print("per CPU-second of every process involved (steadier on a shared machine): " + ", ".join(
             f"{k.replace(' per CPU-s', '')} {g[k]['value']:.3f}" for k in g if k.endswith("per CPU-s")))
+        pairs = horovod.get("by_repeat", {})
+        if pairs:
+            print("P1, P4 repeat by repeat: " + "; ".join(
+                f"{pair} " + ", ".join(f"{x:.3f}" for x in pairs[pair]) for pair in ("K/S", "K/T") if pair in pairs)
+                + "; horovodrun's own repeats spread " + ", ".join(
+                    f"{v} {horovod['spread'][v]:.0%}" for v in ("S", "T") if v in horovod.get("spread", {})))
         print(f"kdist CPU beside the ranks: {horovod['median_side_cpu_ms_per_step']['K']:.2f} ms/step; "
               f"rank CPU per step kdist {horovod['median_rank_cpu_ms_per_step']['K']:.1f} ms, "
               f"horovodrun {horovod['median_rank_cpu_ms_per_step']['S']:.1f} ms")
