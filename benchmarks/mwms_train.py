@@ -13,25 +13,13 @@ strategy with two workers (keras-team/keras#20585), so each worker applies kdist
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 
+from kdist_magics.network import free_ports
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def launch(args) -> int:

@@ -86,7 +86,13 @@ def main(argv=None) -> int:
     if cnn:
         values["P7"] = cnn["goals"]["P7"]["value"]
     p3_from = None
-    if dashboard and dashboard.get("P3") is not None:
+    if dashboard and (dashboard.get("direct") or {}).get("ratio") is not None:
+        # judged by the direct share of the dashboard's and telemetry's threads, which a
+        # 2-core VM resolves; its A/B throughput pairs do not (issue 16), and stay beside it
+        values["P3"] = dashboard["direct"]["ratio"]
+        p3_from = (f"the direct share (dashboard_overhead.py, in-kernel default strategy); "
+                   f"A/B pairs median {dashboard['P3']:.3f}")
+    elif dashboard and dashboard.get("P3") is not None:
         values["P3"], p3_from = dashboard["P3"], "dashboard_overhead.py (in-kernel default strategy)"
     elif horovod and "P3 (horovod)" in horovod["goals"]:  # dashboard_overhead.py missing or failed
         values["P3"] = horovod["goals"]["P3 (horovod)"]["value"]
@@ -122,7 +128,7 @@ def main(argv=None) -> int:
         print(f"{'P3':<5} {'samples/s, %%kdist default + dashboard':<46} "
               f"{'samples/s, --no-telemetry (no dashboard)':<44} "
               f"{median(dashboard['B_samples_per_s']):>8.0f} {median(dashboard['A_samples_per_s']):>8.0f}")
-        print(f"P3 is the median of {len(dashboard['pair_ratios'])} paired B/A ratios "
+        print(f"P3 A/B: the median of {len(dashboard['pair_ratios'])} paired B/A ratios "
               f"(ratio of the medians {dashboard['ratio_of_medians']:.3f}; per kernel CPU-second "
               f"{dashboard['P3_cpu']:.3f})")
         direct = dashboard.get("direct")

@@ -99,12 +99,23 @@ def _controller_ip() -> str | None:
 
 
 def free_port(address: str) -> int:
+    return free_ports(1, address)[0]
+
+
+def free_ports(n: int, address: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free on ``address`` now (all bound at once, then released)."""
     import socket
 
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+    socks = []
+    try:
+        for _ in range(n):
+            socks.append(socket.socket(family, socket.SOCK_STREAM))
+            socks[-1].bind((address, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def route_iface(address: str) -> str:

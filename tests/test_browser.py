@@ -16,7 +16,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from kdist_magics.network import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -68,12 +69,6 @@ def _missing(name: str) -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 5.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()
@@ -102,7 +97,7 @@ def served(name: str, command, interrupts: int = 1):
                        PYTHONUNBUFFERED="1")
     root = home / "notebooks"
     root.mkdir()
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port("127.0.0.1"), secrets.token_hex(16)
     log = open(home / "server.log", "wb")
     cmd = command(port, token, home, root)
     if hasattr(os, "geteuid") and os.geteuid() == 0:

@@ -10,7 +10,6 @@ fixed the bug, and ``kdist_magics/keras_mwms.py`` should get ``FIXED_IN`` and go
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,20 +19,9 @@ import pytest
 
 from conftest import ROOT
 
+from kdist_magics.network import free_ports
+
 WORKER = Path(__file__).parent / "workers" / "keras_mwms_worker.py"
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def run_workers(fix: bool, n: int = 2, timeout: float = 300) -> list[dict]:

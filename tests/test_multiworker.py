@@ -9,6 +9,7 @@ attaches to with ``--cluster-id`` and must not stop.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import kdist_magics
 import kernel_driver
 from kdist_magics.cluster import kill_pids
 from kdist_magics.errors import KDistError, RankFailed, RunTimedOut
-from kdist_magics.network import engine_address, free_port, join
+from kdist_magics.network import engine_address, free_port, free_ports, join
 from kdist_magics.placement import host_grouped_ranks
 
 TRAIN = """
@@ -69,6 +70,11 @@ def test_worker_addresses_by_mode():
         engine_address(absent)
     port = free_port("127.0.0.1")
     assert 0 < port < 65536
+    ports = free_ports(3)  # distinct, and free again once returned (a worker can bind each)
+    assert len(set(ports)) == 3
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
     assert join("10.0.0.1", 5) == "10.0.0.1:5" and join("fe80::1", 5) == "[fe80::1]:5"
 
 
