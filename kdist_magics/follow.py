@@ -8,8 +8,8 @@ process's children (an engine's nanny, the controller's schedulers) and itself.
 kdist starts an owned cluster's controller and engines through this (their launchers'
 ``controller_cmd`` / ``engine_cmd``), so a kernel that is killed at any moment, even while
 the engines are still starting, takes them with it: a killed kernel runs no ``atexit``, and
-ipyparallel has no such option. The watcher sleeps on a pidfd (Linux), waking only when the
-kernel ends; elsewhere it looks every half second. A small guard process (``--guard``) does
+ipyparallel has no such option. The watcher (:mod:`.lifetime`) sleeps on a pidfd (Linux),
+waking only when the kernel ends; elsewhere it looks every half second. A small guard process (``--guard``) does
 the same from outside, since a thread cannot run while the process's interpreter lock is held
 for seconds (TensorFlow's import does that). ``--netns HOLDER`` first joins a cluster's
 private network (:mod:`.namespace`).
@@ -21,99 +21,7 @@ import os
 import sys
 import threading
 
-
-def alive(pid: int, started: float) -> bool:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        return abs(proc.create_time() - started) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def wait_for_exit(pid: int, started: float, every: float = 0.5) -> None:
-    """Return once process ``pid`` (created at ``started``) is gone."""
-    try:
-        import select
-
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-        try:
-            if alive(pid, started):  # the fd is the kernel, not a reused pid
-                select.select([fd], [], [])
-            return
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    while alive(pid, started):
-        threading.Event().wait(every)
-
-
-def end_with(pid: int, started: float) -> threading.Thread:
-    """Start the thread that ends this process and its children once ``pid`` is gone."""
-
-    def watch():
-        wait_for_exit(pid, started)
-        end_children()
-        os._exit(0)
-
-    thread = threading.Thread(target=watch, name="kdist-kernel-watch", daemon=True)
-    thread.start()
-    return thread
-
-
-def end_children(quiet: float = 0.1, bound: float = 5.0) -> None:
-    """Kill this process's children and theirs, again until none has appeared for ``quiet``
-    seconds: the main thread may be starting one (an engine its nanny) as the kernel dies."""
-    import time
-
-    import psutil
-
-    me = psutil.Process()
-    calm_since = time.monotonic()
-    deadline = calm_since + bound
-    while time.monotonic() < deadline:
-        children = [c for c in _descendants(me) if _running(c)]
-        for child in children:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        now = time.monotonic()
-        if children:
-            calm_since = now
-        elif now - calm_since >= quiet:
-            return
-        time.sleep(0.02)
-
-
-def _descendants(root) -> list:
-    """Every process below ``root``, one level at a time: one that ends while the tree is
-    being read drops out alone (psutil's recursive listing gives up on the whole tree)."""
-    import psutil
-
-    out, todo = [], [root]
-    while todo:
-        try:
-            kids = todo.pop().children()
-        except psutil.Error:
-            continue
-        out += kids
-        todo += kids
-    return out
-
-
-def _running(proc) -> bool:
-    import psutil
-
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE  # killed, not yet reaped: done
-    except psutil.Error:
-        return False
+from .lifetime import alive, descendants, end_with
 
 
 def command(module: str, pid: int | None = None, started: float | None = None,
@@ -183,7 +91,7 @@ def guard(pid: int, started: float, target: int) -> None:
         return
     me = os.getpid()
     for _ in range(3):  # TARGET may be starting a child (an engine its nanny) just now
-        for child in _descendants(proc):
+        for child in descendants(proc):
             if child.pid != me:
                 try:
                     child.kill()

@@ -176,7 +176,7 @@ class Liveness:
         import psutil
 
         if self.attached:
-            from .follow import alive
+            from .lifetime import alive
 
             theirs = self._theirs
             return None if theirs is None or alive(*theirs) else f"has ended (pid {theirs[0]}, on this host)"

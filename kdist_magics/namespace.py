@@ -15,7 +15,7 @@ needed where the host allows unprivileged user namespaces, as most Linux distrib
   holder opens inside the namespace and hands over (:meth:`Namespace.socket`, SCM_RIGHTS),
   so the kernel serves on the engines' loopback from outside it.
 
-The holder ends with the kernel (as :mod:`.follow` processes do) and with the cluster.
+The holder ends with the kernel (:mod:`.lifetime`, as :mod:`.follow` processes do) and with the cluster.
 :func:`unavailable` says, once per process and cheaply, why a namespace cannot be had here.
 """
 
@@ -218,7 +218,7 @@ def make_private() -> None:
 def main(argv: list[str]) -> None:
     pid, started, control = argv
     make_private()
-    from .follow import end_with
+    from .lifetime import end_with
 
     end_with(int(pid), float(started))  # ends with the kernel, taking nothing else along
     _serve(control)
