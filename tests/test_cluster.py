@@ -213,7 +213,13 @@ class _FakeClient:
 
 
 def _sleeper():
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    """A process that sleeps a minute, returned once it is running its code: a signal that
+    arrives while the interpreter is still starting can be lost (CI, once: SIGINT during start-up
+    left the sleeper asleep)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "up\n"
+    return proc
 
 
 def _watched(procs) -> EngineCluster:
