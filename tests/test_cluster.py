@@ -213,11 +213,12 @@ class _FakeClient:
 
 
 def _sleeper():
-    """A process that sleeps a minute, returned once it is running its code: a signal that
-    arrives while the interpreter is still starting can be lost (CI, once: SIGINT during start-up
-    left the sleeper asleep)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
-                            stdout=subprocess.PIPE, text=True)
+    """A process that sleeps a minute, as an engine would, SIGINT ending it, whatever this one
+    inherited (a suite started as a background job runs with SIGINT ignored, and so would its
+    children); returned once it runs its code, so no signal meets an interpreter still starting."""
+    code = ("import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "print('up', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "up\n"
     return proc
 
