@@ -9,9 +9,9 @@ kdist starts an owned cluster's controller and engines through this (their launc
 ``controller_cmd`` / ``engine_cmd``), so a kernel that is killed at any moment, even while
 the engines are still starting, takes them with it: a killed kernel runs no ``atexit``, and
 ipyparallel has no such option. The watcher (:mod:`.lifetime`) sleeps on a pidfd (Linux),
-waking only when the kernel ends; elsewhere it looks every half second. A small guard process (``--guard``) does
-the same from outside, since a thread cannot run while the process's interpreter lock is held
-for seconds (TensorFlow's import does that). ``--netns HOLDER`` first joins a cluster's
+waking only when the kernel ends; elsewhere it looks every half second. A small guard process
+(``--guard``) does the same from outside, since a thread cannot run while the process's
+interpreter lock is held for seconds (TensorFlow's import does that). ``--netns HOLDER`` first joins a cluster's
 private network (:mod:`.namespace`).
 """
 

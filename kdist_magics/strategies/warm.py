@@ -69,12 +69,12 @@ def warm_remote(threads: int | None, local_size: int, cwd: str | None,
     """Thread variables as the run sets them, then ``modules`` imported; what was done."""
     import importlib
 
-    from kdist_magics import engine
     from kdist_magics.placement import visible_gpus
+    from kdist_magics.strategies.engines import _prepare_remote
 
     if visible_gpus(os.environ):
         return {"imported": [], "skipped": "GPUs here: the framework starts with the first cell"}
-    engine.prepare({}, engine.threads_per_rank(local_size, threads), cwd, ranks_here=local_size)
+    _prepare_remote({}, threads, local_size, cwd)  # as a run prepares its ranks
     t0 = time.monotonic()
     for name in modules:
         importlib.import_module(name)
