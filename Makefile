@@ -10,7 +10,7 @@ COLAB_VENV ?= .venv-colab
 # GPU check's dry run (a script for the lent GPU machine, whose stack is not Colab's).
 COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks and not long and not gpucheck) or classic
 
-.PHONY: setup lab test test-fast demo bench clean
+.PHONY: setup lab test test-fast test-quick demo bench clean
 
 # TORCH=1 also installs PyTorch (the CUDA build pip gives by default is ~5 GB; make test always does)
 setup:
@@ -22,15 +22,20 @@ lab: setup
 	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # The whole suite on the current stack (.venv, Horovod required), then again on Colab's pins.
+# .venv-colab is set up beside the main suite; the account (time per step and tier, slowest
+# tests, clusters started) is printed at the end and kept in test-output/ (tests/README.md).
 test:
-	@KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser --torch
-	$(PY) -m pytest -m "not classic" $(PYTEST_ARGS)
-	@bash scripts/setup.sh --env colab
-	KDIST_TEST_OUTPUT=test-output/colab $(COLAB_VENV)/bin/python -m pytest -m "$(COLAB_TESTS)" $(PYTEST_ARGS)
+	@PYTEST_ARGS="$(PYTEST_ARGS)" COLAB_TESTS='$(COLAB_TESTS)' bash scripts/test.sh
 
-# The fast tier: no TensorFlow, no engines; seconds.
+FAST_TESTS := not kernel and not engines and not notebook and not browser and not classic and not netns and not slow
+# The fast tier: no TensorFlow, no engines; under a minute.
 test-fast: setup
-	$(PY) -m pytest -m "not kernel and not engines and not notebook and not browser and not classic and not netns and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
+
+# A developer's loop: the fast tier plus one real run per strategy (tests marked quick); minutes.
+test-quick:
+	@bash scripts/setup.sh --torch
+	$(PY) -m pytest -m "($(FAST_TESTS)) or quick" $(PYTEST_ARGS)
 
 demo: setup
 	@$(PY) scripts/demo.py

@@ -64,6 +64,23 @@ def _following(controller_nice: int = 0, netns: int | None = None,
     return config
 
 
+def _log_start(cluster: "EngineCluster") -> None:
+    """One JSON line per cluster started, where ``KDIST_CLUSTER_LOG`` names a file: the test
+    suite counts the clusters it starts this way (``tests/account.py``). Nothing otherwise."""
+    path = os.environ.get("KDIST_CLUSTER_LOG")
+    if not path:
+        return
+    import json
+
+    row = {"owned": cluster.owned, "n": cluster.n, "pid": os.getpid(),
+           "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]}
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError:
+        pass  # an account of clusters never fails a run
+
+
 class EngineCluster(Liveness):
     """A set of ipyparallel engines used as ranks.
 
@@ -170,6 +187,7 @@ class EngineCluster(Liveness):
                 why = f"the controller {gone} while the cluster started"
             raise ClusterError(f"could not start {where} with {self.n} engines: {why}") from exc
         self.starts += 1
+        _log_start(self)
         self._identify()
         if self.owned and not getattr(self, "_atexit", False):
             # kernel shutdown: stop what we started even if nobody called %kdist stop

@@ -41,7 +41,9 @@ def hold(phase: str, cluster: Any = None, **facts: Any) -> None:
     facts = {"phase": phase, "kernel": os.getpid(), **facts,
              **(cluster.processes() if cluster is not None else {})}
     held = gate.with_name(phase + ".held")
-    held.write_text(json.dumps(facts))
+    part = held.with_name(phase + ".held.part")
+    part.write_text(json.dumps(facts))
+    os.replace(part, held)  # whole or absent: a test reading it never sees half of it
     deadline = time.monotonic() + AT_MOST
     while gate.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

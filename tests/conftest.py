@@ -20,6 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = Path(os.environ.get("KDIST_TEST_OUTPUT", ROOT / "test-output"))
 
 
+def pytest_configure(config):
+    """The suite's account of its time and clusters (tests/account.py), in OUTPUT/account.json."""
+    from account import Account
+
+    config.pluginmanager.register(Account(OUTPUT), "kdist-account")
+
+
 @pytest.fixture(scope="session")
 def test_output() -> Path:
     """Folder for artefacts a person may want to look at (screenshots, executed notebooks)."""

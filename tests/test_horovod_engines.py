@@ -203,6 +203,7 @@ kd_w = w.numpy()
 """
 
 
+@pytest.mark.quick
 def test_custom_loop_on_core_collectives_keeps_ranks_identical(hip):
     kdist(hip, "", CUSTOM_LOOP)
     w0, w1 = engine_values("kd_w")

@@ -40,6 +40,7 @@ pred = model.predict(x[:63], verbose=0)
 '''
 
 
+@pytest.mark.quick
 @pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.timeout(500)

@@ -110,6 +110,7 @@ def max_diff(ranks, prefix):
 
 # ---------------------------------------------------------------------------------------------
 # Two real ranks
+@pytest.mark.quick
 @needs_horovod
 @pytest.mark.horovod
 @pytest.mark.slow

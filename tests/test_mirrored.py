@@ -34,6 +34,7 @@ history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
 '''
 
 
+@pytest.mark.quick
 @pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.timeout(500)

@@ -122,6 +122,7 @@ def mip(shell):
     assert not left, f"processes left after %kdist stop: {left}"
 
 
+@pytest.mark.quick
 @pytest.mark.engines
 @pytest.mark.slow
 @pytest.mark.timeout(600)

@@ -115,6 +115,7 @@ ip.run_line_magic("kdist", "stop")
 '''
 
 
+@pytest.mark.quick
 @pytest.mark.engines
 @pytest.mark.slow
 @pytest.mark.timeout(900)

@@ -25,19 +25,38 @@ def test_make_lab_sets_up_then_serves_notebooks_on_loopback():
     assert ("--allow-root" in commands) == (os.geteuid() == 0)
 
 
+def make_test_steps() -> list[str]:
+    """`make test` hands its steps to scripts/test.sh: that script's command lines, in order."""
+    assert "bash scripts/test.sh" in dry_run("test")
+    return [ln.strip() for ln in (ROOT / "scripts" / "test.sh").read_text().splitlines()
+            if ln.strip() and not ln.lstrip().startswith("#")]
+
+
 def test_make_test_sets_up_with_the_browser_then_runs_pytest():
-    commands = dry_run("test")
-    assert "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in commands and "-m pytest" in commands
+    lines = make_test_steps()
+    setup = [i for i, ln in enumerate(lines) if "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in ln]
+    runs = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest" in ln]
+    assert setup and runs and setup[0] < runs[0], lines
+    assert '-m "not classic"' in lines[runs[0]]
 
 
 def test_make_test_runs_again_on_colabs_stack():
-    lines = dry_run("test").splitlines()
+    lines = make_test_steps()
     colab = [i for i, ln in enumerate(lines) if "scripts/setup.sh --env colab" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
     assert colab and runs and colab[0] < runs[0], lines
+    assert "COLAB_TESTS" in lines[runs[0]]
     # the classic-Notebook (ipywidgets 7) browser test runs there, and no Horovod test
-    assert "or classic" in lines[runs[0]] and "not horovod" in lines[runs[0]]
-    assert "test-output/colab" in lines[runs[0]]  # its artefacts beside, not over, the main run's
+    assert "or classic" in dry_run("test") and "not horovod" in dry_run("test")
+    assert "test-output/colab" in lines[runs[0] - 1] + lines[runs[0]] or '$OUT/colab' in lines[runs[0] - 1]
+    # and the account comes last
+    assert "scripts/test_account.py" in lines[-2], lines[-2:]
+
+
+def test_make_test_quick_is_the_fast_tier_plus_one_run_per_strategy():
+    commands = dry_run("test-quick")
+    fast = dry_run("test-fast").strip().splitlines()[-1].split('-m "', 1)[1].split('"')[0]
+    assert f'-m "({fast}) or quick"' in commands
 
 
 def test_ci_calls_the_readme_test_command():

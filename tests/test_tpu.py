@@ -203,6 +203,7 @@ def test_an_address_that_does_not_answer_fails_fast_without_tensorflow():
     assert lines[4] == "TF False"
 
 
+@pytest.mark.quick
 @pytest.mark.kernel
 @pytest.mark.timeout(300)
 def test_real_tensorflow_on_a_machine_without_tpu_fails_short():

@@ -297,11 +297,15 @@ class EngineStrategy(Strategy):
         extra = self.engine_env(cluster, ctx)
         hosts = [e.hostname for e in cluster.engines]
         ars = []
-        for eng, env, (local, size) in zip(cluster.engines, extra, local_ranks(hosts, ranks)):
-            cwd = os.getcwd() if cluster.owned else None
-            ars.append(cluster.client[eng.engine_id].apply_async(
-                _prepare_remote, dict(env), threads, size, cwd, (local, size, policy)))
-        infos = waiting.gather(self, ars, ranks, 60, "while the engines were prepared")
+        during = "while the engines were prepared"
+        # an engine that died just before: ipyparallel raises at the send once its controller
+        # has noticed, and gather names it otherwise; the same words either way (a test saw both)
+        with waiting.named_deaths(self, ranks, during):
+            for eng, env, (local, size) in zip(cluster.engines, extra, local_ranks(hosts, ranks)):
+                cwd = os.getcwd() if cluster.owned else None
+                ars.append(cluster.client[eng.engine_id].apply_async(
+                    _prepare_remote, dict(env), threads, size, cwd, (local, size, policy)))
+        infos = waiting.gather(self, ars, ranks, 60, during)
         errors = [info["gpu_error"] for info in infos if info.get("gpu_error")]
         if errors:
             raise KDistError(errors[0] + ". The cell did not run.")

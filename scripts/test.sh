@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# `make test`: set-up, the whole suite on the current stack (.venv), then the suite's Colab part on
+# Colab's pins (.venv-colab), then the account (time per step and tier, slowest tests, clusters).
+#
+# .venv-colab is set up while the main suite runs: that set-up is mostly download and unpacking,
+# and the main suite's first half is its fast and kernel tiers (tests/README.md has the
+# measurements this rests on). Its log is test-output/setup-colab.log.
+#
+#   PYTEST_ARGS   extra pytest arguments for both suites (CI passes -p no:cacheprovider)
+#   COLAB_TESTS   the marker expression of the Colab part (the Makefile sets it)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${KDIST_TEST_OUTPUT:-test-output}
+mkdir -p "$OUT/colab"
+STEPS="$OUT/steps.tsv"
+: > "$STEPS"
+status=0
+
+step() {  # step NAME COMMAND...: run it, record its time and exit status
+  local name=$1 start rc
+  shift
+  start=$(date +%s)
+  "$@"
+  rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - start ))" "$rc" >> "$STEPS"
+  return $rc
+}
+
+step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser --torch || {
+  python3 scripts/test_account.py "$STEPS"; exit 1; }
+
+( step "set-up .venv-colab (beside the suite)" bash scripts/setup.sh --env colab \
+    > "$OUT/setup-colab.log" 2>&1 ) &
+colab_setup=$!
+
+# shellcheck disable=SC2086
+step "suite in .venv" .venv/bin/python -m pytest -m "not classic" ${PYTEST_ARGS:-} || status=1
+
+if wait $colab_setup; then
+  cat "$OUT/setup-colab.log"
+  # shellcheck disable=SC2086
+  step "Colab part in .venv-colab" env KDIST_TEST_OUTPUT="$OUT/colab" \
+    .venv-colab/bin/python -m pytest -m "${COLAB_TESTS:?}" ${PYTEST_ARGS:-} || status=1
+else
+  cat "$OUT/setup-colab.log"
+  echo "make test: setting up .venv-colab failed (log above); its part of the suite did not run" >&2
+  status=1
+fi
+
+.venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account.json" "$OUT/colab/account.json"
+exit $status
