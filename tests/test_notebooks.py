@@ -4,7 +4,9 @@ Fast tier: committed notebooks carry no outputs; ``binder/`` follows
 repo2docker's rules and agrees with pyproject.toml's pins.
 
 Notebook tier (``-m notebook``): every ``notebooks/*.ipynb`` runs top to bottom
-with nbclient, in a temp working copy of ``notebooks/``, with its own IPYTHONDIR
+with nbclient, copied alone into an empty temp folder (as a notebook opened from a
+link, a download or Colab is: the package is installed, nothing else is next to
+it), with its own IPYTHONDIR
 and Jupyter dirs, on the venv's own ``python3`` kernel. The executed copy is saved
 under ``test-output/notebooks/``; a failing cell fails the test with that cell's
 source and error in the message.
@@ -119,35 +121,50 @@ def test_strip_outputs_script(tmp_path):
     assert subprocess.run(script + ["--check", str(path)], capture_output=True).returncode == 0
 
 
-def test_kdist_data_helpers(tmp_path, monkeypatch):
-    """The notebooks' offline data: a fixed digits split, and an MNIST-shaped file."""
+def test_example_data_ships_in_the_package(tmp_path):
+    """The notebooks' offline data comes from the package (a notebook opened alone finds it):
+    a fixed digits split and an MNIST-shaped file, without importing TF, Keras or JAX."""
     import numpy as np
 
-    monkeypatch.syspath_prepend(str(NOTEBOOKS))
-    import kdist_data
+    from kdist_magics import datasets
 
-    (x_train, y_train), (x_test, y_test) = kdist_data.load_digits_split()
+    (x_train, y_train), (x_test, y_test) = datasets.load_digits_split()
     assert x_train.shape == (1438, 64) and x_test.shape == (359, 64)
     assert x_train.dtype == np.float32 and 0 <= x_train.min() and x_train.max() <= 1
     assert set(np.unique(y_train)) == set(range(10))
-    again = kdist_data.load_digits_split()
+    again = datasets.load_digits_split()
     assert np.array_equal(again[0][0], x_train)  # the same split every time
-    (img, _), _ = kdist_data.load_digits_split(flat=False)
+    (img, _), _ = datasets.load_digits_split(flat=False)
     assert img.shape == (1438, 8, 8, 1)
-    path = kdist_data.mnist_like_file(tmp_path / "data")
+    path = datasets.mnist_like_file(tmp_path / "data")
     with np.load(path) as f:
         assert f["x_train"].shape == (1438, 28, 28) and f["x_train"].dtype == np.uint8
         assert f["y_test"].shape == (359,) and f["x_test"].max() == 255
-    assert kdist_data.mnist_like_file(tmp_path / "data") == path  # written once, then reused
-    assert "1438 examples" in kdist_data.describe(x_train, y_train)
-    assert kdist_data.gpu_count() >= 0
-    # notebook 02 calls gpu_count() before TensorFlow may start: it must not import TF
+    assert datasets.mnist_like_file(tmp_path / "data") == path  # written once, then reused
+    assert "1438 examples" in datasets.describe(x_train, y_train)
+    assert datasets.gpu_count() >= 0
+    assert not (NOTEBOOKS / "kdist_data.py").exists(), "the data lives in the package now"
+    # notebook 02 calls gpu_count() before TensorFlow may start: it must not import TF; run
+    # from an empty folder, as a notebook opened alone
     import subprocess
 
-    probe = ("import sys, kdist_data; kdist_data.gpu_count(); kdist_data.load_digits_split(); "
+    probe = ("import sys; from kdist_magics import datasets; datasets.gpu_count(); "
+             "datasets.load_digits_split(); "
              "bad = [m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules]; assert not bad, bad")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=NOTEBOOKS, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_example_data_names_the_fix_without_scikit_learn(monkeypatch):
+    from kdist_magics import datasets
+    from kdist_magics.messages import NO_SKLEARN
+
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # import fails as if absent
+    with pytest.raises(ImportError) as err:
+        datasets.load_digits_split()
+    assert str(err.value) == NO_SKLEARN and "pip install scikit-learn" in NO_SKLEARN
 
 
 # -- fast tier: binder follows repo2docker's rules -----------------------------------
@@ -271,9 +288,9 @@ def _execute(path: Path, out_dir: Path, variant: dict[str, str] | None = None,
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     home = Path(tempfile.mkdtemp(prefix=f"kdist-nb-{path.stem}-"))
-    work = home / "notebooks"
-    shutil.copytree(NOTEBOOKS, work, ignore=shutil.ignore_patterns(
-        "data", ".ipynb_checkpoints", "__pycache__", "*.out.ipynb"))
+    work = home / "alone"  # only the notebook: whatever it needs comes from the package
+    work.mkdir()
+    shutil.copy2(path, work / path.name)
     nb = nbformat.read(work / path.name, as_version=4)
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
                             startup_timeout=120, allow_errors=False,
