@@ -153,3 +153,9 @@ def missing_prerequisites(missing: dict[str, str]) -> str:
              f"this environment lacks:"]
     lines += [f"  - {what}: {command}" for what, command in missing.items()]
     return "\n".join(lines)
+
+
+def cell_timed_out(seconds: float) -> str:
+    """An in-kernel cell stopped by ``--timeout`` (the engines' words: errors.RunTimedOut)."""
+    return (f"the run exceeded --timeout {seconds:g} s, so kdist interrupted the cell; "
+            f"the kernel is ready for the next cell")
