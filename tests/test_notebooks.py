@@ -93,6 +93,40 @@ def test_notebook_stops_what_it_starts(path):
                            f"--devices cell; TF fixes its devices when it starts")
 
 
+def _check_args(source: str) -> list[str]:
+    import ast
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    for node in ast.walk(ast.parse(TransformerManager().transform_cell(source))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check":
+            return [a.value for a in node.args if isinstance(a, ast.Constant)]
+    return []
+
+
+@pytest.mark.parametrize("path", PAPERS, ids=_nb_id)
+def test_first_code_cell_checks_prerequisites(path):
+    """Before any training cell: what is missing is named, with the command that fixes it
+    (kdist_magics.prerequisites); notebooks with an Open in Colab link install kdist there."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code").source
+    assert "from kdist_magics.prerequisites import check" in first, f"{path.name}: no check first"
+    needs = _check_args(first)
+    assert "sklearn" in needs, f"{path.name}: its data (kdist_magics.datasets) needs scikit-learn"
+    if _uses_horovod(path):
+        assert "horovod" in needs, f"{path.name} runs Horovod: its first cell must check it is built"
+    if _uses_torch(path):
+        assert "torch" in needs, f"{path.name} runs Keras on torch: its first cell must check torch"
+    title = nb.cells[0].source
+    if "colab-badge" in title:
+        assert f"colab.research.google.com/github/kdist-magics/kdist_magics/blob/main/notebooks/{path.name}" in title
+        assert 'find_spec("kdist_magics") is None' in first and "%pip install" in first
+    else:
+        assert _uses_horovod(path), f"{path.name}: give it an Open in Colab link (only Horovod's has none)"
+
+
 def test_readme_tour_lists_every_notebook():
     text = (ROOT / "README.md").read_text()
     tour = text[text.index("## Tour"):]
@@ -262,6 +296,70 @@ def test_binder_pins_satisfy_pyproject():
                     f"binder pins {r.name}=={version} but pyproject.toml wants {spec}"
                 checked += 1
     assert checked >= 3
+
+
+#: top-level module a notebook imports -> the distribution that installs it
+MODULE_DIST = {"tensorflow": "tensorflow-cpu", "keras": "keras", "jax": "jax", "torch": "torch",
+               "numpy": "numpy", "sklearn": "scikit-learn", "pandas": "pandas",
+               "matplotlib": "matplotlib", "ipyparallel": "ipyparallel", "IPython": "ipython",
+               "ipywidgets": "ipywidgets", "psutil": "psutil", "kdist_magics": "kdist_magics",
+               "horovod": "horovod"}
+#: prerequisites.check() names -> the module they stand for
+CHECK_MODULE = {"sklearn": "sklearn", "tensorflow": "tensorflow", "keras": "keras", "jax": "jax",
+                "torch": "torch", "pandas": "pandas", "matplotlib": "matplotlib", "horovod": "horovod"}
+
+
+def _notebook_imports(path: Path) -> set[str]:
+    """Top-level modules the notebook's code imports, plus what its check() cell names."""
+    import ast
+
+    import nbformat
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    found = set()
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        source = cell.source
+        if source.startswith("%%"):  # a %%kdist cell: its body is Python
+            source = source.partition("\n")[2]
+        tree = ast.parse(TransformerManager().transform_cell(source))  # line magics -> calls
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check":
+                found |= {CHECK_MODULE[a.value] for a in node.args
+                          if isinstance(a, ast.Constant) and a.value in CHECK_MODULE}
+    return found - set(sys.stdlib_module_names)
+
+
+@pytest.mark.parametrize("path", PAPERS, ids=_nb_id)
+def test_binder_installs_what_each_notebook_imports(path):
+    """Every module a notebook imports is pinned in binder/requirements.txt, comes with the
+    package ('.' with its extras), or (Horovod) is built by postBuild."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lines = [ln.split("#")[0].strip() for ln in (BINDER / "requirements.txt").read_text().splitlines()]
+    pinned = {canonicalize_name(Requirement(ln).name) for ln in lines
+              if ln and not ln.startswith((".", "-"))}
+    local = next(ln for ln in lines if ln.startswith("."))
+    project = _pyproject()["project"]
+    extras = re.search(r"\[(.*)\]", local).group(1).split(",")
+    shipped = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    shipped |= {canonicalize_name(Requirement(r).name) for e in extras
+                for r in project["optional-dependencies"][e]}
+    unknown = sorted(m for m in _notebook_imports(path) if m not in MODULE_DIST)
+    assert not unknown, f"{path.name} imports {unknown}: add them to MODULE_DIST and to binder"
+    for module in _notebook_imports(path):
+        dist = canonicalize_name(MODULE_DIST[module])
+        if dist == "horovod":
+            assert "-m kdist_magics.horovod_build" in (BINDER / "postBuild").read_text()
+            continue
+        assert dist == "kdist-magics" or dist in pinned or dist in shipped, \
+            f"{path.name} imports {module}, which binder/requirements.txt does not install"
 
 
 def test_readme_links_binder():
