@@ -127,6 +127,32 @@ def test_first_code_cell_checks_prerequisites(path):
         assert _uses_horovod(path), f"{path.name}: give it an Open in Colab link (only Horovod's has none)"
 
 
+INSTALL_LINE = '%pip install -q "kdist_magics @ git+https://github.com/kdist-magics/kdist_magics"'
+
+
+def test_notebooks_do_not_contradict_each_other():
+    """One install line, no hand-silenced TF logs (kdist cells do it), a date only with
+    "as of", no retired TPU recommended, and 01's Where next names every other notebook."""
+    import nbformat
+
+    quickstart = nbformat.read(NOTEBOOKS / "01-quickstart.ipynb", as_version=4)
+    where_next = next(c.source for c in quickstart.cells if c.source.startswith("## Where next"))
+    assert [p.stem for p in PAPERS[1:] if f"`{p.stem}`" not in where_next] == []
+    for path in PAPERS:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            text = cell.source
+            assert not re.search(r"setLevel|TF_CPP_MIN_LOG_LEVEL", text), \
+                f"{path.name} silences TensorFlow's logs by hand; kdist cells already do"
+            installs = [ln.strip() for ln in text.splitlines() if "pip install" in ln and "kdist_magics" in ln]
+            assert all(INSTALL_LINE in ln for ln in installs), f"{path.name}: {installs}"
+            for date in re.finditer(r"(?:January|February|March|April|May|June|July|August|"
+                                    r"September|October|November|December) 20\d\d", text):
+                assert text[max(0, date.start() - 6):date.start()] == "as of ", \
+                    f"{path.name}: a dated claim without 'as of': {text[date.start() - 30:date.end()]!r}"
+            assert '"tpu": "v2-8"' not in text, f"{path.name} describes a TPU v2-8, no longer offered"
+
+
 def test_readme_tour_lists_every_notebook():
     text = (ROOT / "README.md").read_text()
     tour = text[text.index("## Tour"):]
