@@ -2,8 +2,8 @@
 (``default``, ``mirrored``, ``tpu``): the same meaning as on engines.
 
 Fast tier: the time limit itself (no TensorFlow). Kernel tier: ``default`` and ``tpu`` (a
-fake TPU runtime) in the session shell; ``mirrored --devices 2`` in a fresh shell (TF fixes
-its devices at start-up).
+fake TPU runtime) in the session shell; ``mirrored --devices 2`` in a real kernel of its own
+(TF fixes its devices at start-up), driven as a notebook drives it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 import pytest
 
 import kdist_magics
-from conftest import run_in_fresh_shell
 from kdist_magics.strategies.kernel_limits import CellTimeout, KernelRunTimedOut, time_limit
 
 LOOP_20_S = "import time\nfor kd_i in range(40):\n    time.sleep(0.5)\n"
@@ -99,22 +98,25 @@ def test_timeout_and_checkpoint_under_tpu(ip, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_timeout_and_checkpoint_under_mirrored(tmp_path):
-    """The issue's case: ``--strategy mirrored --devices 2 --timeout 3`` around a 20 s loop."""
-    out = run_in_fresh_shell(f"""
-import keras
-line = "--strategy mirrored --devices 2 --no-dashboard"
-value, err = attempt(line + " --timeout 3", {LOOP_20_S!r})
-out["error"] = [type(err).__name__, str(err)]
-out["reached"] = ip.user_ns["kd_i"]
-out["status"] = kdist_magics.last_run().status
-value, err = attempt(line, "kd_next = strategy.num_replicas_in_sync")
-out["next"] = [ip.user_ns.get("kd_next"), repr(err)]
-value, err = attempt(line + " --checkpoint {tmp_path}", {FIT_2_EPOCHS!r})
-saved = keras.saving.load_model("{tmp_path / 'last.keras'}").get_weights()
-out["same"] = all((a == b).all() for a, b in zip(saved, ip.user_ns["model"].get_weights()))
-""", dict(KERAS_BACKEND="tensorflow"))
-    assert out["error"][0] == "KernelRunTimedOut" and "--timeout 3 s" in out["error"][1]
-    assert out["reached"] < 39 and out["status"] == "timeout"
-    assert "CellTimeout" in out["_stdout"] + out["_stderr"]  # named in the cell's output
-    assert out["next"] == [2, "None"]
-    assert out["same"] is True
+    """The issue's case in a real kernel, as a notebook runs it: ``--strategy mirrored
+    --devices 2 --timeout 3`` around a 20 s loop ends early, named as a timeout, once."""
+    from kernel_driver import Kernel
+
+    kern = Kernel(cwd=tmp_path)
+    try:
+        line = "%%kdist --strategy mirrored --devices 2 --no-dashboard"
+        res = kern.execute(f"{line} --timeout 3\n{LOOP_20_S}", timeout=200)
+        assert [e["ename"] for e in res.errors] == ["CellTimeout"], res.text[-2000:]
+        assert "--timeout 3 s" in res.errors[0]["evalue"] and res.status == "error"
+        assert kern.eval("kd_i") < 39, "the loop ran to its end: --timeout was ignored"
+        kern.check("import kdist_magics")
+        assert kern.eval("kdist_magics.last_run().status") == "timeout"
+        kern.check(f"{line}\nkd_next = strategy.num_replicas_in_sync")  # the next cell works
+        assert kern.eval("kd_next") == 2
+        kern.check(f"{line} --checkpoint {tmp_path / 'ck'}\n{FIT_2_EPOCHS}")
+        same = kern.eval(f"all((a == b).all() for a, b in zip(keras.saving.load_model("
+                         f"{str(tmp_path / 'ck' / 'last.keras')!r}).get_weights(), model.get_weights()))")
+        assert same is True, "the checkpoint is not the model after its last epoch"
+    finally:
+        kern.shutdown()
+        kern.cleanup()
