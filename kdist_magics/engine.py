@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import tempfile
 from typing import Any
 
 from .feed import Feed
@@ -89,7 +91,7 @@ def threads_per_rank(ranks_here: int, chosen: int | None = 0) -> int:
 def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
           checkpoint: str | None = None, freeze_gc: bool = True,
           tf_info_logs: bool = False, helper_nice: int = 0) -> dict[str, Any]:
-    """Before the cell: telemetry around ``fit``, a checkpoint callback on rank 0, TF's INFO
+    """Before the cell: telemetry around ``fit``, a checkpoint callback (rank 0 saves), TF's INFO
     lines quiet (see :mod:`kdist_magics.tf_logs`); the engine's helper threads (IOPub,
     heartbeat, control, telemetry) ``helper_nice`` below the main thread, which runs the cell
     (:mod:`kdist_magics.priority`)."""
@@ -116,8 +118,8 @@ def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
 
         stack.enter_context(attached(feed.sink, rank=rank))
         stack.enter_context(sampling(feed.sink, rank=rank))
-    if checkpoint and rank == 0:
-        stack.enter_context(_checkpointing(checkpoint))
+    if checkpoint:
+        stack.enter_context(_checkpointing(checkpoint, rank))
     lowered = []
     if helper_nice:
         from .priority import lower_helpers
@@ -186,18 +188,35 @@ def _atomic_checkpoint(path: str):
     return AtomicCheckpoint()
 
 
+def _saves_collectively() -> bool:
+    """True inside TensorFlow's MultiWorkerMirroredStrategy, where saving a model reads its
+    variables with collective ops: every worker must save, or rank 0 waits in a collective
+    the others never join (TF's rule: other workers save to a temporary path)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not tf.distribute.has_strategy():
+        return False
+    return type(tf.distribute.get_strategy()).__name__ in (
+        "CollectiveAllReduceStrategy", "MultiWorkerMirroredStrategy")
+
+
 @contextlib.contextmanager
-def _checkpointing(directory: str):
-    """Every ``fit`` inside saves the model to ``directory/last.keras`` after each epoch."""
+def _checkpointing(directory: str, rank: int = 0):
+    """Every ``fit`` inside saves the model to ``directory/last.keras`` after each epoch, on
+    rank 0; under MultiWorkerMirroredStrategy the other ranks save alongside, to a scratch
+    folder removed afterwards."""
     import keras
 
-    os.makedirs(directory, exist_ok=True)
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
     original = keras.Model.fit
+    scratch = tempfile.TemporaryDirectory(prefix="kdist-checkpoint-") if rank else None
 
     def fit(model, *args, **kwargs):
         __tracebackhide__ = True  # not in the user's traceback
         callbacks = list(kwargs.pop("callbacks", None) or [])
-        callbacks.append(_atomic_checkpoint(os.path.join(directory, "last.keras")))
+        if rank == 0 or _saves_collectively():
+            folder = directory if rank == 0 else scratch.name
+            callbacks.append(_atomic_checkpoint(os.path.join(folder, "last.keras")))
         return original(model, *args, callbacks=callbacks, **kwargs)
 
     fit.__wrapped__ = original
@@ -206,3 +225,5 @@ def _checkpointing(directory: str):
         yield
     finally:
         keras.Model.fit = original
+        if scratch is not None:
+            scratch.cleanup()

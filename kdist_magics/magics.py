@@ -180,10 +180,11 @@ class KDist(Magics):
             with quiet_info(not self.tf_info_logs):  # the strategy's set-up logs too
                 value = strategy.run(cell, ctx)
         except CellFailed as exc:
+            status = getattr(exc, "status", "failed")  # "timeout": an in-kernel --timeout
             if strategy.in_kernel:
                 for rank in record.ranks:
                     record.set_rank(rank, state="failed", error=str(exc))
-            record.finish("failed", str(exc))
+            record.finish(status, str(exc))
             raise
         except KeyboardInterrupt:
             record.finish("interrupted", "interrupted")

@@ -138,3 +138,24 @@ def shared_host(uids: list[int], exposed: str, no_namespace: str | None = None) 
     return (f"other users have processes on this host (uid {who}): kdist's own listeners serve "
             f"only you, but {exposed} accept connections from anyone here; {mend} "
             f"(README: On a shared host)")
+
+
+#: the example data (kdist_magics.datasets) without scikit-learn, which ships the digits
+NO_SKLEARN = ("the example data (scikit-learn's digits, bundled with scikit-learn, no download) "
+              "needs scikit-learn, which is not installed here. Install it with: "
+              "pip install scikit-learn")
+
+
+def missing_prerequisites(missing: dict[str, str]) -> str:
+    """What a notebook's first cell says when something it needs is missing: one line per
+    thing, each with the one command that fixes it ({what: command})."""
+    lines = [f"this notebook needs {len(missing)} thing{'s' if len(missing) != 1 else ''} "
+             f"this environment lacks:"]
+    lines += [f"  - {what}: {command}" for what, command in missing.items()]
+    return "\n".join(lines)
+
+
+def cell_timed_out(seconds: float) -> str:
+    """An in-kernel cell stopped by ``--timeout`` (the engines' words: errors.RunTimedOut)."""
+    return (f"the run exceeded --timeout {seconds:g} s, so kdist interrupted the cell; "
+            f"the kernel is ready for the next cell")

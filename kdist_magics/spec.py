@@ -41,7 +41,8 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--devices",), dict(default=None, type=int, metavar="N",
         help="number of replicas for mirrored (GPUs, or logical CPU devices without GPUs), N >= 1")),
     (("--timeout",), dict(default=None, type=float, metavar="SECONDS",
-        help="stop the run after SECONDS (> 0) and report which ranks were still busy")),
+        help="stop the run after SECONDS (> 0), under every strategy: engine ranks still busy are "
+             "stopped and named; a cell in the kernel is interrupted (status timeout)")),
     (("--push",), dict(default=None, metavar="NAMES",
         help="comma-separated notebook variables copied to every rank before the cell")),
     (("--pull",), dict(default=None, metavar="NAMES",
@@ -49,7 +50,8 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--out",), dict(default=None, choices=OUT_MODES, metavar="WHICH",
         help="whose output to show: rank0 (default), all (prefixed [rank N]) or none")),
     (("--checkpoint",), dict(default=None, metavar="DIR",
-        help="rank 0 saves the model to DIR after every epoch (kept on interrupt or failure)")),
+        help="every strategy: the model is saved to DIR/last.keras after every epoch (by rank 0 on "
+             "engines; kept on interrupt or failure)")),
     (("--tensorboard",), dict(default=None, metavar="DIR",
         help="write every rank's step and epoch metrics as TensorBoard event files under "
              "DIR/rank<N> (then %%tensorboard --logdir DIR)")),

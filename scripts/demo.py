@@ -2,7 +2,7 @@
 """``make demo``: run the quickstart notebook headless and say how it went.
 
 Executes ``notebooks/01-quickstart.ipynb`` with nbclient (the venv's python3
-kernel) in a working copy under ``demo-output/``, writes the executed notebook
+kernel), copied alone into ``demo-output/work/``, writes the executed notebook
 to ``demo-output/01-quickstart.ipynb`` and prints its path and a one-line
 summary of the run (the strategy, how long, the last loss, test accuracy).
 
@@ -65,8 +65,8 @@ def main(argv=None) -> int:
     OUT.mkdir(exist_ok=True)
     work = OUT / "work"
     shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(source.parent, work, ignore=shutil.ignore_patterns(
-        "data", ".ipynb_checkpoints", "__pycache__", "*.out.ipynb"))
+    work.mkdir()
+    shutil.copy2(source, work / source.name)  # alone: its data comes from the package
     # kernel state stays out of the user's ~/.ipython and ~/.jupyter
     env = dict(os.environ)
     for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "runtime")):

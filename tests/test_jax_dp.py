@@ -82,6 +82,18 @@ def test_data_parallel_over_forced_host_devices():
         value, err = attempt("-s mirrored --devices 4 --no-dashboard", "marker = 'ran'")
         out["fixed"] = [type(err).__name__, str(err)]
         out["marker"] = ns["marker"]
+
+        # --timeout and --checkpoint mean here what they mean everywhere (capabilities.py)
+        value, err = attempt("-s mirrored --devices 2 --no-dashboard --timeout 1",
+                             "import time\\nfor kd_i in range(40):\\n    time.sleep(0.5)")
+        out["timeout"] = [type(err).__name__, ns["kd_i"], kdist_magics.last_run().status]
+        import tempfile
+        folder = tempfile.mkdtemp(prefix="kdist-jax-ckpt-")
+        value, err = attempt(f"-s mirrored --devices 2 --no-dashboard --checkpoint {{folder}}",
+                             "model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])\\n"
+                             "model.compile('sgd', 'mse')\\nmodel.fit(x, y, batch_size=16, epochs=2, verbose=0)")
+        saved = keras.saving.load_model(folder + "/last.keras").get_weights()
+        out["checkpoint"] = all((a == b).all() for a, b in zip(saved, ns["model"].get_weights()))
     """, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     kind, replicas, dist = r["strategy"]
     assert (kind, replicas, dist) == ("DataParallelStrategy", 2, "DataParallel")
@@ -104,6 +116,9 @@ def test_data_parallel_over_forced_host_devices():
     assert kind == "DevicesFixed" and "JAX in this kernel has 2 CPU devices" in message
     assert "xla_force_host_platform_device_count=4" in message and "did not run" in message
     assert r["marker"] == "before"
+    kind, reached, status = r["timeout"]
+    assert kind == "KernelRunTimedOut" and reached < 39 and status == "timeout"
+    assert r["checkpoint"] is True
 
 
 @pytest.mark.kernel

@@ -156,6 +156,29 @@ def test_fit_gives_identical_weights_on_both_workers_and_pulls_the_model(mip, ca
 @pytest.mark.engines
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_push_out_all_and_checkpoint_on_both_workers(mip, capsys, tmp_path):
+    """--push, --out all and --checkpoint mean under multiworker what they mean under horovod
+    (kdist_magics.capabilities): every worker gets the value, every worker's output shows
+    prefixed, rank 0 saves after every epoch."""
+    import keras
+
+    mip.user_ns["kd_in"] = np.arange(4.0)
+    capsys.readouterr()
+    kdist(mip, f"--push kd_in --out all --checkpoint {tmp_path}", TRAIN + """
+kd_got = float(kd_in.sum())
+print("worker", strategy.cluster_resolver.task_id, "saw", kd_got)
+""")
+    assert engine_values("kd_got") == [6.0, 6.0]
+    out = capsys.readouterr().out
+    assert "[rank 0] worker 0 saw 6.0" in out and "[rank 1] worker 1 saw 6.0" in out, out
+    saved = keras.saving.load_model(tmp_path / "last.keras").get_weights()
+    for got, want in zip(saved, engine_values("kd_weights")[0]):
+        np.testing.assert_allclose(got, np.array(want))
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_warm_engines_keep_the_strategy_bound_and_the_fix_only_inside_runs(mip):
     before = pids()
     kdist(mip, "", "import os, tensorflow as tf\n"

@@ -4,7 +4,9 @@ Fast tier: committed notebooks carry no outputs; ``binder/`` follows
 repo2docker's rules and agrees with pyproject.toml's pins.
 
 Notebook tier (``-m notebook``): every ``notebooks/*.ipynb`` runs top to bottom
-with nbclient, in a temp working copy of ``notebooks/``, with its own IPYTHONDIR
+with nbclient, copied alone into an empty temp folder (as a notebook opened from a
+link, a download or Colab is: the package is installed, nothing else is next to
+it), with its own IPYTHONDIR
 and Jupyter dirs, on the venv's own ``python3`` kernel. The executed copy is saved
 under ``test-output/notebooks/``; a failing cell fails the test with that cell's
 source and error in the message.
@@ -91,6 +93,66 @@ def test_notebook_stops_what_it_starts(path):
                            f"--devices cell; TF fixes its devices when it starts")
 
 
+def _check_args(source: str) -> list[str]:
+    import ast
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    for node in ast.walk(ast.parse(TransformerManager().transform_cell(source))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check":
+            return [a.value for a in node.args if isinstance(a, ast.Constant)]
+    return []
+
+
+@pytest.mark.parametrize("path", PAPERS, ids=_nb_id)
+def test_first_code_cell_checks_prerequisites(path):
+    """Before any training cell: what is missing is named, with the command that fixes it
+    (kdist_magics.prerequisites); notebooks with an Open in Colab link install kdist there."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code").source
+    assert "from kdist_magics.prerequisites import check" in first, f"{path.name}: no check first"
+    needs = _check_args(first)
+    assert "sklearn" in needs, f"{path.name}: its data (kdist_magics.datasets) needs scikit-learn"
+    if _uses_horovod(path):
+        assert "horovod" in needs, f"{path.name} runs Horovod: its first cell must check it is built"
+    if _uses_torch(path):
+        assert "torch" in needs, f"{path.name} runs Keras on torch: its first cell must check torch"
+    title = nb.cells[0].source
+    if "colab-badge" in title:
+        assert f"colab.research.google.com/github/kdist-magics/kdist_magics/blob/main/notebooks/{path.name}" in title
+        assert 'find_spec("kdist_magics") is None' in first and "%pip install" in first
+    else:
+        assert _uses_horovod(path), f"{path.name}: give it an Open in Colab link (only Horovod's has none)"
+
+
+INSTALL_LINE = '%pip install -q "kdist_magics @ git+https://github.com/kdist-magics/kdist_magics"'
+
+
+def test_notebooks_do_not_contradict_each_other():
+    """One install line, no hand-silenced TF logs (kdist cells do it), a date only with
+    "as of", no retired TPU recommended, and 01's Where next names every other notebook."""
+    import nbformat
+
+    quickstart = nbformat.read(NOTEBOOKS / "01-quickstart.ipynb", as_version=4)
+    where_next = next(c.source for c in quickstart.cells if c.source.startswith("## Where next"))
+    assert [p.stem for p in PAPERS[1:] if f"`{p.stem}`" not in where_next] == []
+    for path in PAPERS:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            text = cell.source
+            assert not re.search(r"setLevel|TF_CPP_MIN_LOG_LEVEL", text), \
+                f"{path.name} silences TensorFlow's logs by hand; kdist cells already do"
+            installs = [ln.strip() for ln in text.splitlines() if "pip install" in ln and "kdist_magics" in ln]
+            assert all(INSTALL_LINE in ln for ln in installs), f"{path.name}: {installs}"
+            for date in re.finditer(r"(?:January|February|March|April|May|June|July|August|"
+                                    r"September|October|November|December) 20\d\d", text):
+                assert text[max(0, date.start() - 6):date.start()] == "as of ", \
+                    f"{path.name}: a dated claim without 'as of': {text[date.start() - 30:date.end()]!r}"
+            assert '"tpu": "v2-8"' not in text, f"{path.name} describes a TPU v2-8, no longer offered"
+
+
 def test_readme_tour_lists_every_notebook():
     text = (ROOT / "README.md").read_text()
     tour = text[text.index("## Tour"):]
@@ -119,35 +181,50 @@ def test_strip_outputs_script(tmp_path):
     assert subprocess.run(script + ["--check", str(path)], capture_output=True).returncode == 0
 
 
-def test_kdist_data_helpers(tmp_path, monkeypatch):
-    """The notebooks' offline data: a fixed digits split, and an MNIST-shaped file."""
+def test_example_data_ships_in_the_package(tmp_path):
+    """The notebooks' offline data comes from the package (a notebook opened alone finds it):
+    a fixed digits split and an MNIST-shaped file, without importing TF, Keras or JAX."""
     import numpy as np
 
-    monkeypatch.syspath_prepend(str(NOTEBOOKS))
-    import kdist_data
+    from kdist_magics import datasets
 
-    (x_train, y_train), (x_test, y_test) = kdist_data.load_digits_split()
+    (x_train, y_train), (x_test, y_test) = datasets.load_digits_split()
     assert x_train.shape == (1438, 64) and x_test.shape == (359, 64)
     assert x_train.dtype == np.float32 and 0 <= x_train.min() and x_train.max() <= 1
     assert set(np.unique(y_train)) == set(range(10))
-    again = kdist_data.load_digits_split()
+    again = datasets.load_digits_split()
     assert np.array_equal(again[0][0], x_train)  # the same split every time
-    (img, _), _ = kdist_data.load_digits_split(flat=False)
+    (img, _), _ = datasets.load_digits_split(flat=False)
     assert img.shape == (1438, 8, 8, 1)
-    path = kdist_data.mnist_like_file(tmp_path / "data")
+    path = datasets.mnist_like_file(tmp_path / "data")
     with np.load(path) as f:
         assert f["x_train"].shape == (1438, 28, 28) and f["x_train"].dtype == np.uint8
         assert f["y_test"].shape == (359,) and f["x_test"].max() == 255
-    assert kdist_data.mnist_like_file(tmp_path / "data") == path  # written once, then reused
-    assert "1438 examples" in kdist_data.describe(x_train, y_train)
-    assert kdist_data.gpu_count() >= 0
-    # notebook 02 calls gpu_count() before TensorFlow may start: it must not import TF
+    assert datasets.mnist_like_file(tmp_path / "data") == path  # written once, then reused
+    assert "1438 examples" in datasets.describe(x_train, y_train)
+    assert datasets.gpu_count() >= 0
+    assert not (NOTEBOOKS / "kdist_data.py").exists(), "the data lives in the package now"
+    # notebook 02 calls gpu_count() before TensorFlow may start: it must not import TF; run
+    # from an empty folder, as a notebook opened alone
     import subprocess
 
-    probe = ("import sys, kdist_data; kdist_data.gpu_count(); kdist_data.load_digits_split(); "
+    probe = ("import sys; from kdist_magics import datasets; datasets.gpu_count(); "
+             "datasets.load_digits_split(); "
              "bad = [m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules]; assert not bad, bad")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=NOTEBOOKS, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_example_data_names_the_fix_without_scikit_learn(monkeypatch):
+    from kdist_magics import datasets
+    from kdist_magics.messages import NO_SKLEARN
+
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # import fails as if absent
+    with pytest.raises(ImportError) as err:
+        datasets.load_digits_split()
+    assert str(err.value) == NO_SKLEARN and "pip install scikit-learn" in NO_SKLEARN
 
 
 # -- fast tier: binder follows repo2docker's rules -----------------------------------
@@ -247,6 +324,70 @@ def test_binder_pins_satisfy_pyproject():
     assert checked >= 3
 
 
+#: top-level module a notebook imports -> the distribution that installs it
+MODULE_DIST = {"tensorflow": "tensorflow-cpu", "keras": "keras", "jax": "jax", "torch": "torch",
+               "numpy": "numpy", "sklearn": "scikit-learn", "pandas": "pandas",
+               "matplotlib": "matplotlib", "ipyparallel": "ipyparallel", "IPython": "ipython",
+               "ipywidgets": "ipywidgets", "psutil": "psutil", "kdist_magics": "kdist_magics",
+               "horovod": "horovod"}
+#: prerequisites.check() names -> the module they stand for
+CHECK_MODULE = {"sklearn": "sklearn", "tensorflow": "tensorflow", "keras": "keras", "jax": "jax",
+                "torch": "torch", "pandas": "pandas", "matplotlib": "matplotlib", "horovod": "horovod"}
+
+
+def _notebook_imports(path: Path) -> set[str]:
+    """Top-level modules the notebook's code imports, plus what its check() cell names."""
+    import ast
+
+    import nbformat
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    found = set()
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        source = cell.source
+        if source.startswith("%%"):  # a %%kdist cell: its body is Python
+            source = source.partition("\n")[2]
+        tree = ast.parse(TransformerManager().transform_cell(source))  # line magics -> calls
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check":
+                found |= {CHECK_MODULE[a.value] for a in node.args
+                          if isinstance(a, ast.Constant) and a.value in CHECK_MODULE}
+    return found - set(sys.stdlib_module_names)
+
+
+@pytest.mark.parametrize("path", PAPERS, ids=_nb_id)
+def test_binder_installs_what_each_notebook_imports(path):
+    """Every module a notebook imports is pinned in binder/requirements.txt, comes with the
+    package ('.' with its extras), or (Horovod) is built by postBuild."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lines = [ln.split("#")[0].strip() for ln in (BINDER / "requirements.txt").read_text().splitlines()]
+    pinned = {canonicalize_name(Requirement(ln).name) for ln in lines
+              if ln and not ln.startswith((".", "-"))}
+    local = next(ln for ln in lines if ln.startswith("."))
+    project = _pyproject()["project"]
+    extras = re.search(r"\[(.*)\]", local).group(1).split(",")
+    shipped = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    shipped |= {canonicalize_name(Requirement(r).name) for e in extras
+                for r in project["optional-dependencies"][e]}
+    unknown = sorted(m for m in _notebook_imports(path) if m not in MODULE_DIST)
+    assert not unknown, f"{path.name} imports {unknown}: add them to MODULE_DIST and to binder"
+    for module in _notebook_imports(path):
+        dist = canonicalize_name(MODULE_DIST[module])
+        if dist == "horovod":
+            assert "-m kdist_magics.horovod_build" in (BINDER / "postBuild").read_text()
+            continue
+        assert dist == "kdist-magics" or dist in pinned or dist in shipped, \
+            f"{path.name} imports {module}, which binder/requirements.txt does not install"
+
+
 def test_readme_links_binder():
     text = (ROOT / "README.md").read_text()
     assert "mybinder.org/v2/gh/" in text and "badge_logo.svg" in text
@@ -271,9 +412,9 @@ def _execute(path: Path, out_dir: Path, variant: dict[str, str] | None = None,
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     home = Path(tempfile.mkdtemp(prefix=f"kdist-nb-{path.stem}-"))
-    work = home / "notebooks"
-    shutil.copytree(NOTEBOOKS, work, ignore=shutil.ignore_patterns(
-        "data", ".ipynb_checkpoints", "__pycache__", "*.out.ipynb"))
+    work = home / "alone"  # only the notebook: whatever it needs comes from the package
+    work.mkdir()
+    shutil.copy2(path, work / path.name)
     nb = nbformat.read(work / path.name, as_version=4)
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
                             startup_timeout=120, allow_errors=False,

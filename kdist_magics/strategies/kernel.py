@@ -7,6 +7,7 @@ from typing import Any, ContextManager
 
 from ..errors import CellFailed
 from .base import RunContext
+from .kernel_limits import checkpoint_each_epoch, time_limit, timed_out
 
 
 def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = None,
@@ -17,7 +18,8 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
     value of a last expression and tracebacks look exactly as in a plain cell.
     Names in ``bind`` (``strategy``) are set in the namespace first and stay
     there afterwards. When the cell raises, its traceback has been shown and
-    :class:`CellFailed` marks the ``%%kdist`` cell as failed too.
+    :class:`CellFailed` marks the ``%%kdist`` cell as failed too. ``--timeout`` and
+    ``--checkpoint`` work here as on engines (:mod:`.kernel_limits`).
     """
     shell = ctx.shell
     if bind:
@@ -32,8 +34,13 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
             stack.enter_context(attached(ctx.record.add, rank=0))
             # replicas share this process: one sampler shows it (and each GPU it uses)
             stack.enter_context(sampling(ctx.record.add, rank=0, nice=ctx.options.helper_nice))
+        stack.enter_context(checkpoint_each_epoch(ctx.spec.checkpoint))
+        limit = stack.enter_context(time_limit(ctx.spec.timeout))
         result = shell.run_cell(cell, store_history=False, silent=False)
     error = result.error_before_exec or result.error_in_exec
+    timeout = timed_out(error, limit)
+    if timeout is not None:
+        raise timeout from error
     if error is not None:
         raise CellFailed(error) from error
     return result.result

@@ -1,9 +1,11 @@
-"""Small, offline data sets for the kdist teaching notebooks.
+"""Small, offline example data for the notebooks, the README and the docs.
 
 Everything here works without a network: scikit-learn ships the digits data set
-(1,797 handwritten digits, 8x8 pixels, 10 classes) inside the package.
+(1,797 handwritten digits, 8x8 pixels, 10 classes) inside its own package, so
+this module needs scikit-learn (``pip install scikit-learn``; the ``lab`` extra
+has it) and nothing else. Importing it imports neither TensorFlow nor Keras.
 
-    from kdist_data import load_digits_split, build_model
+    from kdist_magics.datasets import load_digits_split, build_model
     (x_train, y_train), (x_test, y_test) = load_digits_split()
     model = build_model()
 
@@ -29,9 +31,7 @@ def load_digits_split(test_fraction: float = 0.2, seed: int = 0, flat: bool = Tr
     gives 8x8x1 images (for Conv2D). Labels are int32 class ids 0..9.
     The split is the same every time (``seed``).
     """
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
+    digits = _sklearn_digits()
     x = (digits.images / 16.0).astype("float32")
     y = digits.target.astype("int32")
     x = x.reshape(len(x), -1) if flat else x[..., None]
@@ -39,6 +39,16 @@ def load_digits_split(test_fraction: float = 0.2, seed: int = 0, flat: bool = Tr
     x, y = x[order], y[order]
     n_test = int(round(len(x) * test_fraction))
     return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
+
+
+def _sklearn_digits():
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        from .messages import NO_SKLEARN
+
+        raise ImportError(NO_SKLEARN) from None
+    return load_digits()
 
 
 def build_model(hidden: int = 32, inputs: int = 64, classes: int = 10, seed: int = 0):
@@ -96,7 +106,7 @@ def gpu_count() -> int:
     import subprocess
 
     try:
-        from kdist_magics.hardware import detect_gpus
+        from .hardware import detect_gpus
 
         found = len(detect_gpus({}))
     except Exception:

@@ -1,0 +1,122 @@
+"""``--timeout`` and ``--checkpoint`` under the strategies that run the cell in the kernel
+(``default``, ``mirrored``, ``tpu``): the same meaning as on engines.
+
+Fast tier: the time limit itself (no TensorFlow). Kernel tier: ``default`` and ``tpu`` (a
+fake TPU runtime) in the session shell; ``mirrored --devices 2`` in a real kernel of its own
+(TF fixes its devices at start-up), driven as a notebook drives it.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+import kdist_magics
+from kdist_magics.strategies.kernel_limits import CellTimeout, KernelRunTimedOut, time_limit
+
+LOOP_20_S = "import time\nfor kd_i in range(40):\n    time.sleep(0.5)\n"
+FIT_2_EPOCHS = """
+import numpy as np, keras
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(np.ones((8, 3), "float32"), np.ones(8, "float32"), epochs=2, verbose=0)
+"""
+
+
+def test_time_limit_names_its_interrupt_and_puts_the_handler_back():
+    before = signal.getsignal(signal.SIGINT)
+    reached = 0
+    with pytest.raises(CellTimeout) as err:
+        with time_limit(0.3):
+            for reached in range(100):
+                time.sleep(0.1)
+    assert reached < 99 and "--timeout 0.3 s" in str(err.value)
+    assert isinstance(err.value, KeyboardInterrupt)  # libraries treat it as an interrupt
+    assert signal.getsignal(signal.SIGINT) is before
+    with time_limit(5):  # ends in time: nothing raised, nothing left behind
+        pass
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_time_limit_leaves_the_users_own_interrupt_an_interrupt():
+    with pytest.raises(KeyboardInterrupt) as err:
+        with time_limit(30):
+            signal.raise_signal(signal.SIGINT)  # the Stop button
+            time.sleep(1)
+    assert type(err.value) is KeyboardInterrupt
+
+
+def _timeout_then_next_cell(ip, line: str, timeout: str):
+    with pytest.raises(KernelRunTimedOut) as err:
+        ip.run_cell_magic("kdist", f"{line} {timeout}", LOOP_20_S)
+    assert ip.user_ns["kd_i"] < 39, "the loop ran to its end: --timeout was ignored"
+    assert "--timeout 1 s" in str(err.value)
+    run = kdist_magics.last_run()
+    assert run.status == "timeout"
+    ip.run_cell_magic("kdist", line, "kd_next = 'ran'")  # the kernel takes the next cell
+    assert ip.user_ns["kd_next"] == "ran" and kdist_magics.last_run().status == "done"
+
+
+def _checkpoints(ip, line: str, checkpoint: str, folder):
+    import keras
+
+    ip.run_cell_magic("kdist", f"{line} {checkpoint}", FIT_2_EPOCHS)
+    saved = keras.saving.load_model(folder / "last.keras").get_weights()
+    for a, b in zip(saved, ip.user_ns["model"].get_weights()):
+        assert (a == b).all(), "the checkpoint is not the model after its last epoch"
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_timeout_and_checkpoint_under_default(ip, tmp_path):
+    _timeout_then_next_cell(ip, "--strategy default --no-dashboard", "--timeout 1")
+    _checkpoints(ip, "--strategy default --no-dashboard", f"--checkpoint {tmp_path}", tmp_path)
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_timeout_and_checkpoint_under_tpu(ip, tmp_path):
+    from test_tpu import FakeRuntime  # a fake TPU connection: the cell runs in its scope
+
+    from kdist_magics.hardware import tpu_from_kind
+    from kdist_magics.strategies.tpu import TPUStrategy
+
+    ext = kdist_magics._extension
+    found = tpu_from_kind("v2-8", target="local", found_by="/dev/accel0")
+    ext._strategies["tpu"] = TPUStrategy(runtime=FakeRuntime(), find=lambda: found, cache={})
+    try:
+        line = "--strategy tpu --no-dashboard --no-telemetry"
+        _timeout_then_next_cell(ip, line, "--timeout 1")
+        _checkpoints(ip, line, f"--checkpoint {tmp_path}", tmp_path)
+    finally:
+        ext._strategies.pop("tpu", None)
+
+
+@pytest.mark.kernel
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_timeout_and_checkpoint_under_mirrored(tmp_path):
+    """The issue's case in a real kernel, as a notebook runs it: ``--strategy mirrored
+    --devices 2 --timeout 3`` around a 20 s loop ends early, named as a timeout, once."""
+    from kernel_driver import Kernel
+
+    kern = Kernel(cwd=tmp_path)
+    try:
+        line = "%%kdist --strategy mirrored --devices 2 --no-dashboard"
+        res = kern.execute(f"{line} --timeout 3\n{LOOP_20_S}", timeout=200)
+        assert [e["ename"] for e in res.errors] == ["CellTimeout"], res.text[-2000:]
+        assert "--timeout 3 s" in res.errors[0]["evalue"] and res.status == "error"
+        assert kern.eval("kd_i") < 39, "the loop ran to its end: --timeout was ignored"
+        kern.check("import kdist_magics")
+        assert kern.eval("kdist_magics.last_run().status") == "timeout"
+        kern.check(f"{line}\nkd_next = strategy.num_replicas_in_sync")  # the next cell works
+        assert kern.eval("kd_next") == 2
+        kern.check(f"{line} --checkpoint {tmp_path / 'ck'}\n{FIT_2_EPOCHS}")
+        same = kern.eval(f"all((a == b).all() for a, b in zip(keras.saving.load_model("
+                         f"{str(tmp_path / 'ck' / 'last.keras')!r}).get_weights(), model.get_weights()))")
+        assert same is True, "the checkpoint is not the model after its last epoch"
+    finally:
+        kern.shutdown()
+        kern.cleanup()
