@@ -66,11 +66,15 @@ def _write(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-def repo_links(text: str, relative_to: str) -> str:
-    """Point Markdown links that are relative to ``relative_to`` (a folder in the repository,
-    "" for the root) at the repository on GitHub."""
+def repo_links(text: str, relative_to: str, page_dir: str = "") -> str:
+    """Rewrite the Markdown links of a file in ``relative_to`` (a folder of the repository, ""
+    for the root) for a docs page in ``docs/<page_dir>``: a target inside ``docs/`` becomes a
+    link relative to the page (so Sphinx checks it), any other one a link to the repository on
+    GitHub."""
     def swap(match):
         target = os.path.normpath(os.path.join(relative_to, match.group(2)))
+        if target.startswith("docs/"):
+            return f"{match.group(1)}{os.path.relpath(target, os.path.join('docs', page_dir))})"
         return f"{match.group(1)}{REPO_URL}/blob/main/{target})"
     return _LINK.sub(swap, text)
 
@@ -80,7 +84,8 @@ def copy_markdown(root: Path, source: str, dest: Path, title: str, absent: str) 
     page titled ``title`` saying ``absent``. Returns whether the file was there."""
     src = root / source
     if src.is_file():
-        text = repo_links(src.read_text(encoding="utf-8"), os.path.dirname(source))
+        page_dir = os.path.relpath(dest.parent, root / "docs")
+        text = repo_links(src.read_text(encoding="utf-8"), os.path.dirname(source), page_dir)
         if not text.lstrip().startswith("# "):
             text = f"# {title}\n\n{text}"
     else:
