@@ -2,7 +2,8 @@
 
 Fast tier: every ``%%kdist`` option, ``%kdist`` line command and ``%config KDist`` setting has
 help text, and that text is what ``%%kdist?`` / ``%kdist?`` show (one source for the magic's
-help, its errors and the docs' reference: ``kdist_magics.reference``).
+help, its errors and the docs' reference: ``kdist_magics.reference``); every ``%%kdist`` line
+the pages and notebooks show parses, and every ``KDist.<name>`` they name exists.
 
 Docs tier (``-m docs``; ``make test`` runs it once, after the notebook tier): ``make docs``'s
 Sphinx build with every warning an error and every internal reference checked (``-n``); the
@@ -81,6 +82,55 @@ def test_every_setting_has_help_text():
     for row in rows:  # the same words %config KDist shows
         trait = KDist.class_traits()[row["name"]]
         assert _words(row["help"]) in _words(KDist.class_get_trait_help(trait))
+
+
+#: pages the docs build copies in (docs/_ext/kdist_sources.py): their sources are read instead
+COPIED = {DOCS / "performance" / "benchmarks.md", DOCS / "contributing" / "architecture.md"}
+#: a %%kdist or %kdist start/advise line's options (one space apart, as written in a cell)
+KDIST_LINE = re.compile(r"%%?kdist(?: (?:start|advise))?((?: -{1,2}[a-z][\w-]*(?: (?!-)[^\s`#|()]+)?)+)")
+PLACEHOLDER = re.compile(r"\b(N|K|M|S|NAME|SECONDS|ID|DIR)\b|\.\.\.|\{")  # N, {STRATEGY}: not literal
+
+
+def _written_docs() -> list[Path]:
+    """Every hand-written page: README.md, docs' Markdown, the sources of the copied pages."""
+    pages = [p for p in DOCS.rglob("*.md") if "_build" not in p.parts and p not in COPIED]
+    extra = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "ARCHITECTURE.md"]
+    return pages + [p for p in extra if p.is_file()]
+
+
+def test_every_kdist_line_in_the_docs_and_notebooks_parses():
+    """A page that shows a cell line the magic would refuse has drifted from the code."""
+    from IPython.core.error import UsageError
+
+    from kdist_magics.spec import parse_line
+
+    texts = {p.relative_to(ROOT): p.read_text(encoding="utf-8") for p in _written_docs()}
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        texts[nb.relative_to(ROOT)] = "\n".join("".join(c["source"]) for c in cells)
+    checked = 0
+    for path, text in texts.items():
+        for match in KDIST_LINE.finditer(text):
+            line = match.group(1).strip()
+            if PLACEHOLDER.search(line):
+                continue
+            try:
+                parse_line(line)
+            except UsageError as exc:
+                pytest.fail(f"{path} shows %%kdist {line}, which the magic refuses: {exc}")
+            checked += 1
+    assert checked >= 20, checked
+
+
+def test_every_setting_the_docs_and_messages_name_exists():
+    from kdist_magics.magics import KDist
+
+    sources = _written_docs() + sorted((ROOT / "kdist_magics").rglob("*.py"))
+    named = {name: path.relative_to(ROOT) for path in sources
+             for name in re.findall(r"\bKDist\.([A-Za-z_]\w*)", path.read_text(encoding="utf-8"))}
+    unknown = {name: str(path) for name, path in named.items() if not hasattr(KDist, name)}
+    assert not unknown, f"KDist settings named but not defined: {unknown}"
+    assert len(named) >= 10
 
 
 def _page_text(path: Path) -> str:
