@@ -70,6 +70,7 @@ html_title = "kdist_magics"
 html_static_path = []
 html_theme_options = {
     "navigation_with_keys": False,
+    "header_links_before_dropdown": 8,
     "show_toc_level": 2,
     "github_url": kdist_sources.REPO_URL,
     "footer_start": ["copyright"],
