@@ -38,6 +38,7 @@ smartquotes = False  # option help and error lines are shown as the code writes 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 nb_execution_mode = "off"  # never run a notebook here; show what CI executed
+nb_merge_streams = True  # nbclient saves every stream message apart: one block per cell and stream
 nb_ipywidgets_js = {}  # no widget JavaScript from a CDN: the dashboard shows its static view
 nb_mime_priority_overrides = [
     ("html", "application/vnd.jupyter.widget-view+json", None),
