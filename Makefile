@@ -7,10 +7,11 @@ COLAB_VENV ?= .venv-colab
 # the JupyterLab browser tests (Colab's front end is Notebook 6: the classic test runs instead),
 # network namespaces and the pinned-stack installs (both are about this machine, not the stack),
 # PyTorch (Colab's torch comes from its own wheel index, not from its published freeze), and the
-# GPU check's dry run (a script for the lent GPU machine, whose stack is not Colab's).
-COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks and not long and not gpucheck) or classic
+# GPU check's dry run (a script for the lent GPU machine, whose stack is not Colab's), and the docs
+# build (its packages are the docs extra, in .venv only).
+COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks and not long and not gpucheck and not docs) or classic
 
-.PHONY: setup lab test test-fast test-quick demo bench clean
+.PHONY: setup lab test test-fast test-quick docs demo bench clean
 
 # TORCH=1 also installs PyTorch (the CUDA build pip gives by default is ~5 GB; make test always does)
 setup:
@@ -22,12 +23,14 @@ lab: setup
 	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # The whole suite on the current stack (.venv, Horovod required), then again on Colab's pins.
-# .venv-colab is set up beside the main suite; the account (time per step and tier, slowest
-# tests, clusters started) is printed at the end and kept in test-output/ (tests/README.md).
+# .venv-colab is set up beside the main suite; the docs are built once, after the main suite
+# has executed the notebooks, so the tutorials show this run's outputs (tests/test_docs.py, marker
+# docs: warnings are errors, every internal reference checked). The account (time per step and
+# tier, slowest tests, clusters started) is printed at the end and kept in test-output/.
 test:
 	@PYTEST_ARGS="$(PYTEST_ARGS)" COLAB_TESTS='$(COLAB_TESTS)' bash scripts/test.sh
 
-FAST_TESTS := not kernel and not engines and not notebook and not browser and not classic and not netns and not slow
+FAST_TESTS := not kernel and not engines and not notebook and not browser and not classic and not netns and not slow and not docs
 # The fast tier: no TensorFlow, no engines; under a minute.
 test-fast: setup
 	$(PY) -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
@@ -36,6 +39,12 @@ test-fast: setup
 test-quick:
 	@bash scripts/setup.sh --torch
 	$(PY) -m pytest -m "($(FAST_TESTS)) or quick" $(PYTEST_ARGS)
+
+# The documentation site, offline, into docs/_build/html: Sphinx, warnings as errors, every
+# internal reference and link checked (-n); the tutorials show the notebooks as make test last
+# executed them (test-output/notebooks/); nothing is executed or downloaded. A few seconds.
+docs: setup
+	$(PY) -m sphinx -b html -W --keep-going -n -q docs docs/_build/html $(DOCS_ARGS)
 
 demo: setup
 	@$(PY) scripts/demo.py

@@ -20,7 +20,7 @@ Usage: ``python benchmarks/failure_times.py [--repeat 3] [--json out.json]``.
 ``--matrix`` instead runs issue 20's fault matrix once (``tests/fault_matrix.py``: every fault
 at every phase kdist's phase barrier can hold, for horovod, multiworker and its JAX and
 PyTorch forms (``--strategies``), and the kernel killed or restarted) and prints each case's outcome, seconds from the fault to it, whether the
-next cell worked and what was left, then the same as a Markdown table for the README.
+next cell worked and what was left, then the same as a Markdown table for docs/guide/troubleshooting.md.
 """
 
 from __future__ import annotations

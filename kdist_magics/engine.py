@@ -84,7 +84,7 @@ def cpu_count() -> int:
 def threads_per_rank(ranks_here: int, chosen: int | None = 0) -> int:
     """Intra-op threads for one of ``ranks_here`` ranks on this host: ``chosen``
     (``KDist.threads_per_rank``) when set, otherwise this host's cores shared by the ranks
-    (the rule ``benchmarks/threads.py`` measured; see the README's Performance section)."""
+    (the rule ``benchmarks/threads.py`` measured; see docs/performance/index.md)."""
     return chosen or max(1, cpu_count() // max(1, ranks_here))
 
 

@@ -16,13 +16,12 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 from . import namespace
 from . import spec as specmod
 from .errors import CellFailed, KDistError
-from .messages import EXPOSED, PHASE_CELL, say, shared_host, tensorboard_line, warm_started
+from .messages import EXPOSED, LINE_COMMANDS, PHASE_CELL, line_help, say, shared_host, tensorboard_line, warm_started
 from .placement import RANK_GPUS
 from .strategies.base import RunOptions
 from .record import RunRecord
 from .tf_logs import quiet_info
 
-LINE_COMMANDS = ("start", "status", "stop", "restart", "advise")
 
 
 @magics_class
@@ -208,11 +207,7 @@ class KDist(Magics):
     # -- %kdist --------------------------------------------------------------
     @line_magic("kdist")
     def kdist_line(self, line: str):
-        """%kdist start [options] | status | stop | restart | advise
-
-        ``%kdist start --strategy horovod --np 4``: start the engines (and import the framework
-        there) in the background while you write the first cell, which then finds them warm.
-        """
+        # the docstring (what %kdist? shows) is messages.line_help(), set below the class
         words = line.split()
         if not words or words[0] not in LINE_COMMANDS:
             raise UsageError(f"%kdist takes one of: {', '.join(LINE_COMMANDS)} "
@@ -275,6 +270,9 @@ class KDist(Magics):
         strategies, self._strategies = self._strategies, {}
         for strategy in strategies.values():
             strategy.teardown()
+
+
+KDist.kdist_line.__doc__ = line_help()
 
 
 def _show_cell_failed(shell, etype, value, tb, tb_offset=None):

@@ -123,7 +123,7 @@ def warm_failed(error: str) -> str:
     return f"%kdist start did not finish ({error}); starting the engines now"
 
 
-#: what stays open to other local users, per engine strategy (README: "On a shared host")
+#: what stays open to other local users, per engine strategy (docs: guide/shared-hosts.md)
 EXPOSED = {"horovod": "the ranks' Gloo pairs", "multiworker": "TensorFlow's gRPC workers",
            "jax": "the JAX coordinator and Gloo pairs", "torch": "torch's TCPStore and Gloo pairs"}
 
@@ -137,7 +137,7 @@ def shared_host(uids: list[int], exposed: str, no_namespace: str | None = None) 
             "KDist.private_network = True (the default) gives the engines a network of their own")
     return (f"other users have processes on this host (uid {who}): kdist's own listeners serve "
             f"only you, but {exposed} accept connections from anyone here; {mend} "
-            f"(README: On a shared host)")
+            f"(docs: User guide, Shared hosts)")
 
 
 #: the example data (kdist_magics.datasets) without scikit-learn, which ships the digits
@@ -159,3 +159,32 @@ def cell_timed_out(seconds: float) -> str:
     """An in-kernel cell stopped by ``--timeout`` (the engines' words: errors.RunTimedOut)."""
     return (f"the run exceeded --timeout {seconds:g} s, so kdist interrupted the cell; "
             f"the kernel is ready for the next cell")
+
+
+
+#: ``%kdist`` line commands and what each does: the line magic's help (``%kdist?``), its usage
+#: error and the docs' reference are all made from this table
+LINE_COMMANDS = {
+    "start": "start the engines for the options given (the options a %%kdist cell takes) and "
+             "import the strategy's framework there, in the background; the first cell finds "
+             "them warm (%kdist status says how far it got)",
+    "status": "what each strategy holds (engines, warming), the last run's summary, and whether "
+              "the private network and the same-user check are on",
+    "stop": "stop the controller, the engines and every other process kdist started, by pid",
+    "restart": "stop everything kdist started, as stop does; the next cell starts new engines",
+    "advise": "show --strategy auto's reasoning as a table (criterion, observation, consequence), "
+              "the deciding row marked; takes the options a %%kdist cell takes",
+}
+
+
+def line_help() -> str:
+    """The ``%kdist`` line magic's help text (what ``%kdist?`` shows), one entry per command."""
+    import textwrap
+
+    width = max(len(name) for name in LINE_COMMANDS)
+    rows = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:<{width}}  ",
+                                    subsequent_indent=" " * (width + 4))
+                      for name, text in LINE_COMMANDS.items())
+    usage = " | ".join(f"{name} [options]" if name in ("start", "advise") else name for name in LINE_COMMANDS)
+    return (f"%kdist {usage}\n\n{rows}\n\n"
+            "Example: %kdist start --strategy horovod --np 4 (then write the first cell).\n")

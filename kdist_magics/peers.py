@@ -5,7 +5,7 @@ loopback, so binding to 127.0.0.1 keeps other machines out but not other users. 
 every TCP socket with its owner's uid in ``/proc/net/tcp`` and ``/proc/net/tcp6``; the peer of
 an accepted loopback connection is the socket whose local address is our connection's remote
 address. :func:`allowed` accepts a peer of the same user, and any peer that is not on loopback
-(an attached cluster's engines on other hosts: see the README's threat model); a loopback peer
+(an attached cluster's engines on other hosts: see docs/guide/shared-hosts.md); a loopback peer
 whose owner cannot be read is refused.
 
 Used by the kernel's Horovod rendezvous server and the abort line (``rendezvous.py``);
@@ -78,7 +78,7 @@ def allowed(conn: socket.socket, uid: int | None = None) -> bool:
     if not on_loopback(host):
         return True  # another host: loopback's sharing is not the question there
     if not os.path.exists(TABLES.get(conn.family, "")):
-        return True  # not Linux: no socket table to ask (the README says so)
+        return True  # not Linux: no socket table to ask (docs/guide/shared-hosts.md says so)
     return peer_uid(conn) == (os.geteuid() if uid is None else uid)
 
 

@@ -139,7 +139,7 @@ fi
 make_venv "$VENV" "$PYTHON"
 PY="$VENV/bin/python"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then tf_extra=tensorflow; else tf_extra=tensorflow-cpu; fi
-extras="$tf_extra,jax,lab,test"
+extras="$tf_extra,jax,lab,test,docs"
 [ $want_torch = 1 ] && extras="$extras,torch"
 stamp="$VENV/.kdist-installed"
 hash="$(sha256sum pyproject.toml | cut -c1-16)"

@@ -1,7 +1,7 @@
 """The suite's own account of where its time went: a pytest plugin (loaded by conftest).
 
-At the end of a session it writes ``<test output>/account.json``: seconds per tier (a test's
-tier is its most specific marker, in :data:`TIERS` order), per module, the slowest tests, and
+At the end of a session it writes ``<test output>/account.json`` (``$KDIST_ACCOUNT.json`` where
+that is set): seconds per tier (a test's tier is its most specific marker, in :data:`TIERS` order), per module, the slowest tests, and
 how many engine clusters were started and by which test. ``scripts/test_account.py`` prints
 the account of every environment ``make test`` ran (``.venv``, ``.venv-colab``) side by side.
 
@@ -31,9 +31,10 @@ def tier_of(item) -> str:
 
 
 class Account:
-    def __init__(self, output: Path):
+    def __init__(self, output: Path, name: str = "account"):
         self.output = output.resolve()  # kernels run the notebooks in other folders
-        self.log = self.output / "clusters.log"
+        self.name = name  # two sessions sharing one output folder (the suite, then the docs)
+        self.log = self.output / f"{name}-clusters.log"
         self.tests: dict[str, dict] = {}
         self.started = time.monotonic()
 
@@ -56,7 +57,7 @@ class Account:
 
     def pytest_sessionfinish(self, session, exitstatus):
         summary = self.summary()
-        (self.output / "account.json").write_text(json.dumps(summary, indent=1))
+        (self.output / f"{self.name}.json").write_text(json.dumps(summary, indent=1))
 
     # -- the account ----------------------------------------------------------------------
     def clusters(self) -> list[dict]:

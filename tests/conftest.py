@@ -24,7 +24,8 @@ def pytest_configure(config):
     """The suite's account of its time and clusters (tests/account.py), in OUTPUT/account.json."""
     from account import Account
 
-    config.pluginmanager.register(Account(OUTPUT), "kdist-account")
+    config.pluginmanager.register(Account(OUTPUT, os.environ.get("KDIST_ACCOUNT", "account")),
+                                  "kdist-account")
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,9 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
     setup = [i for i, ln in enumerate(lines) if "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest" in ln]
     assert setup and runs and setup[0] < runs[0], lines
-    assert '-m "not classic"' in lines[runs[0]]
+    assert '-m "not classic and not docs"' in lines[runs[0]]
+    docs = [i for i, ln in enumerate(lines) if "-m pytest -m docs" in ln]
+    assert docs and docs[0] > runs[0]  # the docs show the notebooks the suite just executed
 
 
 def test_make_test_runs_again_on_colabs_stack():
