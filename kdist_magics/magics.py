@@ -22,7 +22,7 @@ from .strategies.base import RunOptions
 from .record import RunRecord
 from .tf_logs import quiet_info
 
-LINE_COMMANDS = ("start", "status", "stop", "restart", "advise")
+LINE_COMMANDS = ("start", "run", "status", "stop", "restart", "advise")
 
 
 @magics_class
@@ -207,16 +207,18 @@ class KDist(Magics):
     # -- %kdist --------------------------------------------------------------
     @line_magic("kdist")
     def kdist_line(self, line: str):
-        """%kdist start [options] | status | stop | restart | advise
+        """%kdist start [options] | run [options] script.py [args] | status | stop | restart | advise
 
         ``%kdist start --strategy horovod --np 4``: start the engines (and import the framework
         there) in the background while you write the first cell, which then finds them warm.
+        ``%kdist run --np 2 train.py --epochs 3``: run an existing script on every rank as
+        ``__main__``, with its own ``sys.argv`` (``%kdist run?`` says more).
         """
         words = line.split()
         if not words or words[0] not in LINE_COMMANDS:
             raise UsageError(f"%kdist takes one of: {', '.join(LINE_COMMANDS)} "
                              f"(to run a cell distributed, use %%kdist)")
-        command, rest = words[0], " ".join(words[1:])
+        command, rest = words[0], line.strip()[len(words[0]):].strip()  # quoting kept (run)
         return getattr(self, f"_cmd_{command}")(rest)
 
     def _cmd_start(self, rest: str):
@@ -235,6 +237,15 @@ class KDist(Magics):
                          quiet=True)
         warming = warm.start(strategy, ctx)
         say(warm_started(warming.n, spec.strategy, strategy.warm_modules))
+
+    def _cmd_run(self, rest: str):
+        """``%kdist run [kdist options] script.py [script args]`` (:mod:`.run_script`): the
+        script as a cell, through the one execute path."""
+        from .run_script import script_cell
+
+        found = script_cell(rest, parse=self.parse)
+        if found is not None:
+            return self.kdist(*found)
 
     def _cmd_status(self, rest: str):
         lines = ["kdist status"]

@@ -138,3 +138,15 @@ def shared_host(uids: list[int], exposed: str, no_namespace: str | None = None) 
     return (f"other users have processes on this host (uid {who}): kdist's own listeners serve "
             f"only you, but {exposed} accept connections from anyone here; {mend} "
             f"(README: On a shared host)")
+
+
+# -- code written for a launcher (torchrun, TF_CONFIG, jax.distributed), inside a run -------
+def launcher_mismatch(call: str, given: str, run: str, option: str) -> str:
+    """A framework's own set-up call asks for something other than the run it is in."""
+    return (f"{call} asks for {given}, but this kdist run has {run}: {option}, or leave the "
+            f"argument out (the run's own group is set up already and this call joins it)")
+
+
+def launcher_ignored(call: str, what: str) -> str:
+    """A set-up argument kdist does not follow (the run's own set-up stands)."""
+    return f"{call}: {what} is not used inside a kdist run; the run's own set-up stands"
