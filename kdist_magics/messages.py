@@ -145,8 +145,3 @@ def launcher_mismatch(call: str, given: str, run: str, option: str) -> str:
     """A framework's own set-up call asks for something other than the run it is in."""
     return (f"{call} asks for {given}, but this kdist run has {run}: {option}, or leave the "
             f"argument out (the run's own group is set up already and this call joins it)")
-
-
-def launcher_ignored(call: str, what: str) -> str:
-    """A set-up argument kdist does not follow (the run's own set-up stands)."""
-    return f"{call}: {what} is not used inside a kdist run; the run's own set-up stands"
