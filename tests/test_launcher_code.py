@@ -364,7 +364,7 @@ out["cells"] = []
 for _ in range(2):
     value, err = attempt(line, SCRIPT)
     out["cells"].append(repr(err) if err is not None else [by_rank("weights"), by_rank("losses")])
-value, err = attempt(line, "import os\\nkd_env = {{k: os.environ[k] for k in VARS}}")
+value, err = attempt(line, f"import os\\nkd_env = {{{{k: os.environ[k] for k in {{VARS!r}}}}}}")
 out["env"] = by_rank("kd_env") if err is None else repr(err)
 try:
     ip.run_line_magic("kdist", f"run {{line}} --pull weights,losses {{path}} --epochs 4")

@@ -177,21 +177,24 @@ def test_warm_engines_keep_the_strategy_bound_and_the_fix_only_inside_runs(mip):
 @pytest.mark.engines
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_tensorflows_multi_worker_tutorial_runs_unchanged_as_a_cell(mip, tmp_path, monkeypatch):
+def test_tensorflows_multi_worker_tutorial_runs_unchanged_as_a_cell(mip, tmp_path, monkeypatch,
+                                                                     capsys):
     """TensorFlow's tutorial worker code (tests/test_launcher_code.py lists what differs): its
     own MultiWorkerMirroredStrategy() is the run's, chief-only saving works."""
     from test_launcher_code import MNIST_SETUP, tf_tutorial
 
     (tmp_path / "mnist_setup.py").write_text(MNIST_SETUP)
     monkeypatch.chdir(tmp_path)  # the notebook's folder, where the tutorial writes mnist_setup.py
-    before = pids()
     kdist(mip, "", tf_tutorial(str(tmp_path / "keras-model.keras")))
+    before = pids()
     kdist(mip, "", "import tensorflow as tf\n"
                    "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]\n"
                    "kd_loss = multi_worker_model.history.history['loss']\n"
                    "kd_same = (strategy is tf.distribute.get_strategy(), task_id)\n"
                    "del multi_worker_model, multi_worker_dataset")
-    assert pids() == before  # the warm workers, no restart for the tutorial's own strategy
+    assert pids() == before  # the same workers go on: no restart for the tutorial's own strategy
+    out = capsys.readouterr()
+    assert "restarting" not in out.out + out.err and "Mixing different" not in out.out + out.err
     weights = engine_values("kd_w")
     for wa, wb in zip(*weights):
         np.testing.assert_array_equal(np.array(wa), np.array(wb))
