@@ -64,8 +64,8 @@ def test_mirrored_two_logical_cpus_end_to_end():
         out["value"] = value
         # the cell's own tf.distribute.MirroredStrategy() is the run's; other devices: one line
         value, err = attempt("-s mirrored --devices 2 --no-dashboard",
-                             "mine_same = (tf.distribute.MirroredStrategy() is strategy and\n"
-                             "             tf.distribute.MirroredStrategy(['/cpu:1', '/cpu:0']) is strategy)\n"
+                             "mine_same = (tf.distribute.MirroredStrategy() is strategy and\\n"
+                             "             tf.distribute.MirroredStrategy(['/cpu:1', '/cpu:0']) is strategy)\\n"
                              "tf.distribute.MirroredStrategy(devices=['/cpu:0'])")
         out["handed_back"] = [ns.get("mine_same"), str(err)]
         out["own_after"] = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) is not first

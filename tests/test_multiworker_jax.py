@@ -79,13 +79,13 @@ out["again_err"] = repr(err) if err is not None else None
 out["again"] = by_rank("kd_again")
 out["warm"] = pids == {{e.pid for e in s.cluster.engines}}
 # launcher code: the cell's own initialize calls (none, matching) are no-ops; contradicting: one line
-value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "import jax, keras\n"
-                     "jax.distributed.initialize()\nkeras.distribution.initialize()\n"
-                     "jax.distributed.initialize('localhost:1234', num_processes=2, process_id=jax.process_index())\n"
+value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "import jax, keras\\n"
+                     "jax.distributed.initialize()\\nkeras.distribution.initialize()\\n"
+                     "jax.distributed.initialize('localhost:1234', num_processes=2, process_id=jax.process_index())\\n"
                      "kd_joined = (jax.process_index(), jax.process_count())")
 out["joined"] = by_rank("kd_joined") if err is None else repr(err)
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard",
-                     "import jax\njax.distributed.initialize(num_processes=4)")
+                     "import jax\\njax.distributed.initialize(num_processes=4)")
 out["joined_mismatch"] = str(err)
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "model.predict(np.ones((4, 4)))")
 out["predict_err"] = str(err)
