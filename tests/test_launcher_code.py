@@ -30,6 +30,8 @@ user has to change.
    at the end, an ``if __name__ == "__main__":`` block and ``argparse`` (``parse_known_args``:
    a notebook's ``sys.argv`` is the kernel's). Run twice in a row as a cell, then with
    ``%kdist run ... script.py --epochs 4``. Changes: none (its data is made in the script).
+   TensorFlow's tutorial's worker code also runs as its ``main.py`` with ``%kdist run`` (next
+   to its ``mnist_setup.py``; the same changes as above).
 
 What each run checks: identical final weights on every rank (synchronisation), a falling
 loss, and for the script the launcher variables, ``sys.argv`` and ``--pull``.
@@ -372,6 +374,14 @@ try:
     out["pulled"] = [ip.user_ns["weights"], ip.user_ns["losses"]]
 except Exception as exc:
     out["run"] = repr(exc)
+with open(os.path.join(folder, "bad.py"), "w") as f:
+    f.write("import os\\n\\ndef main():\\n    if os.environ['RANK'] == '1':\\n"
+            "        raise ValueError('no data on this rank')\\n\\nif __name__ == '__main__':\\n    main()\\n")
+try:
+    ip.run_line_magic("kdist", f"run {{line}} {{os.path.join(folder, 'bad.py')}}")
+    out["failed"] = None
+except Exception as exc:
+    out["failed"] = [str(exc), "\\n".join(exc._render_traceback_())]
 value, err = attempt(line, "import torch.distributed as dist\\ndist.init_process_group('gloo', world_size=4)")
 out["mismatch"] = str(err)
 value, err = attempt(line, "import os, torch.distributed as dist\\n"
@@ -414,5 +424,8 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
     assert len(losses[0]) == 4 and losses[0][-1] < losses[0][0] / 2  # --epochs 4 reached argparse
     assert argv[0][1:] == ["--epochs", "4"] and argv[0][0].endswith("train.py")
     same_weights([r["pulled"][0], weights[0]])  # --pull brought rank 0's globals
+    said, shown = r["failed"]  # a raising rank is named, its traceback points into the file
+    assert said.startswith("rank 1: ValueError: no data on this rank"), said
+    assert "bad.py" in shown and "raise ValueError" in shown, shown
     assert "--np 4" in r["mismatch"] and "4 processes" in r["mismatch"], r["mismatch"]
     assert r["tcp"] == [[0, 2], [1, 2]], r["tcp"]

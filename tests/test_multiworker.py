@@ -208,6 +208,17 @@ def test_tensorflows_multi_worker_tutorial_runs_unchanged_as_a_cell(mip, tmp_pat
     saved = keras.models.load_model(tmp_path / "keras-model.keras")
     for got, want in zip(saved.get_weights(), weights[0]):
         np.testing.assert_allclose(got, np.array(want))
+    # the tutorial's main.py as a script: %kdist run, its folder on sys.path (import mnist_setup)
+    (tmp_path / "main.py").write_text(tf_tutorial(str(tmp_path / "again.keras")))
+    mip.run_line_magic("kdist", f"run --strategy multiworker --np 2 --no-dashboard {tmp_path / 'main.py'}")
+    kdist(mip, "", "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]\n"
+                   "kd_loss = multi_worker_model.history.history['loss']\n"
+                   "del multi_worker_model, multi_worker_dataset")
+    for wa, wb in zip(*engine_values("kd_w")):
+        np.testing.assert_array_equal(np.array(wa), np.array(wb))
+    loss0, loss1 = engine_values("kd_loss")
+    assert loss0 == loss1 and loss0[-1] < loss0[0], loss0
+    assert (tmp_path / "again.keras").is_file() and pids() == before
     view = strategy().cluster.view()  # after the cell, TensorFlow's class constructs as usual
     view.execute("import tensorflow as tf\nkd_class = (tf.distribute.MultiWorkerMirroredStrategy."
                  "__init__.__qualname__, tf.distribute.has_strategy())", block=True)
