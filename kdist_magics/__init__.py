@@ -22,6 +22,10 @@ def load_ipython_extension(ipython):
         return
     _extension = KDist(shell=ipython)
     ipython.register_magics(_extension)
+    from .run_script import help_lines
+
+    if help_lines not in ipython.input_transformers_cleanup:  # %kdist run? shows its usage
+        ipython.input_transformers_cleanup.append(help_lines)
 
 
 def unload_ipython_extension(ipython):
@@ -33,6 +37,10 @@ def unload_ipython_extension(ipython):
     from .magics import _quiet_cell_failed
 
     _quiet_cell_failed(ipython, install=False)
+    from .run_script import help_lines
+
+    if help_lines in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(help_lines)
     _extension = None
 
 

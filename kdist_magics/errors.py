@@ -12,6 +12,15 @@ class KDistError(Exception):
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
 
 
+class LauncherMismatch(KDistError):
+    """Launcher code (``init_process_group``, ``MultiWorkerMirroredStrategy(...)``,
+    ``jax.distributed.initialize``) inside a run asks for another world size or rank."""
+
+
+class ScriptExited(KDistError):
+    """A script run with ``%kdist run`` called ``sys.exit`` with a failing status."""
+
+
 class StrategyUnavailable(KDistError):
     """The chosen strategy cannot run here (no TPU, Horovod missing, ...)."""
 

@@ -212,7 +212,7 @@ class KDist(Magics):
         if not words or words[0] not in LINE_COMMANDS:
             raise UsageError(f"%kdist takes one of: {', '.join(LINE_COMMANDS)} "
                              f"(to run a cell distributed, use %%kdist)")
-        command, rest = words[0], " ".join(words[1:])
+        command, rest = words[0], line.strip()[len(words[0]):].strip()  # quoting kept (run)
         return getattr(self, f"_cmd_{command}")(rest)
 
     def _cmd_start(self, rest: str):
@@ -231,6 +231,15 @@ class KDist(Magics):
                          quiet=True)
         warming = warm.start(strategy, ctx)
         say(warm_started(warming.n, spec.strategy, strategy.warm_modules))
+
+    def _cmd_run(self, rest: str):
+        """``%kdist run [kdist options] script.py [script args]`` (:mod:`.run_script`): the
+        script as a cell, through the one execute path."""
+        from .run_script import script_cell
+
+        found = script_cell(rest, parse=self.parse)
+        if found is not None:
+            return self.kdist(*found)
 
     def _cmd_status(self, rest: str):
         lines = ["kdist status"]

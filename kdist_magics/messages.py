@@ -161,13 +161,14 @@ def cell_timed_out(seconds: float) -> str:
             f"the kernel is ready for the next cell")
 
 
-
 #: ``%kdist`` line commands and what each does: the line magic's help (``%kdist?``), its usage
 #: error and the docs' reference are all made from this table
 LINE_COMMANDS = {
     "start": "start the engines for the options given (the options a %%kdist cell takes) and "
              "import the strategy's framework there, in the background; the first cell finds "
              "them warm (%kdist status says how far it got)",
+    "run": "run an existing script on every rank as __main__, with its own sys.argv: "
+           "%kdist run --strategy multiworker --np 2 train.py --epochs 3 (%kdist run? says more)",
     "status": "what each strategy holds (engines, warming), the last run's summary, and whether "
               "the private network and the same-user check are on",
     "stop": "stop the controller, the engines and every other process kdist started, by pid",
@@ -185,6 +186,15 @@ def line_help() -> str:
     rows = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:<{width}}  ",
                                     subsequent_indent=" " * (width + 4))
                       for name, text in LINE_COMMANDS.items())
-    usage = " | ".join(f"{name} [options]" if name in ("start", "advise") else name for name in LINE_COMMANDS)
+    usage = " | ".join(f"{name} [options]" if name in ("start", "advise") else
+                        "run [options] script.py [args]" if name == "run" else name for name in LINE_COMMANDS)
     return (f"%kdist {usage}\n\n{rows}\n\n"
             "Example: %kdist start --strategy horovod --np 4 (then write the first cell).\n")
+
+
+
+# -- code written for a launcher (torchrun, TF_CONFIG, jax.distributed), inside a run -------
+def launcher_mismatch(call: str, given: str, run: str, option: str) -> str:
+    """A framework's own set-up call asks for something other than the run it is in."""
+    return (f"{call} asks for {given}, but this kdist run has {run}: {option}, or leave the "
+            f"argument out (the run's own group is set up already and this call joins it)")

@@ -54,7 +54,7 @@ def test_every_line_command_has_help_text_and_is_dispatched():
     from kdist_magics.reference import line_commands, line_help
 
     commands = line_commands()
-    assert set(commands) == {"start", "status", "stop", "restart", "advise"}
+    assert set(commands) == {"start", "run", "status", "stop", "restart", "advise"}
     for name, text in commands.items():
         assert len(text.split()) >= 3, f"%kdist {name} has no help text (messages.LINE_COMMANDS)"
         assert callable(getattr(KDist, f"_cmd_{name}", None)), f"%kdist {name} has no handler"
@@ -67,7 +67,7 @@ def test_a_wrong_line_command_names_the_commands():
 
     from kdist_magics.magics import KDist
 
-    with pytest.raises(UsageError, match="start, status, stop, restart, advise"):
+    with pytest.raises(UsageError, match="start, run, status, stop, restart, advise"):
         KDist(shell=None).kdist_line("begin")
 
 

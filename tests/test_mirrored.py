@@ -63,6 +63,13 @@ def test_mirrored_two_logical_cpus_end_to_end():
         value, err = attempt("-s mirrored --devices 2 --no-dashboard", "same = strategy is first_seen\\n21 * 2")
         out["reused"] = ns["same"]
         out["value"] = value
+        # the cell's own tf.distribute.MirroredStrategy() is the run's; other devices: one line
+        value, err = attempt("-s mirrored --devices 2 --no-dashboard",
+                             "mine_same = (tf.distribute.MirroredStrategy() is strategy and\\n"
+                             "             tf.distribute.MirroredStrategy(['/cpu:1', '/cpu:0']) is strategy)\\n"
+                             "tf.distribute.MirroredStrategy(devices=['/cpu:0'])")
+        out["handed_back"] = [ns.get("mine_same"), str(err)]
+        out["own_after"] = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) is not first
         # ... also after %kdist restart: the model built in the first cell keeps training
         ip.run_line_magic("kdist", "restart")
         value, err = attempt("-s mirrored --devices 2 --no-dashboard",
@@ -94,6 +101,8 @@ def test_mirrored_two_logical_cpus_end_to_end():
     # telemetry: 4 steps x 3 epochs (step rows are throttled; each epoch's last is always sent)
     assert {4, 8, 12} <= set(r["steps"]) and r["epochs"] == 3
     assert r["reused"] is True and r["value"] == 42
+    assert r["handed_back"][0] is True and "LauncherMismatch" in r["handed_back"][1]
+    assert "give --devices 1" in r["handed_back"][1] and r["own_after"] is True
     assert r["after_restart"] == ["None", True]
     assert "4/4 - " in r["_stdout"]  # Keras's own per-epoch line, printed as in a plain cell
     assert r["user_error"] == ["CellFailed", "ValueError", []]

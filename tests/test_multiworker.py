@@ -201,6 +201,71 @@ def test_warm_engines_keep_the_strategy_bound_and_the_fix_only_inside_runs(mip):
 @pytest.mark.engines
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_tensorflows_multi_worker_tutorial_runs_unchanged_as_a_cell(mip, tmp_path, monkeypatch,
+                                                                     capsys):
+    """TensorFlow's tutorial worker code (tests/test_launcher_code.py lists what differs): its
+    own MultiWorkerMirroredStrategy() is the run's, chief-only saving works."""
+    from test_launcher_code import MNIST_SETUP, tf_tutorial
+
+    (tmp_path / "mnist_setup.py").write_text(MNIST_SETUP)
+    monkeypatch.chdir(tmp_path)  # the notebook's folder, where the tutorial writes mnist_setup.py
+    kdist(mip, "", tf_tutorial(str(tmp_path / "keras-model.keras")))
+    before = pids()
+    kdist(mip, "", "import tensorflow as tf\n"
+                   "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]\n"
+                   "kd_loss = multi_worker_model.history.history['loss']\n"
+                   "kd_same = (strategy is tf.distribute.get_strategy(), task_id)\n"
+                   "del multi_worker_model, multi_worker_dataset")
+    assert pids() == before  # the same workers go on: no restart for the tutorial's own strategy
+    out = capsys.readouterr()
+    assert "restarting" not in out.out + out.err and "Mixing different" not in out.out + out.err
+    weights = engine_values("kd_w")
+    for wa, wb in zip(*weights):
+        np.testing.assert_array_equal(np.array(wa), np.array(wb))
+    loss0, loss1 = engine_values("kd_loss")
+    assert loss0 == loss1 and loss0[-1] < loss0[0], loss0
+    assert engine_values("kd_same") == [(True, 0), (True, 1)]
+    # chief-only saving: worker 0 wrote the model, worker 1 wrote to its temp folder and removed it
+    assert (tmp_path / "keras-model.keras").is_file() and not (tmp_path / "workertemp_1").exists()
+    import keras
+
+    saved = keras.models.load_model(tmp_path / "keras-model.keras")
+    for got, want in zip(saved.get_weights(), weights[0]):
+        np.testing.assert_allclose(got, np.array(want))
+    # the tutorial's main.py as a script: %kdist run, its folder on sys.path (import mnist_setup)
+    (tmp_path / "main.py").write_text(tf_tutorial(str(tmp_path / "again.keras")))
+    mip.run_line_magic("kdist", f"run --strategy multiworker --np 2 --no-dashboard {tmp_path / 'main.py'}")
+    kdist(mip, "", "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]\n"
+                   "kd_loss = multi_worker_model.history.history['loss']\n"
+                   "del multi_worker_model, multi_worker_dataset")
+    for wa, wb in zip(*engine_values("kd_w")):
+        np.testing.assert_array_equal(np.array(wa), np.array(wb))
+    loss0, loss1 = engine_values("kd_loss")
+    assert loss0 == loss1 and loss0[-1] < loss0[0], loss0
+    assert (tmp_path / "again.keras").is_file() and pids() == before
+    view = strategy().cluster.view()  # after the cell, TensorFlow's class constructs as usual
+    view.execute("import tensorflow as tf\nkd_class = (tf.distribute.MultiWorkerMirroredStrategy."
+                 "__init__.__qualname__, tf.distribute.has_strategy())", block=True)
+    assert engine_values("kd_class") == [("CollectiveAllReduceStrategy.__init__", False)] * 2
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_contradicting_cluster_resolver_is_one_line_naming_np(mip):
+    with pytest.raises(RankFailed) as info:
+        kdist(mip, "", "import json, tensorflow as tf\n"
+                       "spec = tf.train.ClusterSpec({'worker': ['a:1', 'b:1', 'c:1']})\n"
+                       "resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(\n"
+                       "    spec, task_type='worker', task_id=strategy.cluster_resolver.task_id)\n"
+                       "tf.distribute.experimental.MultiWorkerMirroredStrategy(cluster_resolver=resolver)")
+    text = str(info.value)
+    assert "LauncherMismatch" in text and "3 workers" in text and "give --np 3" in text, text
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_an_error_on_one_worker_is_reported_against_it_and_the_engines_stay_warm(mip):
     before = pids()
     with pytest.raises(RankFailed) as info:

@@ -78,6 +78,15 @@ value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "kd_again =
 out["again_err"] = repr(err) if err is not None else None
 out["again"] = by_rank("kd_again")
 out["warm"] = pids == {{e.pid for e in s.cluster.engines}}
+# launcher code: the cell's own initialize calls (none, matching) are no-ops; contradicting: one line
+value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "import jax, keras\\n"
+                     "jax.distributed.initialize()\\nkeras.distribution.initialize()\\n"
+                     "jax.distributed.initialize('localhost:1234', num_processes=2, process_id=jax.process_index())\\n"
+                     "kd_joined = (jax.process_index(), jax.process_count())")
+out["joined"] = by_rank("kd_joined") if err is None else repr(err)
+value, err = attempt("--strategy multiworker --np 2 --no-dashboard",
+                     "import jax\\njax.distributed.initialize(num_processes=4)")
+out["joined_mismatch"] = str(err)
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard", "model.predict(np.ones((4, 4)))")
 out["predict_err"] = str(err)
 # --timeout stops ranks stuck in a collective and in Python alike; the next cell works
@@ -130,6 +139,9 @@ def test_keras_on_jax_across_two_engine_processes():
     loopback = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
     assert host == "127.0.0.1" and [ip for ip, p in r["listening"] if p == int(port)], r["listening"]
     assert r["listening"] and all(ip in loopback for ip, _ in r["listening"]), r["listening"]
+    # jax.distributed.initialize()/keras.distribution.initialize() inside the run join it
+    assert r["joined"] == [[0, 2], [1, 2]], r["joined"]
+    assert "LauncherMismatch" in r["joined_mismatch"] and "give --np 4" in r["joined_mismatch"]
     # warm engines keep their process group
     assert r["again_err"] is None and r["again"] == [[0, 2], [1, 2]] and r["warm"]
     assert "predict() inside a multiworker JAX cell" in r["predict_err"]

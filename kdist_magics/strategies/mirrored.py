@@ -101,7 +101,9 @@ class MirroredStrategy(Strategy):
         self.kind = kind
         for rank, device in enumerate(devices):
             ctx.record.set_rank(rank, state="running", device=device)
-        value = run_cell_here(cell, ctx, scope=strategy.scope(), bind={"strategy": strategy})
+        from ..compat_tf_strategy import mirrored  # the cell's own MirroredStrategy() is this one
+
+        value = run_cell_here(cell, ctx, scope=mirrored(strategy, devices), bind={"strategy": strategy})
         for rank in range(len(devices)):
             ctx.record.set_rank(rank, state="done")
         return value

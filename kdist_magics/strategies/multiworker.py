@@ -19,7 +19,8 @@ Horovod. Per run:
 3. **Before the cell** (:meth:`before_cell`, on every engine at once, since
    the workers wait for each other): create (or reuse) the strategy, bind it as
    ``strategy``, apply :mod:`kdist_magics.keras_mwms` (the Keras 3 fix for
-   keras-team/keras#20585) and enter ``strategy.scope()``.
+   keras-team/keras#20585), enter ``strategy.scope()``, and make the cell's own
+   ``tf.distribute.MultiWorkerMirroredStrategy()`` return it (:mod:`kdist_magics.compat_tf_strategy`).
 4. **After the cell** (:meth:`after_cell`): leave the scope, remove the fix.
    ``strategy`` stays bound, like the rest of the namespace.
 
@@ -256,6 +257,10 @@ def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
     scope = strategy.scope()
     scope.__enter__()
     _mw["scope"] = scope
+    from .. import compat_tf_strategy  # the cell's own MultiWorkerMirroredStrategy() is this one
+
+    _mw["handback"] = compat_tf_strategy.multiworker(strategy)
+    _mw["handback"].__enter__()
     shell = get_ipython()
     if shell is not None:
         shell.user_ns["strategy"] = strategy
@@ -266,6 +271,9 @@ def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
 
 def _leave() -> None:  # runs on an engine
     """Leave the strategy's scope and remove the Keras fix (idempotent)."""
+    handback = _mw.pop("handback", None)
+    if handback is not None:
+        handback.__exit__(None, None, None)
     scope = _mw.pop("scope", None)
     if scope is not None:
         try:

@@ -28,6 +28,8 @@ ends with the same weights. Per run:
    through: give each process its own part (``ds.shard(strategy.num_processes,
    strategy.process_index)``). ``predict`` inside the cell raises a clear error (its output
    spans every process); ``--pull model`` and predict in the kernel.
+   Inside the cell ``jax.distributed.initialize()`` and ``keras.distribution.initialize()``
+   (no arguments, or ones matching the run) are no-ops (:mod:`.launcher_env`).
 4. **After the cell**: the patches go; the process group stays for the next cell. A run
    stopped mid-way may leave collectives out of step: an owned cluster restarts before the
    next run.
@@ -47,6 +49,7 @@ from .base import RunContext
 from .processes import ProcessGroupStrategy
 from .fit_data import process_shards
 from .jax_dp import DataParallelStrategy
+from .launcher_env import jax_calls
 
 SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
 
@@ -190,6 +193,8 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int)
         fit_callbacks=lambda: [_from_process_zero()],
         no_predict=(f"kdist: predict() inside a multiworker JAX cell would return an array spread over "
                     f"{strategy.num_processes} processes; --pull the model and predict in the notebook instead")))
+    # the cell's own jax.distributed.initialize() / keras.distribution.initialize(): the run's
+    stack.enter_context(jax_calls(strategy.process_index, strategy.num_processes))
     local = jax.local_device_count()
     if local > 1:  # several devices per process: each process's batches must split over them
         from .jax_dp import divisible_batches

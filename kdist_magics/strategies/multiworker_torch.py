@@ -8,6 +8,10 @@ weights on every rank:
   ``torch.nn.parallel.DistributedDataParallel``, feed it through a ``DistributedSampler``,
   write the torch loop. The process group is ready when the cell starts, so the guide's
   ``setup_device``/``init_process_group`` lines are left out.
+* **Code written for ``torchrun``**: every rank has torchrun's variables (``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ...), and the cell's own
+  ``init_process_group()``/``destroy_process_group()`` join and leave the run's group
+  (:mod:`.launcher_env`).
 * **``model.fit(x, y)``**: Keras (<= 3.15) has no torch data parallelism of its own, so while
   the cell runs kdist's ``fit`` takes process 0's weights at the start and averages the
   gradients of every step over the processes (one ``all_reduce`` of all of them) before the
@@ -46,6 +50,7 @@ from . import waiting
 from .base import RunContext
 from .processes import ProcessGroupStrategy
 from .fit_data import process_shards
+from .launcher_env import torch_calls, torchrun_env
 
 SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
 
@@ -103,9 +108,10 @@ class TorchMultiWorkerStrategy(ProcessGroupStrategy):
         # NCCL when every rank has a GPU of its own (it refuses two ranks on one GPU)
         backend = "nccl" if all(g for _, g in gpus) and len(set(gpus)) == len(gpus) else "gloo"
         seed = secrets.randbelow(2 ** 31)  # one per run, the same on every process
+        envs = torchrun_env([e.hostname for e in cluster.engines], ranks, (address, port))
         ars = [cluster.client[e.engine_id].apply_async(_setup, address, port, len(ranks), rank, backend,
-                                                       mode, seed)
-               for e, rank in zip(cluster.engines, ranks)]
+                                                       mode, seed, env)
+               for e, rank, env in zip(cluster.engines, ranks, envs)]
         self._setup_results(ars, ranks, "torch.distributed", self.store, SETUP_TIMEOUT,
                             "joining torch.distributed failed")
 
@@ -165,14 +171,16 @@ def _cuda() -> str:  # runs on an engine, after kdist chose its GPU (CUDA_VISIBL
 
 
 def _setup(address: str, port: int, processes: int, process: int, backend: str, mode: str,
-           seed: int) -> dict[str, Any]:
+           seed: int, env: dict | None = None) -> dict[str, Any]:
     """On an engine: join the process group, seed Keras alike everywhere, bind ``strategy``,
-    make ``fit`` data parallel."""
+    make ``fit`` data parallel; ``env``: torchrun's variables for this rank
+    (:func:`.launcher_env.torchrun_env`)."""
     import datetime
     import os
 
     from IPython import get_ipython
 
+    os.environ.update(env or {})
     os.environ["KERAS_BACKEND"] = "torch"
     # Gloo's pairs listen on the interface that has this engine's address (loopback: "lo")
     if mode == "loopback":
@@ -203,6 +211,7 @@ def _setup(address: str, port: int, processes: int, process: int, backend: str, 
     stack.enter_context(process_shards(process, processes,
                                        say=print if process == 0 else (lambda m: None),
                                        fit_callbacks=lambda: [_averaged_fit()]))
+    stack.enter_context(torch_calls(process, processes))  # the cell's own init_process_group()
     _run["stack"] = stack
     shell = get_ipython()
     if shell is not None:
