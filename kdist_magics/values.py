@@ -69,6 +69,10 @@ def pack(value: Any):
     if isinstance(value, keras.Model):
         import tempfile
 
+        from .gather import whole
+
+        value = whole(value)  # a model sharded over JAX processes: gathered, ordinary (collective)
+
         with tempfile.TemporaryDirectory(prefix="kdist-pull-") as tmp:
             path = os.path.join(tmp, "model.keras")
             value.save(path)
