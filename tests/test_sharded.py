@@ -234,3 +234,44 @@ def test_sharded_over_two_engine_processes_equals_one_device():
         np.testing.assert_allclose(run["pred"], one["pred"], rtol=1e-4, atol=1e-5, err_msg=name)
         assert run["local"]["d1/kernel"] == [256, 128], (name, run["local"])  # half on each process
     assert r["guide"]["local"]["d1/bias"] == [128] and r["sharded"]["local"]["d1/bias"] == [256]
+
+
+HUB = '''
+import numpy as np, keras, keras_hub
+backbone = keras_hub.models.GemmaBackbone(vocabulary_size=64, num_layers=2, num_query_heads=4,
+                                          num_key_value_heads=4, hidden_dim=16, intermediate_dim=32, head_dim=8)
+tokens = {"token_ids": np.arange(32).reshape(4, 8) % 64, "padding_mask": np.ones((4, 8), "int32")}
+if "kd_weights" in globals():
+    backbone.set_weights(kd_weights)
+kd_weights = backbone.get_weights()
+kd_out = np.asarray(backbone(tokens)).tolist()
+'''
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(400)
+def test_keras_hub_backbone_uses_its_own_layout_map():
+    """A 2-layer Gemma-shaped backbone built from its constructor (no preset download) under
+    mesh 2x2 takes its layout from ``GemmaBackbone.get_layout_map``; its output equals the
+    same weights' on one device."""
+    pytest.importorskip("keras_hub", reason="keras-hub is in the test extra")
+    r = run_in_fresh_shell(f"""
+        import kdist_magics
+        value, err = attempt("-s sharded --mesh 2,2 --no-dashboard --no-telemetry", {HUB!r})
+        assert err is None, repr(err)
+        out["specs"] = {{row["variable"]: row["spec"] for row in kdist_magics.last_run().layout().rows}}
+        out["sharded"] = ip.user_ns["kd_out"]
+        value, err = attempt("-s default --no-dashboard --no-telemetry", {HUB!r})
+        assert err is None, repr(err)
+        out["one"] = ip.user_ns["kd_out"]
+    """, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    import numpy as np
+
+    specs = r["specs"]
+    assert specs["token_embedding/embeddings"] == "(model, batch)", specs
+    gating = [spec for path, spec in specs.items() if path.endswith("ffw_gating/kernel")]
+    assert len(gating) == 2 and set(gating) == {"(batch, model)"}, specs
+    norms = [spec for path, spec in specs.items() if path.endswith("norm/scale")]
+    assert norms and set(norms) == {"replicated"}, specs
+    np.testing.assert_allclose(r["sharded"], r["one"], rtol=1e-4, atol=1e-5)
