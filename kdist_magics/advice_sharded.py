@@ -53,3 +53,34 @@ def observation(f: dict) -> str:
     from .facts import model_words
 
     return f"{model_words(f)}, more than one {f['device_word']}'s {gib(f['device_memory'])}"
+
+
+def planned(user_ns, mesh: tuple[int, int]):
+    """The automatic layout the namespace's models would get on ``mesh`` (``%kdist advise``),
+    read from their variables' shapes without JAX; None when there is no built model."""
+    import math
+
+    from .strategies.layout import LayoutTable, _itemsize, auto_spec, models_in
+
+    table = LayoutTable(tuple(mesh))
+    for model in models_in(user_ns):
+        for v in list(getattr(model, "weights", [])):
+            shape = tuple(int(d) for d in v.shape)
+            spec = auto_spec(shape, v.dtype, mesh[1])
+            nbytes = math.prod(shape) * _itemsize(v.dtype)
+            sharded = any(spec)
+            table.rows.append({"variable": v.path, "shape": shape,
+                               "spec": "(" + ", ".join(a or "-" for a in spec) + ")" if sharded else "replicated",
+                               "bytes_per_device": nbytes // mesh[1] if sharded else nbytes})
+    if not table.rows:
+        return None
+    table.optimizer_bytes = 2 * table.weight_bytes  # Adam's two moments follow their weights
+    return table
+
+
+def mesh_of(f: dict) -> tuple[int, int] | None:
+    """The mesh the advice names: the line's --mesh, else the one sharding makes fit."""
+    if f.get("mesh"):
+        return tuple(f["mesh"])
+    p = plan(f)
+    return p[0] if p else None

@@ -206,6 +206,7 @@ class Advice:
     reason: str
     rows: list[Row] = field(default_factory=list)
     hardware: Hardware | None = None
+    layout: Any = None  # sharded: the planned layout table (advice_sharded.planned)
 
     def __repr__(self) -> str:
         import textwrap
@@ -221,6 +222,8 @@ class Advice:
                 out.append("  ".join((col[i] if i < len(col) else "").ljust(w)
                                      for col, w in zip(wrapped, widths)).rstrip())
         out += ["", "* decides   ! warning"]
+        if self.layout is not None:
+            out += ["", "planned layout (automatic):", repr(self.layout)]
         return "\n".join(out)
 
     def _repr_html_(self) -> str:
@@ -231,7 +234,8 @@ class Advice:
             for r in self.rows)
         return (f"<div class='kdist-advice'><p><b>kdist advise: {esc(self.strategy)}</b> &mdash; "
                 f"{esc(self.reason)}</p><table><thead><tr><th>criterion</th><th>observation</th>"
-                f"<th>consequence</th></tr></thead><tbody>{rows}</tbody></table></div>")
+                f"<th>consequence</th></tr></thead><tbody>{rows}</tbody></table>"
+                f"{self.layout._repr_html_() if self.layout is not None else ''}</div>")
 
 
 def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
@@ -319,7 +323,11 @@ def hardware_for(magics: Any = None) -> Hardware:
 def advise(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None, **facts) -> Advice:
     """The full reasoning for ``user_ns`` on ``hardware`` (detected when not given)."""
     hw = hardware if hardware is not None else hardware_for()
-    return decide(facts_for(hw, spec, user_ns, **facts))
+    f = facts_for(hw, spec, user_ns, **facts)
+    advice = decide(f)
+    if advice.strategy == "sharded" and advice_sharded.mesh_of(f):
+        advice.layout = advice_sharded.planned(user_ns, advice_sharded.mesh_of(f))
+    return advice
 
 
 def choose(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None,

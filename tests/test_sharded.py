@@ -276,3 +276,30 @@ def test_keras_hub_backbone_uses_its_own_layout_map():
     norms = [spec for path, spec in specs.items() if path.endswith("norm/scale")]
     assert norms and set(norms) == {"replicated"}, specs
     np.testing.assert_allclose(r["sharded"], r["one"], rtol=1e-4, atol=1e-5)
+
+
+def test_advise_shows_the_planned_layout(monkeypatch):
+    """%kdist advise under JAX for a model too big for one GPU: the automatic layout it would
+    get, from the variables' shapes (a stand-in Keras: no JAX in the fast tier)."""
+    import types
+
+    from kdist_magics.advisor import advise
+
+    class Model:
+        def __init__(self, weights):
+            self.weights = weights
+
+    def var(path, shape):
+        return types.SimpleNamespace(path=path, shape=shape, dtype="float32")
+
+    monkeypatch.setitem(sys.modules, "keras", types.SimpleNamespace(Model=Model))
+    ns = {"llm": Model([var("embed/embeddings", (512_000, 8192)), var("norm/scale", (8192,))])}
+    hw = Hardware.from_dict(dict(cpu_cores=64, gpus=[{"name": "A100", "memory_bytes": 40 * GiB}] * 8))
+    advice = advise(ns, parse_line(""), hardware=hw, backend="jax")
+    assert advice.strategy == "sharded" and "mesh 4,2" in advice.reason, advice.reason
+    rows = {r["variable"]: (r["spec"], r["bytes_per_device"]) for r in advice.layout.rows}
+    assert rows == {"embed/embeddings": ("(model, -)", 512_000 * 8192 * 4 // 2),
+                    "norm/scale": ("replicated", 8192 * 4)}
+    text = repr(advice)
+    assert "planned layout (automatic):" in text and "embed/embeddings" in text and "mesh 4x2" in text
+    assert "embed/embeddings" in advice._repr_html_()
