@@ -27,7 +27,10 @@ ends with the same weights. Per run:
    batch = ``batch_size`` x processes, as under Horovod). Datasets and generators are passed
    through: give each process its own part (``ds.shard(strategy.num_processes,
    strategy.process_index)``). ``predict`` inside the cell raises a clear error (its output
-   spans every process); ``--pull model`` and predict in the kernel.
+   spans every process); ``--pull model`` and predict in the kernel. A distribution the cell
+   sets itself (Keras' guide's ``ModelParallel`` over a ``(1, 2)`` mesh) is honoured: arrays go
+   by this process's position on its data axis (:mod:`.positions`: processes sharing a position
+   get the same rows), with its ``auto_shard_dataset`` off (Keras' own takes tf.data only).
 4. **After the cell**: the patches go; the process group stays for the next cell. A run
    stopped mid-way may leave collectives out of step: an owned cluster restarts before the
    next run.
