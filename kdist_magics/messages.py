@@ -208,7 +208,3 @@ def layout_keys_unused(keys: list[str], example: str | None) -> str:
     hint = f" (a variable path here: {example!r})" if example else ""
     return (f"LayoutMap key{'s' if len(keys) > 1 else ''} {shown} matched no variable, so those "
             f"variables stay replicated; keys must match the whole path (re.fullmatch){hint}")
-
-
-def layout_nothing() -> str:
-    return "no sharded run yet: last_run().layout() has a table after a --strategy sharded cell"
