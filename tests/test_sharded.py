@@ -196,45 +196,57 @@ dist.set_distribution(dist.ModelParallel(layout_map=layout_map, batch_dim_name="
 ''' + TRAIN
 
 
+#: TRAIN on one device with the batches a 2x1 mesh over two processes makes: each process takes
+#: its contiguous half (rows 0-31, 32-63) and a global batch is 16 rows of each
+PAIRS = TRAIN.replace("model.fit(x, y, batch_size=16", "order = np.concatenate([np.r_[16 * k:16 * k + 16, "
+                      "32 + 16 * k:48 + 16 * k] for k in range(2)])\nmodel.fit(x[order], y[order], batch_size=32")
+
+
 @pytest.mark.engines
 @pytest.mark.timeout(600)
 def test_sharded_over_two_engine_processes_equals_one_device():
-    """Keras' guide's ModelParallel cell under multiworker (NumPy arrays, its own distribution)
-    and --strategy sharded --np 2 --mesh 1,2: both train as one device does; --pull model
-    gathers an ordinary model that predicts in the kernel."""
+    """Keras' guide's ModelParallel cell under multiworker (NumPy arrays, its own distribution),
+    and --strategy sharded --np 2 over meshes 1x2 and 2x1 (warm engines): each trains as one
+    device does on the same batches; --pull model gathers an ordinary model that predicts in
+    the kernel."""
     pytest.importorskip("jax", reason="JAX is in the jax extra (make test installs it)")
+    assert PAIRS != TRAIN
     local = "\nkd_local = {v.path: list(v.value.addressable_data(0).shape) for v in model.weights}\n"
     r = run_in_fresh_shell(f"""
         import numpy as np
-        value, err = attempt("-s default --no-dashboard --no-telemetry", {TRAIN!r})
-        assert err is None, repr(err)
-        one = ip.user_ns["model"]
-        x = ip.user_ns["x"]
-        out["one"] = dict(loss=ip.user_ns["kd_loss"], weights=[w.tolist() for w in one.get_weights()],
-                          pred=np.asarray(one.predict(x[:4], verbose=0)).tolist())
+        for name, cell in [("one", {TRAIN!r}), ("pairs", {PAIRS!r})]:
+            value, err = attempt("-s default --no-dashboard --no-telemetry", cell)
+            assert err is None, repr(err)
+            one, x = ip.user_ns["model"], ip.user_ns["x"]
+            out[name] = dict(loss=ip.user_ns["kd_loss"], weights=[w.tolist() for w in one.get_weights()],
+                             pred=np.asarray(one.predict(x[:4], verbose=0)).tolist())
         pulled = " --pull model,kd_loss,kd_local --no-dashboard --no-telemetry"
         for name, line, cell in [("guide", "--strategy multiworker --np 2", {GUIDE + local!r}),
-                                 ("sharded", "--strategy sharded --np 2 --mesh 1,2", {TRAIN + local!r})]:
+                                 ("1x2", "--strategy sharded --np 2 --mesh 1,2", {TRAIN + local!r}),
+                                 ("2x1", "--strategy sharded --np 2 --mesh 2,1", {TRAIN + local!r})]:
             value, err = attempt(line + pulled, cell)
             assert err is None, (name, repr(err))
             model = ip.user_ns["model"]
             out[name] = dict(loss=ip.user_ns["kd_loss"], local=ip.user_ns["kd_local"],
                              weights=[w.tolist() for w in model.get_weights()],
                              pred=np.asarray(model.predict(x[:4], verbose=0)).tolist())
-            ip.run_line_magic("kdist", "stop")
+            if name == "guide":
+                ip.run_line_magic("kdist", "stop")
+        ip.run_line_magic("kdist", "stop")
     """, env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
     import numpy as np
 
-    one = r["one"]
-    for name in ("guide", "sharded"):
-        run = r[name]
+    for name, base in (("guide", "one"), ("1x2", "one"), ("2x1", "pairs")):
+        run, one = r[name], r[base]
+        assert len(run["loss"]) == len(one["loss"]) == (8 if base == "one" else 4), name
         np.testing.assert_allclose(run["loss"], one["loss"], rtol=1e-5, atol=1e-6, err_msg=name)
         # --pull model gathered it whole: an ordinary model with the same weights, predicting here
         for w, w1 in zip(run["weights"], one["weights"]):
             np.testing.assert_allclose(w, w1, rtol=1e-4, atol=1e-6, err_msg=name)
         np.testing.assert_allclose(run["pred"], one["pred"], rtol=1e-4, atol=1e-5, err_msg=name)
-        assert run["local"]["d1/kernel"] == [256, 128], (name, run["local"])  # half on each process
-    assert r["guide"]["local"]["d1/bias"] == [128] and r["sharded"]["local"]["d1/bias"] == [256]
+    # the model axis spans the processes: half of d1's kernel on each (2x1: whole on each)
+    assert [r[n]["local"]["d1/kernel"] for n in ("guide", "1x2", "2x1")] == [[256, 128], [256, 128], [256, 256]]
+    assert r["guide"]["local"]["d1/bias"] == [128] and r["1x2"]["local"]["d1/bias"] == [256]
 
 
 HUB = '''
