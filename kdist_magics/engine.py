@@ -116,8 +116,8 @@ def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
 
         stack.enter_context(attached(feed.sink, rank=rank))
         stack.enter_context(sampling(feed.sink, rank=rank))
-    if checkpoint and rank == 0:
-        stack.enter_context(_checkpointing(checkpoint))
+    if checkpoint:  # rank 0 writes; every rank takes part where the weights span processes
+        stack.enter_context(_checkpointing(checkpoint, write=rank == 0))
     lowered = []
     if helper_nice:
         from .priority import lower_helpers
@@ -166,17 +166,23 @@ def end(flush: bool = True) -> dict[str, Any]:
     return {"seq": feed.seq}
 
 
-def _atomic_checkpoint(path: str):
+def _atomic_checkpoint(path: str, write: bool = True):
     """A Keras callback saving the model to ``path`` after each epoch, atomically: it writes
     a temporary ``.keras`` file and renames it, so a Stop (SIGINT) in the middle of a save
-    leaves the previous epoch's checkpoint intact instead of a truncated archive."""
+    leaves the previous epoch's checkpoint intact instead of a truncated archive. A model
+    sharded over JAX processes is gathered first on every process (:mod:`.gather`); only the
+    process told to ``write`` saves."""
     import keras
 
     class AtomicCheckpoint(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
+            from .gather import save
+
             tmp = f"{path[:-len('.keras')]}.saving-{os.getpid()}.keras"
             try:
-                self.model.save(tmp)
+                save(self.model, tmp, write)
+                if not write:
+                    return
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -187,17 +193,19 @@ def _atomic_checkpoint(path: str):
 
 
 @contextlib.contextmanager
-def _checkpointing(directory: str):
-    """Every ``fit`` inside saves the model to ``directory/last.keras`` after each epoch."""
+def _checkpointing(directory: str, write: bool = True):
+    """Every ``fit`` inside saves the model to ``directory/last.keras`` after each epoch (where
+    ``write``; the other ranks only take part in gathering a model sharded over processes)."""
     import keras
 
-    os.makedirs(directory, exist_ok=True)
+    if write:
+        os.makedirs(directory, exist_ok=True)
     original = keras.Model.fit
 
     def fit(model, *args, **kwargs):
         __tracebackhide__ = True  # not in the user's traceback
         callbacks = list(kwargs.pop("callbacks", None) or [])
-        callbacks.append(_atomic_checkpoint(os.path.join(directory, "last.keras")))
+        callbacks.append(_atomic_checkpoint(os.path.join(directory, "last.keras"), write))
         return original(model, *args, callbacks=callbacks, **kwargs)
 
     fit.__wrapped__ = original

@@ -48,3 +48,18 @@ def whole(model):
         if config:
             copy.compile_from_config(config)
     return copy
+
+
+def save(model, path: str, write: bool = True) -> None:
+    """``model.save(path)``, gathered first where it spans processes (every process calls
+    this; only where ``write`` is a file written). The copy is saved with no distribution
+    in force: Keras builds what it saves lazily (the optimizer's variables), and under the
+    run's distribution one process alone would start a collective the others never join."""
+    copy = whole(model)
+    if not write:
+        return
+    if copy is model:
+        model.save(path)
+        return
+    with no_distribution():
+        copy.save(path)

@@ -221,8 +221,10 @@ def test_sharded_over_two_engine_processes_equals_one_device():
             out[name] = dict(loss=ip.user_ns["kd_loss"], weights=[w.tolist() for w in one.get_weights()],
                              pred=np.asarray(one.predict(x[:4], verbose=0)).tolist())
         pulled = " --pull model,kd_loss,kd_local --no-dashboard --no-telemetry"
+        import os, tempfile, keras
+        ck = tempfile.mkdtemp()
         for name, line, cell in [("guide", "--strategy multiworker --np 2", {GUIDE + local!r}),
-                                 ("1x2", "--strategy sharded --np 2 --mesh 1,2", {TRAIN + local!r}),
+                                 ("1x2", "--strategy sharded --np 2 --mesh 1,2 --checkpoint " + ck, {TRAIN + local!r}),
                                  ("2x1", "--strategy sharded --np 2 --mesh 2,1", {TRAIN + local!r})]:
             value, err = attempt(line + pulled, cell)
             assert err is None, (name, repr(err))
@@ -233,6 +235,8 @@ def test_sharded_over_two_engine_processes_equals_one_device():
             if name == "guide":
                 ip.run_line_magic("kdist", "stop")
         ip.run_line_magic("kdist", "stop")
+        saved = keras.saving.load_model(os.path.join(ck, "last.keras"))
+        out["checkpoint"] = [w.tolist() for w in saved.get_weights()]
     """, env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
     import numpy as np
 
@@ -247,6 +251,9 @@ def test_sharded_over_two_engine_processes_equals_one_device():
     # the model axis spans the processes: half of d1's kernel on each (2x1: whole on each)
     assert [r[n]["local"]["d1/kernel"] for n in ("guide", "1x2", "2x1")] == [[256, 128], [256, 128], [256, 256]]
     assert r["guide"]["local"]["d1/bias"] == [128] and r["1x2"]["local"]["d1/bias"] == [256]
+    # --checkpoint: gathered on both processes, written by rank 0, loads anywhere
+    for w, w1 in zip(r["checkpoint"], r["one"]["weights"]):
+        np.testing.assert_allclose(w, w1, rtol=1e-4, atol=1e-6)
 
 
 HUB = '''
