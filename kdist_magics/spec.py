@@ -166,6 +166,7 @@ def validate(spec: RunSpec) -> RunSpec:
                     f"{opt} applies to engine strategies (horovod, multiworker), not {s}:\n"
                     f"a {s} cell already runs in the notebook's own namespace"
                     + ("; use --devices N for replicas" if name == "np" else "")
+                    + ("; sharded takes it across engines, with --np N" if s == "sharded" else "")
                 )
         if "out" in given and spec.out != "rank0":
             raise UsageError(f"--out applies to engine strategies (horovod, multiworker), not {s}")
