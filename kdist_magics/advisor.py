@@ -18,6 +18,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from . import advice_sharded
 from .errors import StrategyUnavailable
 from .facts import (
     ENGINE_SETUP_S,
@@ -69,6 +70,10 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     # what the user wrote decides first
+    Rule("your options", lambda f: f.get("mesh") is not None,
+         lambda f: f"--mesh {f['mesh'][0]},{f['mesh'][1]} given",
+         "a device mesh, which only sharded takes: sharded",
+         pick=("sharded",)),
     Rule("your options", lambda f: f["devices_given"],
          "--devices {devices} given",
          "an in-kernel strategy with {devices} replicas: mirrored",
@@ -139,7 +144,9 @@ RULES: tuple[Rule, ...] = (
                              ("horovod", "mirrored", "tpu") if f["backend"] == "torch" else
                              ENGINE + ("mirrored", "tpu"))),
     # model size
-    Rule("model size", lambda f: f["fits"] is False,
+    Rule("model size", advice_sharded.applies, advice_sharded.observation, advice_sharded.words,
+         pick=("sharded",), rule_out=advice_sharded.rule_out),
+    Rule("model size", lambda f: f["fits"] is False and not advice_sharded.applies(f),
          lambda f: f"{model_words(f)}, more than one {f['device_word']}'s {gib(f['device_memory'])}",
          "every strategy here keeps a full copy of the model per device, so expect out-of-memory: "
          "shrink the model, use mixed precision, or shard it (keras.distribution.ModelParallel with JAX)",
@@ -199,6 +206,7 @@ class Advice:
     reason: str
     rows: list[Row] = field(default_factory=list)
     hardware: Hardware | None = None
+    layout: Any = None  # sharded: the planned layout table (advice_sharded.planned)
 
     def __repr__(self) -> str:
         import textwrap
@@ -214,6 +222,8 @@ class Advice:
                 out.append("  ".join((col[i] if i < len(col) else "").ljust(w)
                                      for col, w in zip(wrapped, widths)).rstrip())
         out += ["", "* decides   ! warning"]
+        if self.layout is not None:
+            out += ["", "planned layout (automatic):", repr(self.layout)]
         return "\n".join(out)
 
     def _repr_html_(self) -> str:
@@ -224,7 +234,8 @@ class Advice:
             for r in self.rows)
         return (f"<div class='kdist-advice'><p><b>kdist advise: {esc(self.strategy)}</b> &mdash; "
                 f"{esc(self.reason)}</p><table><thead><tr><th>criterion</th><th>observation</th>"
-                f"<th>consequence</th></tr></thead><tbody>{rows}</tbody></table></div>")
+                f"<th>consequence</th></tr></thead><tbody>{rows}</tbody></table>"
+                f"{self.layout._repr_html_() if self.layout is not None else ''}</div>")
 
 
 def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
@@ -251,7 +262,7 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
     row.role = "decides"
     rows.append(Row("backend path", f"Keras on {f['backend']}", backend_path(chosen, f["backend"])))
     parts = [f["hardware"]]
-    if f["fits"] is False:
+    if f["fits"] is False and chosen != "sharded":
         parts.insert(0, f"warning: model of {human(f['params'])} parameters needs ~{gib(f['train_bytes'])} "
                         f"to train, more than one {f['device_word']}'s {gib(f['device_memory'])}, and every "
                         f"strategy copies it to each device: expect out-of-memory (see %kdist advise)")
@@ -273,6 +284,7 @@ def backend_path(strategy: str, backend: str) -> str:
         "tpu": ("keras.distribution.DataParallel over the TPU devices" if jax_like
                 else "tf.distribute.TPUStrategy in the kernel"),
         "horovod": "Horovod ranks on engines (Gloo), with kdist's Keras 3 binding as hvd",
+        "sharded": "keras.distribution.ModelParallel over a (batch, model) mesh of the kernel's devices",
         "multiworker": {
             "jax": "one JAX process per engine: jax.distributed, then keras.distribution.DataParallel "
                    "over every process's devices",
@@ -311,7 +323,11 @@ def hardware_for(magics: Any = None) -> Hardware:
 def advise(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None, **facts) -> Advice:
     """The full reasoning for ``user_ns`` on ``hardware`` (detected when not given)."""
     hw = hardware if hardware is not None else hardware_for()
-    return decide(facts_for(hw, spec, user_ns, **facts))
+    f = facts_for(hw, spec, user_ns, **facts)
+    advice = decide(f)
+    if advice.strategy == "sharded" and advice_sharded.mesh_of(f):
+        advice.layout = advice_sharded.planned(user_ns, advice_sharded.mesh_of(f))
+    return advice
 
 
 def choose(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None,

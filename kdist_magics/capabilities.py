@@ -14,9 +14,10 @@ from __future__ import annotations
 
 #: every strategy, in spec.KINDS's order: options the magic handles itself (the record, the
 #: dashboard, event files) are honoured alike under each, so one test proves them for all
-_ALL = ("default", "mirrored", "tpu", "horovod", "multiworker")
+_ALL = ("default", "mirrored", "tpu", "horovod", "multiworker", "sharded")
 
 IN_KERNEL = "test_in_kernel_options.py::test_timeout_and_checkpoint_under_"
+SHARDED = "test_sharded.py::"
 HVD = "test_horovod_engines.py::"
 MW = "test_multiworker.py::"
 MW_OPTIONS = MW + "test_push_out_all_and_checkpoint_on_both_workers"
@@ -26,12 +27,15 @@ ATTACH = {"horovod": HVD + "test_attach_to_a_cluster_the_user_started_and_never_
 #: option (its ``dest`` in spec.OPTIONS) -> {strategy: the test proving it is honoured there}
 HONOURED: dict[str, dict[str, str]] = {
     "np": {"horovod": HVD + "test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets",
-           "multiworker": MW + "test_fit_gives_identical_weights_on_both_workers_and_pulls_the_model"},
+           "multiworker": MW + "test_fit_gives_identical_weights_on_both_workers_and_pulls_the_model",
+           "sharded": SHARDED + "test_sharded_over_two_engine_processes_equals_one_device"},
     "min_np": {"horovod": "test_horovod_elastic.py::test_fewer_ranks_left_than_min_np_stops_the_run"},
     "max_np": {"horovod": "test_horovod_elastic.py::test_an_engine_registering_mid_run_joins_at_the_next_commit"},
-    "devices": {"mirrored": "test_mirrored.py::test_mirrored_two_logical_cpus_end_to_end"},
+    "devices": {"mirrored": "test_mirrored.py::test_mirrored_two_logical_cpus_end_to_end",
+                "sharded": IN_KERNEL + "sharded"},
+    "mesh": {"sharded": SHARDED + "test_sharded_training_equals_one_device"},
     "timeout": {"default": IN_KERNEL + "default", "mirrored": IN_KERNEL + "mirrored",
-                "tpu": IN_KERNEL + "tpu",
+                "tpu": IN_KERNEL + "tpu", "sharded": IN_KERNEL + "sharded",
                 "horovod": HVD + "test_timeout_reports_busy_ranks_and_leaves_engines_usable",
                 "multiworker": MW + "test_timeout_stops_every_worker_and_the_next_run_restarts_the_engines"},
     "push": {"horovod": HVD + "test_push_and_pull_plain_values_and_clear_errors", "multiworker": MW_OPTIONS},
@@ -39,7 +43,7 @@ HONOURED: dict[str, dict[str, str]] = {
              "multiworker": MW + "test_fit_gives_identical_weights_on_both_workers_and_pulls_the_model"},
     "out": {"horovod": HVD + "test_output_rank0_by_default_all_prefixed_or_none", "multiworker": MW_OPTIONS},
     "checkpoint": {"default": IN_KERNEL + "default", "mirrored": IN_KERNEL + "mirrored",
-                   "tpu": IN_KERNEL + "tpu",
+                   "tpu": IN_KERNEL + "tpu", "sharded": IN_KERNEL + "sharded",
                    "horovod": HVD + "test_interrupt_stops_all_ranks_and_keeps_the_checkpoint",
                    "multiworker": MW_OPTIONS},
     "tensorboard": {name: "test_after_the_run.py::test_tensorboard_reads_every_rank_step_and_epoch_metric"

@@ -168,17 +168,23 @@ def end(flush: bool = True) -> dict[str, Any]:
     return {"seq": feed.seq}
 
 
-def _atomic_checkpoint(path: str):
+def _atomic_checkpoint(path: str, write: bool = True):
     """A Keras callback saving the model to ``path`` after each epoch, atomically: it writes
     a temporary ``.keras`` file and renames it, so a Stop (SIGINT) in the middle of a save
-    leaves the previous epoch's checkpoint intact instead of a truncated archive."""
+    leaves the previous epoch's checkpoint intact instead of a truncated archive. A model
+    sharded over JAX processes is gathered first on every process (:mod:`.gather`); only the
+    process told to ``write`` saves."""
     import keras
 
     class AtomicCheckpoint(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
+            from .gather import save
+
             tmp = f"{path[:-len('.keras')]}.saving-{os.getpid()}.keras"
             try:
-                self.model.save(tmp)
+                save(self.model, tmp, write)
+                if not write:
+                    return
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -203,7 +209,8 @@ def _saves_collectively() -> bool:
 def _checkpointing(directory: str, rank: int = 0):
     """Every ``fit`` inside saves the model to ``directory/last.keras`` after each epoch, on
     rank 0; under MultiWorkerMirroredStrategy the other ranks save alongside, to a scratch
-    folder removed afterwards."""
+    folder removed afterwards; elsewhere they only take part in gathering a model sharded over
+    JAX processes."""
     import keras
 
     if rank == 0:
@@ -217,6 +224,8 @@ def _checkpointing(directory: str, rank: int = 0):
         if rank == 0 or _saves_collectively():
             folder = directory if rank == 0 else scratch.name
             callbacks.append(_atomic_checkpoint(os.path.join(folder, "last.keras")))
+        else:  # a model sharded over JAX processes is gathered on every process (gather.save)
+            callbacks.append(_atomic_checkpoint(os.path.join(directory, "last.keras"), write=False))
         return original(model, *args, callbacks=callbacks, **kwargs)
 
     fit.__wrapped__ = original

@@ -55,6 +55,7 @@ class RunRecord:
         # what the run did before and around training, in order: {"name", "started", "ended",
         # "detail"} ("starting 2 engines", "setting up Horovod", "running the cell", ...)
         self.phases: list[dict[str, Any]] = []
+        self.layout_table = None  # --strategy sharded: where the variables live (layout.LayoutTable)
         self._lock = threading.RLock()
         self._listeners: list[Callable[[str, Any], None]] = []
 
@@ -206,6 +207,11 @@ class RunRecord:
         from .plot import plot
 
         return plot(self, metric, ax=ax, log=log, smooth=smooth)
+
+    def layout(self):
+        """A sharded run's table: each variable's shape, spec and bytes per device (None
+        for other strategies)."""
+        return self.layout_table
 
     def summary(self) -> str:
         done = sum(1 for s in self.ranks.values() if s.state == "done")

@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 #: when nothing else decides ("kernel": the notebook's own namespace; "engines": ipyparallel
 #: engines, one process per rank)
 KINDS: dict[str, str] = {"default": "kernel", "mirrored": "kernel", "tpu": "kernel",
-                         "horovod": "engines", "multiworker": "engines"}
+                         "horovod": "engines", "multiworker": "engines", "sharded": "kernel"}
 STRATEGIES = ("auto", *KINDS)
 ENGINE_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "engines")
 KERNEL_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "kernel")
@@ -39,7 +39,10 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
         help="horovod only: elastic run that takes in engines registering with the cluster "
              "during the run, up to M ranks (they join at the next commit)")),
     (("--devices",), dict(default=None, type=int, metavar="N",
-        help="number of replicas for mirrored (GPUs, or logical CPU devices without GPUs), N >= 1")),
+        help="number of devices for mirrored or sharded (GPUs, or logical CPU devices without GPUs), N >= 1")),
+    (("--mesh",), dict(default=None, metavar="D,M",
+        help="sharded only: the device mesh, data axis D by model axis M (D x M devices); "
+             "default: the smallest model axis the model fits, the rest data")),
     (("--timeout",), dict(default=None, type=float, metavar="SECONDS",
         help="stop the run after SECONDS (> 0), under every strategy: engine ranks still busy are "
              "stopped and named; a cell in the kernel is interrupted (status timeout)")),
@@ -87,6 +90,7 @@ class RunSpec:
     min_np: int | None = None
     max_np: int | None = None
     devices: int | None = None
+    mesh: tuple[int, int] | None = None  # --strategy sharded: (data axis, model axis)
     timeout: float | None = None
     push: tuple[str, ...] = ()
     pull: tuple[str, ...] = ()
@@ -153,7 +157,13 @@ def validate(spec: RunSpec) -> RunSpec:
             raise UsageError(f"--max-np applies to horovod (an elastic Horovod run), not {s}")
     if spec.tensorboard is not None and not spec.telemetry:
         raise UsageError("--tensorboard writes what the telemetry reports; drop --no-telemetry")
-    if s in KERNEL_STRATEGIES:
+    if s == "sharded" and spec.attach:  # engines kdist starts only (no attach tested yet)
+        raise UsageError("--cluster-id and --profile apply to horovod and multiworker, not sharded: "
+                         "sharded starts its own engines with --np N")
+    if s == "sharded" and "np" in given:  # across engine processes
+        if "devices" in given:
+            raise UsageError("--devices applies to sharded in the notebook; across engines give --np N")
+    elif s in KERNEL_STRATEGIES:
         for opt, name in (("--np", "np"), ("--push", "push"), ("--pull", "pull"),
                           ("--cluster-id", "cluster_id"), ("--profile", "profile")):
             if name in given:
@@ -161,13 +171,21 @@ def validate(spec: RunSpec) -> RunSpec:
                     f"{opt} applies to engine strategies (horovod, multiworker), not {s}:\n"
                     f"a {s} cell already runs in the notebook's own namespace"
                     + ("; use --devices N for replicas" if name == "np" else "")
+                    + ("; sharded takes it across engines, with --np N" if s == "sharded" else "")
                 )
         if "out" in given and spec.out != "rank0":
             raise UsageError(f"--out applies to engine strategies (horovod, multiworker), not {s}")
+    if spec.mesh is not None:
+        from .mesh import check_mesh
+
+        if s not in ("auto", "sharded"):
+            raise UsageError(f"--mesh applies to sharded, not {s}")
+        check_mesh(spec.mesh, spec.devices if "devices" in given else None,
+                   spec.np if "np" in given else None)
     if s in ENGINE_STRATEGIES and "devices" in given:
         raise UsageError(f"--devices applies to mirrored; for {s} give the number of ranks with --np N")
     if s in ("default", "tpu") and "devices" in given:
-        raise UsageError(f"--devices applies to mirrored, not {s}")
+        raise UsageError(f"--devices applies to mirrored or sharded, not {s}")
     return spec
 
 
@@ -184,6 +202,11 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
             given.add(key)
         if v is not None:
             values[key] = v
+    if args.mesh is not None:
+        from .mesh import parse_mesh
+
+        given.add("mesh")
+        values["mesh"] = parse_mesh(args.mesh)
     for key in ("push", "pull"):
         raw = getattr(args, key)
         if raw is not None:

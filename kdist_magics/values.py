@@ -69,9 +69,11 @@ def pack(value: Any):
     if isinstance(value, keras.Model):
         import tempfile
 
+        from .gather import save
+
         with tempfile.TemporaryDirectory(prefix="kdist-pull-") as tmp:
             path = os.path.join(tmp, "model.keras")
-            value.save(path)
+            save(value, path)  # a model sharded over JAX processes: gathered, ordinary (collective)
             with open(path, "rb") as f:
                 return ("keras_model", f.read())
     if isinstance(value, keras.callbacks.History):

@@ -156,6 +156,16 @@ else
   say "$VENV is up to date"
 fi
 
+# 3b. keras-hub 0.32 for the sharded tests (a backbone's own layout map), without its
+#     tensorflow-text dependency: that one needs the full `tensorflow` package beside
+#     tensorflow-cpu (the same files twice, 600 MB more). Its models import without it.
+if ! "$PY" -c 'import keras_hub' >/dev/null 2>&1; then
+  say "installing keras-hub 0.32 (without tensorflow-text) into $VENV"
+  venv_install "$PY" --no-deps "keras-hub==0.32.*" \
+    && venv_install "$PY" regex rich "kagglehub!=1.0.1" "kagglesdk==0.1.28" sentencepiece tokenizers \
+    || say "keras-hub did not install: the test of a backbone's own layout map is skipped"
+fi
+
 # 4. Horovod 0.28.1 with Gloo, built against the TensorFlow just installed (patched: see
 #    kdist_magics/patches/); the wheel is cached under ~/.cache/kdist_magics, so a fresh .venv
 #    reuses it in seconds.

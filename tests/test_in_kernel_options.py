@@ -1,5 +1,5 @@
 """``--timeout`` and ``--checkpoint`` under the strategies that run the cell in the kernel
-(``default``, ``mirrored``, ``tpu``): the same meaning as on engines.
+(``default``, ``mirrored``, ``tpu``, ``sharded``): the same meaning as on engines.
 
 Fast tier: the time limit itself (no TensorFlow). Kernel tier: ``default`` and ``tpu`` (a
 fake TPU runtime) in the session shell; ``mirrored --devices 2`` in a real kernel of its own
@@ -120,3 +120,32 @@ def test_timeout_and_checkpoint_under_mirrored(tmp_path):
     finally:
         kern.shutdown()
         kern.cleanup()
+
+
+@pytest.mark.kernel
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_timeout_and_checkpoint_under_sharded(tmp_path):
+    """``--strategy sharded`` runs the cell in the kernel too (Keras on JAX, a 1x2 mesh of
+    ``--devices 2`` of the 4 logical CPU devices JAX has): the same time limit, and a checkpoint equal to the model after its
+    last epoch (gathered from its shards before it is saved)."""
+    from conftest import run_in_fresh_shell
+
+    folder = tmp_path / "ck"
+    r = run_in_fresh_shell(f"""
+        import numpy as np, keras
+        line = "-s sharded --devices 2 --mesh 1,2 --no-dashboard --no-telemetry"
+        value, err = attempt(line + " --timeout 2", {LOOP_20_S!r})
+        out["error"], out["said"] = type(err).__name__, str(err)
+        out["reached"], out["status"] = ip.user_ns["kd_i"], kdist_magics.last_run().status
+        out["devices"] = len(ip.user_ns["strategy"].devices)  # of the 4 JAX has
+        value, err = attempt(line + " --checkpoint {folder}", {FIT_2_EPOCHS!r})
+        assert err is None, repr(err)
+        saved = keras.saving.load_model("{folder / 'last.keras'}").get_weights()
+        out["same"] = all(np.array_equal(a, b) for a, b in zip(saved, ip.user_ns["model"].get_weights()))
+    """, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    assert r["devices"] == 2  # --devices 2
+    assert r["error"] == "KernelRunTimedOut" and "--timeout 2 s" in r["said"], r["said"]
+    assert r["reached"] < 39 and r["status"] == "timeout"
+    assert r["same"] is True, "the checkpoint is not the model after its last epoch"

@@ -32,6 +32,8 @@ def _sample(flags, kwargs) -> str:
         return f"{flag} {[c for c in kwargs['choices'] if c != 'rank0'][-1]}"
     if kwargs.get("type") in (int, float):
         return f"{flag} 2"
+    if kwargs.get("metavar") == "D,M":  # --mesh
+        return f"{flag} 1,2"
     return f"{flag} x"
 
 

@@ -16,6 +16,7 @@ REGISTRY: dict[str, str] = {
     "tpu": ".tpu:TPUStrategy",
     "horovod": ".horovod:HorovodStrategy",
     "multiworker": ".multiworker:for_backend",  # TF or JAX, by the Keras backend
+    "sharded": ".sharded:ShardedStrategy",  # Keras on JAX: ModelParallel over a mesh
 }
 
 

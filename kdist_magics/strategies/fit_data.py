@@ -100,12 +100,15 @@ def shard(parts: dict[str, Any], rank: int, n: int, what: str, say) -> dict[str,
 
 @contextlib.contextmanager
 def process_shards(rank: int, n: int, say=print, fit_callbacks: Callable[[], list] = list,
-                   no_predict: str = ""):
+                   no_predict: str = "", position: Callable[[], tuple[int, int, bool]] | None = None):
     """While open, ``fit``/``evaluate`` given in-memory arrays use process ``rank``'s 1/``n``;
     ``predict`` takes all of its input on every process.
 
     ``fit_callbacks()``: callbacks the backend adds to every ``fit`` (process 0's weights at
-    the start, gradient averaging); ``no_predict``: when set, ``predict`` raises it.
+    the start, gradient averaging); ``no_predict``: when set, ``predict`` raises it;
+    ``position()``: when given, asked at each call for ``(part, parts, replicated)`` instead of
+    ``(rank, n)`` (JAX: the data-axis position, :mod:`.positions`); ``fit_callbacks`` only where
+    the model is ``replicated``.
     """
     once = said_once(say)
 
@@ -123,10 +126,11 @@ def process_shards(rank: int, n: int, say=print, fit_callbacks: Callable[[], lis
             except TypeError:
                 return original(model, *args, **kwargs)
             a = bound.arguments
-            if name == "fit" and n > 1:
+            part, parts, replicated = position() if position is not None else (rank, n, True)
+            if name == "fit" and n > 1 and replicated:
                 a["callbacks"] = list(a.get("callbacks") or []) + list(fit_callbacks())
             x, y, sw = a.get("x"), a.get("y"), a.get("sample_weight")
-            if n == 1 or not _arrays(x, y, sw) or a.get("steps") or a.get("steps_per_epoch"):
+            if parts == 1 or not _arrays(x, y, sw) or a.get("steps") or a.get("steps_per_epoch"):
                 return original(*bound.args, **bound.kwargs)
             if name == "fit":
                 split = float(a.get("validation_split") or 0.0)
@@ -138,11 +142,11 @@ def process_shards(rank: int, n: int, say=print, fit_callbacks: Callable[[], lis
                 val = a.get("validation_data")
                 if isinstance(val, tuple) and _arrays(*val):
                     keys = ("x", "y", "sample_weight")[:len(val)]
-                    part = shard(dict(zip(keys, val)), rank, n, "validation", once)
-                    a["validation_data"] = tuple(part[k] for k in keys)
-            part = shard({"x": x, "y": y, "sample_weight": sw}, rank, n,
-                          "training" if name == "fit" else "evaluation", once)
-            a.update({k: v for k, v in part.items() if k in a or v is not None})
+                    mine = shard(dict(zip(keys, val)), part, parts, "validation", once)
+                    a["validation_data"] = tuple(mine[k] for k in keys)
+            mine = shard({"x": x, "y": y, "sample_weight": sw}, part, parts,
+                         "training" if name == "fit" else "evaluation", once)
+            a.update({k: v for k, v in mine.items() if k in a or v is not None})
             return original(*bound.args, **bound.kwargs)
 
         return method

@@ -27,7 +27,10 @@ ends with the same weights. Per run:
    batch = ``batch_size`` x processes, as under Horovod). Datasets and generators are passed
    through: give each process its own part (``ds.shard(strategy.num_processes,
    strategy.process_index)``). ``predict`` inside the cell raises a clear error (its output
-   spans every process); ``--pull model`` and predict in the kernel.
+   spans every process); ``--pull model`` and predict in the kernel. A distribution the cell
+   sets itself (Keras' guide's ``ModelParallel`` over a ``(1, 2)`` mesh) is honoured: arrays go
+   by this process's position on its data axis (:mod:`.positions`: processes sharing a position
+   get the same rows), with its ``auto_shard_dataset`` off (Keras' own takes tf.data only).
    Inside the cell ``jax.distributed.initialize()`` and ``keras.distribution.initialize()``
    (no arguments, or ones matching the run) are no-ops (:mod:`.launcher_env`).
 4. **After the cell**: the patches go; the process group stays for the next cell. A run
@@ -105,12 +108,17 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
         return ""
 
     # -- hooks -----------------------------------------------------------------
+    def setup_args(self, ctx: RunContext) -> tuple:
+        """More arguments for :func:`_setup` (sharded: the mesh)."""
+        return ()
+
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         import secrets
 
         n = len(ranks)
         seed = secrets.randbelow(2 ** 31)  # one per run, the same on every process
-        ars = [cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind, seed)
+        ars = [cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind, seed,
+                                                       *self.setup_args(ctx))
                for e, rank in zip(cluster.engines, ranks)]
         infos = self._setup_results(ars, ranks, "jax.distributed", self.coordinator, SETUP_TIMEOUT,
                                     "joining jax.distributed failed")
@@ -160,9 +168,11 @@ def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
     return out
 
 
-def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int) -> dict[str, Any]:
+def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
+           mesh: tuple[int, int] | None = None) -> dict[str, Any]:
     """On an engine: join ``jax.distributed`` (once per process), seed Keras alike on every
-    process, bind ``strategy``, shard array inputs."""
+    process, bind ``strategy`` (DataParallel, or ModelParallel over ``mesh``: --strategy
+    sharded), feed array inputs by data-axis position (:mod:`.positions`)."""
     import os
 
     from IPython import get_ipython
@@ -183,16 +193,24 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int)
     # device_put, and older versions silently keep diverging replicas): same seed everywhere.
     keras.utils.set_random_seed(seed)
     devices = jax.devices()
-    distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
+    if mesh is None:
+        distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
+    else:
+        from .sharded import engine_distribution
+
+        distribution = engine_distribution(devices, mesh)
     keras.distribution.set_distribution(distribution)
     strategy = ProcessesStrategy(distribution, devices, jax.process_index(), jax.process_count())
+    from .positions import feeding
+
     stack = contextlib.ExitStack()
     stack.enter_context(process_shards(
         strategy.process_index, strategy.num_processes,
         say=print if strategy.process_index == 0 else (lambda m: None),
         fit_callbacks=lambda: [_from_process_zero()],
         no_predict=(f"kdist: predict() inside a multiworker JAX cell would return an array spread over "
-                    f"{strategy.num_processes} processes; --pull the model and predict in the notebook instead")))
+                    f"{strategy.num_processes} processes; --pull the model and predict in the notebook instead"),
+        position=feeding(distribution, strategy.process_index, strategy.num_processes)))
     # the cell's own jax.distributed.initialize() / keras.distribution.initialize(): the run's
     stack.enter_context(jax_calls(strategy.process_index, strategy.num_processes))
     local = jax.local_device_count()
