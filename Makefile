@@ -8,7 +8,7 @@ COLAB_VENV ?= .venv-colab
 # network namespaces and the pinned-stack installs (both are about this machine, not the stack),
 # PyTorch (Colab's torch comes from its own wheel index, not from its published freeze), and the
 # GPU check's dry run (a script for the lent GPU machine, whose stack is not Colab's).
-COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks and not long and not gpucheck) or classic
+COLAB_TESTS ?= (not horovod and not torch and not netns and not slurm and not browser and not stacks and not long and not gpucheck) or classic
 
 .PHONY: setup lab test test-fast demo bench clean
 
@@ -30,7 +30,7 @@ test:
 
 # The fast tier: no TensorFlow, no engines; seconds.
 test-fast: setup
-	$(PY) -m pytest -m "not kernel and not engines and not notebook and not browser and not classic and not netns and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not kernel and not engines and not notebook and not browser and not classic and not netns and not slurm and not slow" $(PYTEST_ARGS)
 
 demo: setup
 	@$(PY) scripts/demo.py
