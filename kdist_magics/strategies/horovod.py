@@ -70,7 +70,7 @@ class HorovodStrategy(EngineStrategy):
         from ..rendezvous import Rendezvous
 
         hosts = [e.hostname for e in cluster.engines]
-        if cluster.owned:
+        if cluster.loopback:
             address = "127.0.0.1"
         else:
             address = ctx.options.bind_address
@@ -88,7 +88,7 @@ class HorovodStrategy(EngineStrategy):
         self.labels = {i: slot.rank for i, slot in enumerate(self.rendezvous.slots)}
         self.engine_of = dict(enumerate(cluster.engines))  # engine index -> EngineInfo
         self.growth = None
-        if cluster.owned:
+        if cluster.loopback:
             ifaces = [self.rendezvous.iface] * len(hosts)
         else:  # each engine names its own interface towards the rendezvous
             ifaces = cluster.view().apply_sync(route_iface, address)
