@@ -1,0 +1,158 @@
+"""``--launcher slurm`` against a real Slurm (tests/slurm_cluster.py: munge, slurmctld and two
+slurmd nodes, ``kd-host-a`` and ``kd-host-b``, in network namespaces on a bridge).
+
+One job trains across both nodes and is then cancelled from inside the cell (a named death),
+the next cell starts a new job; the refused and the pending job are cheap (no engine starts);
+the kernel's death is a real kernel killed while its job waits in the queue. After every test
+``squeue`` lists nothing of it. Needs root and Debian's slurm-wlm and munge; skipped, saying
+which is missing, elsewhere.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kdist_magics
+from kdist_magics.errors import ClusterError, RankDied
+from slurm_cluster import HELD, MARK, NODES, Slurm, unavailable
+from test_netns import MW_CELL, engine_values
+
+pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.engines, pytest.mark.slow,
+              pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def slurm(shell):
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    cluster = Slurm()
+    ext = kdist_magics._extension
+    saved = ext.bind_address
+    try:
+        cluster.start()
+        ext.bind_address = cluster.hosts.bridge_ip  # the controller and rendezvous the nodes reach
+        yield cluster
+    finally:
+        ext.bind_address = saved
+        shell.run_line_magic("kdist", "stop")
+        pids = [p.pid for p in cluster.procs.values()]
+        cluster.stop()
+        import psutil
+
+        assert not [p for p in pids if psutil.pid_exists(p)
+                    and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], "Slurm processes left"
+        assert cluster.hosts.tag not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                       text=True).stdout
+        assert MARK not in Path("/etc/hosts").read_text()
+
+
+def run(shell, line: str, cell: str):
+    return shell.run_cell_magic("kdist", f"--launcher slurm --no-dashboard {line}", cell)
+
+
+def status(shell) -> str:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        shell.run_line_magic("kdist", "status")
+    return out.getvalue()
+
+
+def test_both_nodes_are_up(slurm):
+    assert slurm.idle() == set(NODES)
+
+
+def test_a_job_slurm_refuses_is_one_line_with_slurms_reason(shell, slurm):
+    with pytest.raises(ClusterError) as info:
+        run(shell, "--strategy multiworker --np 2 --partition nope", "x = 1")
+    assert str(info.value) == "Slurm refused the engines' job: invalid partition specified: nope"
+    assert slurm.queue() == []
+
+
+def test_a_pending_job_is_a_phase_with_slurms_reason_and_timeout_ends_the_wait(shell, slurm):
+    with pytest.raises(ClusterError) as info:
+        run(shell, f"--strategy multiworker --np 2 --partition {HELD} --timeout 3", "x = 1")
+    assert "was still PENDING: PartitionDown after --timeout 3 s; kdist cancelled it" in str(info.value)
+    phases = kdist_magics._extension.last_record.phases
+    queue = [p for p in phases if p["name"] == "waiting in Slurm's queue for 2 engines"]
+    assert queue and "PENDING: PartitionDown, waited" in queue[0]["detail"], phases
+    assert slurm.queue() == []
+
+
+def test_status_shows_the_queue_and_stop_cancels_a_waiting_start(shell, slurm):
+    shell.run_line_magic("kdist", f"start --strategy multiworker --np 2 --launcher slurm --partition {HELD}")
+    deadline = time.monotonic() + 60
+    while "PENDING: PartitionDown, waited" not in (said := status(shell)):
+        assert time.monotonic() < deadline, said
+        time.sleep(0.5)
+    assert slurm.queue() != []
+    shell.run_line_magic("kdist", "stop")
+    assert slurm.queue() == []
+
+
+def test_multiworker_trains_across_the_nodes(shell, slurm):
+    try:
+        run(shell, "--strategy multiworker --np 2", MW_CELL)
+    except Exception:
+        print(slurm.logs())
+        raise
+    facts, weights = engine_values("kd_facts"), engine_values("kd_weights")
+    assert sorted(f["host"] for f in facts) == sorted(NODES)  # one rank on each node
+    workers = facts[0]["tf_config"]["cluster"]["worker"]
+    for rank, f in enumerate(facts):  # each worker listens on its node's address
+        assert workers[rank].rsplit(":", 1)[0] == slurm.hosts.addresses[f["host"]]
+    for w in weights[1:]:
+        for a, b in zip(weights[0], w):
+            np.testing.assert_array_equal(np.array(a), np.array(b))
+    assert facts[0]["loss"][-1] < facts[0]["loss"][0]
+    assert "RUNNING on kd-host-a,kd-host-b" in status(shell)
+
+
+CANCEL_CELL = """
+import os, subprocess, time
+if strategy.cluster_resolver.task_id == 0:
+    subprocess.run(["scancel", os.environ["SLURM_JOB_ID"]])
+time.sleep(120)
+"""
+
+
+def test_a_cancelled_job_is_a_named_death_and_the_next_cell_starts_a_new_job(shell, slurm):
+    strategy = kdist_magics._extension._strategies["multiworker"]
+    job = strategy.cluster.job
+    with pytest.raises(RankDied) as info:
+        run(shell, "--strategy multiworker --np 2", CANCEL_CELL)
+    said = str(info.value)
+    for rank in (0, 1):
+        assert f"rank {rank} on kd-host-" in said
+    assert said.count(": the Slurm job was cancelled") == 2, said
+    run(shell, "--strategy multiworker --np 2", "import os\njob = os.environ['SLURM_JOB_ID']")
+    jobs = engine_values("job")
+    assert jobs[0] == jobs[1] == strategy.cluster.job != job
+    shell.run_line_magic("kdist", "stop")
+    assert slurm.queue() == []
+
+
+def test_the_kernels_death_cancels_its_job(slurm):
+    from kernel_driver import Kernel, isolated_env
+
+    kernel = Kernel(env=isolated_env())
+    try:
+        kernel.check(f"%config KDist.bind_address = '{slurm.hosts.bridge_ip}'")
+        kernel.check(f"%kdist start --strategy multiworker --np 2 --launcher slurm --partition {HELD}")
+        deadline = time.monotonic() + 60
+        while not slurm.queue():
+            assert time.monotonic() < deadline, "the job was never submitted"
+            time.sleep(0.3)
+    finally:
+        kernel.kill()
+    deadline = time.monotonic() + 30
+    while slurm.queue():
+        assert time.monotonic() < deadline, f"left in squeue: {slurm.queue()}"
+        time.sleep(0.5)
