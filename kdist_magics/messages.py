@@ -182,3 +182,11 @@ def slurm_loopback(address: str) -> str:
 
 def phase_queue(n: int) -> str:
     return f"waiting in Slurm's queue for {n} engine{'' if n == 1 else 's'}"
+
+
+def unresolved_hosts(problems: dict[tuple[int, str], list[str]]) -> str:
+    """Ranks that cannot resolve their peers' hostnames (``{(rank, host): [names]}``)."""
+    what = "; ".join(f"rank {r} on {host} cannot resolve {', '.join(names)}"
+                     for (r, host), names in sorted(problems.items()))
+    return (f"{what}. Horovod's Gloo finds each rank by its hostname: every node must resolve every "
+            f"node's name (DNS or /etc/hosts). The cell did not run")

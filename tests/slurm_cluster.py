@@ -20,6 +20,7 @@ for the queue tests). Needs root and the packages; :func:`unavailable` says why 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -157,6 +158,18 @@ class Slurm:
         self.etc_hosts = path.read_text()
         lines = [MARK] + [f"{a} {n}" for n, a in self.hosts.addresses.items()] + [MARK + " end"]
         path.write_text(self.etc_hosts.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
+
+    @contextlib.contextmanager
+    def unresolvable(self, node: str):
+        """While inside: ``node``'s line is out of /etc/hosts (its name resolves nowhere)."""
+        path = Path("/etc/hosts")
+        line = f"{self.hosts.addresses[node]} {node}\n"
+        with_it = path.read_text()
+        path.write_text(with_it.replace(line, ""))
+        try:
+            yield
+        finally:
+            path.write_text(with_it)
 
     def _restore_hosts(self) -> None:
         if self.etc_hosts is not None:

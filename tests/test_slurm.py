@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import kdist_magics
-from kdist_magics.errors import ClusterError, RankDied
+from kdist_magics.errors import ClusterError, KDistError, RankDied
 from slurm_cluster import HELD, MARK, NODES, Slurm, unavailable
-from test_netns import MW_CELL, engine_values
+from test_netns import HVD_CELL, MW_CELL, engine_values
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.engines, pytest.mark.slow,
               pytest.mark.timeout(600)]
@@ -135,6 +135,28 @@ def test_a_cancelled_job_is_a_named_death_and_the_next_cell_starts_a_new_job(she
     run(shell, "--strategy multiworker --np 2", "import os\njob = os.environ['SLURM_JOB_ID']")
     jobs = engine_values("job")
     assert jobs[0] == jobs[1] == strategy.cluster.job != job
+    shell.run_line_magic("kdist", "stop")
+    assert slurm.queue() == []
+
+
+def test_horovod_trains_across_the_nodes_once_every_node_resolves_every_name(shell, slurm):
+    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test "
+                                                     "builds it into .venv)")
+    try:
+        with slurm.unresolvable("kd-host-b"), pytest.raises(KDistError) as info:
+            run(shell, "--strategy horovod --np 2", HVD_CELL)
+        assert "on kd-host-a cannot resolve kd-host-b" in str(info.value)
+        assert "every node must resolve every node's name" in str(info.value)
+        run(shell, "--strategy horovod --np 2", HVD_CELL)  # the same job's engines
+    except Exception:
+        print(slurm.logs())
+        raise
+    facts, weights = engine_values("kd_facts"), engine_values("kd_weights")
+    assert sorted(f["host"] for f in facts) == sorted(NODES)
+    assert [f["local_size"] for f in facts] == [1, 1] and [f["cross_rank"] for f in facts] == [0, 1]
+    for w in weights[1:]:
+        for a, b in zip(weights[0], w):
+            np.testing.assert_array_equal(np.array(a), np.array(b))
     shell.run_line_magic("kdist", "stop")
     assert slurm.queue() == []
 

@@ -78,6 +78,10 @@ class HorovodStrategy(EngineStrategy):
                 raise KDistError(
                     f"the engines run on {len(set(hosts))} hosts but the rendezvous would listen on "
                     f"loopback; set %config KDist.bind_address = '<an address every engine reaches>'")
+        if not cluster.loopback and len(set(hosts)) > 1:
+            from ..hostnames import check
+
+            check(cluster, ranks)  # an unresolvable peer would abort every rank unnamed
         spec = ctx.spec
         elastic = spec.min_np is not None or spec.max_np is not None
         self.min_np = (spec.min_np or len(hosts)) if elastic else None
