@@ -146,6 +146,9 @@ SLURM_ENDED = {"CANCELLED": "the Slurm job was cancelled", "TIMEOUT": "the Slurm
                "OUT_OF_MEMORY": "the Slurm job ran out of memory", "DEADLINE": "the Slurm job missed its deadline"}
 
 
+SLURM_STEP_CANCELLED = "the Slurm job step was cancelled"
+
+
 def slurm_ended(state: str | None) -> str:
     """How a job's engines ended, from the job's final state (None: Slurm no longer knows it)."""
     if state is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import subprocess
 import time
@@ -26,8 +27,8 @@ from traitlets import List, Unicode
 from . import slurm
 from .cluster import EngineCluster, _following, heartbeat_args
 from .errors import ClusterError
-from .messages import (phase_engines, phase_queue, slurm_ended, slurm_ended_early, slurm_gave_up, slurm_loopback, slurm_queued,
-                       slurm_refused)
+from .messages import (SLURM_STEP_CANCELLED, phase_engines, phase_queue, slurm_ended, slurm_ended_early,
+                       slurm_gave_up, slurm_loopback, slurm_queued, slurm_refused)
 
 #: the engines' batch script (ipyparallel fills in the braces)
 BATCH = """#!/bin/sh
@@ -37,6 +38,8 @@ BATCH = """#!/bin/sh
 #SBATCH --export=ALL
 srun --kill-on-bad-exit=0 {program_and_args}
 """
+#: what slurmstepd writes to the job's output when ``scancel JOB.STEP`` ends the engines' step
+STEP_CANCELLED = re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT")
 LOOK_EVERY = 1.0  # seconds between squeue looks while the job waits, and while it runs
 
 
@@ -193,7 +196,11 @@ class SlurmCluster(EngineCluster):
                 return None
             if self.job_state is None:
                 return slurm_ended(None)
-        return slurm_ended(self.job_state.state) if self.job_state.ended else None
+        if not self.job_state.ended:
+            return None
+        if self.job_state.state in ("FAILED", "COMPLETED") and STEP_CANCELLED.search(self._output()):
+            return SLURM_STEP_CANCELLED  # the batch script went on after its srun was cancelled
+        return slurm_ended(self.job_state.state)
 
     def dead(self, settle: bool = False) -> dict[int, str]:
         if (how := self._job_ended()) is not None:

@@ -117,13 +117,13 @@ def test_multiworker_trains_across_the_nodes(shell, slurm):
 
 CANCEL_CELL = """
 import os, subprocess, time
-if strategy.cluster_resolver.task_id == 0:
-    subprocess.run(["scancel", os.environ["SLURM_JOB_ID"]])
+if strategy.cluster_resolver.task_id == 0:  # the engines' step: every engine ends
+    subprocess.run(["scancel", os.environ["SLURM_JOB_ID"] + "." + os.environ["SLURM_STEP_ID"]])
 time.sleep(120)
 """
 
 
-def test_a_cancelled_job_is_a_named_death_and_the_next_cell_starts_a_new_job(shell, slurm):
+def test_a_cancelled_step_is_a_named_death_and_the_next_cell_starts_a_new_job(shell, slurm):
     strategy = kdist_magics._extension._strategies["multiworker"]
     job = strategy.cluster.job
     with pytest.raises(RankDied) as info:
@@ -131,7 +131,7 @@ def test_a_cancelled_job_is_a_named_death_and_the_next_cell_starts_a_new_job(she
     said = str(info.value)
     for rank in (0, 1):
         assert f"rank {rank} on kd-host-" in said
-    assert said.count(": the Slurm job was cancelled") == 2, said
+    assert said.count(": the Slurm job step was cancelled") == 2, said
     run(shell, "--strategy multiworker --np 2", "import os\njob = os.environ['SLURM_JOB_ID']")
     jobs = engine_values("job")
     assert jobs[0] == jobs[1] == strategy.cluster.job != job
