@@ -107,7 +107,10 @@ def gone(job: str, within: float = 15.0) -> bool:
     """Wait until ``squeue`` no longer lists the job as pending, running or completing."""
     deadline = time.monotonic() + within
     while True:
-        state = job_state(job)
+        try:
+            state = job_state(job)
+        except OSError:  # slurmctld does not answer: nothing more to learn here
+            return False
         if state is None or state.ended:
             return True
         if time.monotonic() > deadline:
