@@ -169,9 +169,10 @@ def test_the_kernels_death_cancels_its_job(slurm):
         kernel.check(f"%config KDist.bind_address = '{slurm.hosts.bridge_ip}'")
         kernel.check(f"%kdist start --strategy multiworker --np 2 --launcher slurm --partition {HELD}")
         deadline = time.monotonic() + 60
-        while not slurm.queue():
-            assert time.monotonic() < deadline, "the job was never submitted"
+        while "PENDING: PartitionDown" not in (said := kernel.check("%kdist status").stdout):
+            assert time.monotonic() < deadline, said  # submitted, and waiting (not failed)
             time.sleep(0.3)
+        assert slurm.queue()
     finally:
         kernel.kill()
     deadline = time.monotonic() + 30
