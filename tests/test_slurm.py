@@ -161,6 +161,41 @@ def test_horovod_trains_across_the_nodes_once_every_node_resolves_every_name(she
     assert slurm.queue() == []
 
 
+JAX_CELL = """
+import socket, numpy as np, keras
+rng = np.random.default_rng(0)
+x = rng.normal(size=(64, 4)).astype("float32")
+y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+kd_weights = [w.tolist() for w in model.get_weights()]
+kd_host = socket.gethostname()
+"""
+
+JAX_BODY = """
+ip.run_line_magic("config", "KDist.bind_address = %r")
+value, err = attempt("--launcher slurm --strategy multiworker --np 2 --no-dashboard", %r)
+out["err"] = None if err is None else f"{type(err).__name__}: {err}"
+if err is None:
+    out["cls"] = type(kdist_magics._extension._strategies["multiworker"]).__name__
+    out["weights"], out["hosts"] = by_rank("kd_weights"), by_rank("kd_host")
+ip.run_line_magic("kdist", "stop")
+"""
+
+
+def test_keras_on_jax_trains_across_the_nodes(slurm):
+    pytest.importorskip("jax", reason="JAX is in the jax extra (make test installs it)")
+    from kernel_driver import run_in_fresh_shell
+
+    r = run_in_fresh_shell(JAX_BODY % (slurm.hosts.bridge_ip, JAX_CELL), env={"KERAS_BACKEND": "jax"})
+    assert r["err"] is None, r["err"] + r["_stderr"][-2000:] + slurm.logs()
+    assert r["cls"] == "JaxMultiWorkerStrategy" and sorted(r["hosts"]) == sorted(NODES)
+    for a, b in zip(*r["weights"]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    assert slurm.queue() == []
+
+
 def test_the_kernels_death_cancels_its_job(slurm):
     from kernel_driver import Kernel, isolated_env
 
