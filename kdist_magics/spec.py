@@ -194,7 +194,7 @@ def _check_launcher(spec: RunSpec) -> None:
             raise UsageError(f"{', '.join(named)} applies to --launcher slurm (a cluster kdist submits "
                              f"to Slurm); add --launcher slurm")
         return
-    if spec.strategy in KERNEL_STRATEGIES:
+    if spec.strategy in KERNEL_STRATEGIES and "launcher" in spec.given:
         raise UsageError(f"--launcher slurm starts engines (horovod, multiworker), not {spec.strategy}")
     if spec.attach:
         raise UsageError("--launcher slurm starts a cluster kdist owns; --cluster-id/--profile attach "
@@ -217,6 +217,8 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
     launcher = args.launcher or defaults.get("launcher") or "local"
     if args.launcher is not None:
         given.add("launcher")
+    elif "cluster_id" in values or "profile" in values:
+        launcher = "local"  # attaching: KDist.launcher is for the clusters kdist starts
     values["launcher"] = launcher
     slurm = {name: getattr(args, name) for name in SLURM_OPTIONS}
     given |= {name for name, value in slurm.items() if value is not None}

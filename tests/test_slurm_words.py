@@ -19,6 +19,9 @@ def test_slurm_options_go_to_sbatch_named_first_then_the_free_form_words():
                                  "--ntasks-per-node=4", "--qos", "short"]
     assert parse_line("--strategy multiworker", {"launcher": "slurm"}).slurm == slurm.SlurmOptions()
     assert parse_line("--strategy multiworker").slurm is None
+    # KDist.launcher = 'slurm' is for the clusters kdist starts: attaching and kernel strategies ignore it
+    assert parse_line("--strategy horovod --cluster-id x", {"launcher": "slurm"}).slurm is None
+    assert parse_line("--strategy mirrored", {"launcher": "slurm"}).strategy == "mirrored"
 
 
 @pytest.mark.parametrize("line, words", [
