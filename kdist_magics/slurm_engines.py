@@ -207,6 +207,17 @@ class SlurmCluster(EngineCluster):
             return {e.engine_id: f"on {e.hostname}: {how}" for e in self.engines}
         return super().dead(settle)
 
+    def signal(self, signum: int, engine_ids=None) -> None:
+        """As for any cluster, unless the job has ended: ipyparallel would wait for ever for
+        engines that cannot answer."""
+        if self._job_ended() is None:
+            super().signal(signum, engine_ids)
+
+    def kill(self, engine_ids=None) -> None:
+        """The engines are the job's: cancel it (the next cell submits a new one)."""
+        if self.job is not None:
+            slurm.cancel(self.job)
+
     def _local(self, engine) -> bool:
         return engine.hostname == socket.gethostname()
 
