@@ -11,6 +11,7 @@ which is missing, elsewhere.
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import time
 from contextlib import redirect_stdout
@@ -135,6 +136,19 @@ def test_a_cancelled_step_is_a_named_death_and_the_next_cell_starts_a_new_job(sh
     run(shell, "--strategy multiworker --np 2", "import os\njob = os.environ['SLURM_JOB_ID']")
     jobs = engine_values("job")
     assert jobs[0] == jobs[1] == strategy.cluster.job != job
+    shell.run_line_magic("kdist", "stop")
+    assert slurm.queue() == []
+
+
+@pytest.mark.skipif(os.environ.get("KDIST_SLURM_TIME_LIMIT_TEST") != "1",
+                    reason="about 100 s (Slurm ends a job at its time limit a minute or more after "
+                           "it starts: slurmctld checks limits every ~30 s), too long for CI's budget; "
+                           "KDIST_SLURM_TIME_LIMIT_TEST=1 runs it")
+def test_a_job_at_its_time_limit_is_a_named_death(shell, slurm):
+    """``--time 0:10``: Slurm ends the job at its next look at time limits."""
+    with pytest.raises(KDistError) as info:
+        run(shell, "--strategy multiworker --np 2 --time 0:10", "import time\ntime.sleep(300)")
+    assert "the Slurm job reached its time limit" in str(info.value), str(info.value)
     shell.run_line_magic("kdist", "stop")
     assert slurm.queue() == []
 
