@@ -49,7 +49,7 @@ def unavailable() -> str | None:
 
 
 def _conf(folder: Path, bridge_ip: str, addresses: dict[str, str]) -> str:
-    nodes = "\n".join(f"NodeName={n} NodeAddr={a} CPUs=1 State=UNKNOWN" for n, a in addresses.items())
+    nodes = "\n".join(f"NodeName={n} NodeAddr={a} CPUs=2 State=UNKNOWN" for n, a in addresses.items())
     names = ",".join(addresses)
     return f"""ClusterName=kdist
 SlurmctldHost={socket.gethostname()}({bridge_ip})

@@ -1,10 +1,12 @@
 """``--launcher slurm`` against a real Slurm (tests/slurm_cluster.py: munge, slurmctld and two
 slurmd nodes, ``kd-host-a`` and ``kd-host-b``, in network namespaces on a bridge).
 
-One job trains across both nodes and is then cancelled from inside the cell (a named death),
-the next cell starts a new job; the refused and the pending job are cheap (no engine starts);
-the kernel's death is a real kernel killed while its job waits in the queue. After every test
-``squeue`` lists nothing of it. Needs root and Debian's slurm-wlm and munge; skipped, saying
+One job of four engines (two per node, through ``--sbatch``) trains multiworker across both
+nodes, ranks grouped by node, and then has its step cancelled from inside the cell (a named
+death); the next cell starts a new job. Horovod and Keras on JAX train on a job of one engine
+per node. The refused and the pending job are cheap (no engine starts); the kernel's death is a
+real kernel killed while its job waits in the queue. After every test ``squeue`` lists nothing
+of it. Needs root and Debian's slurm-wlm and munge; skipped, saying
 which is missing, elsewhere.
 """
 
@@ -55,6 +57,11 @@ def slurm(shell):
         assert MARK not in Path("/etc/hosts").read_text()
 
 
+#: one engine on each node, and two on each (Slurm would otherwise fill one node first)
+SPREAD = '--np 2 --sbatch "--ntasks-per-node=1"'
+PAIRS = '--np 4 --sbatch "--ntasks-per-node=2"'
+
+
 def run(shell, line: str, cell: str):
     return shell.run_cell_magic("kdist", f"--launcher slurm --no-dashboard {line}", cell)
 
@@ -100,12 +107,14 @@ def test_status_shows_the_queue_and_stop_cancels_a_waiting_start(shell, slurm):
 
 def test_multiworker_trains_across_the_nodes(shell, slurm):
     try:
-        run(shell, "--strategy multiworker --np 2", MW_CELL)
+        run(shell, f"--strategy multiworker {PAIRS}", MW_CELL)
     except Exception:
         print(slurm.logs())
         raise
     facts, weights = engine_values("kd_facts"), engine_values("kd_weights")
-    assert sorted(f["host"] for f in facts) == sorted(NODES)  # one rank on each node
+    hosts = [f["host"] for f in facts]
+    assert sorted(set(hosts)) == sorted(NODES) and all(hosts.count(n) == 2 for n in NODES)
+    assert hosts[0] == hosts[1] and hosts[2] == hosts[3]  # ranks grouped by node
     workers = facts[0]["tf_config"]["cluster"]["worker"]
     for rank, f in enumerate(facts):  # each worker listens on its node's address
         assert workers[rank].rsplit(":", 1)[0] == slurm.hosts.addresses[f["host"]]
@@ -128,12 +137,12 @@ def test_a_cancelled_step_is_a_named_death_and_the_next_cell_starts_a_new_job(sh
     strategy = kdist_magics._extension._strategies["multiworker"]
     job = strategy.cluster.job
     with pytest.raises(RankDied) as info:
-        run(shell, "--strategy multiworker --np 2", CANCEL_CELL)
+        run(shell, f"--strategy multiworker {PAIRS}", CANCEL_CELL)
     said = str(info.value)
-    for rank in (0, 1):
+    for rank in range(4):
         assert f"rank {rank} on kd-host-" in said
-    assert said.count(": the Slurm job step was cancelled") == 2, said
-    run(shell, "--strategy multiworker --np 2", "import os\njob = os.environ['SLURM_JOB_ID']")
+    assert said.count(": the Slurm job step was cancelled") == 4, said
+    run(shell, f"--strategy multiworker {SPREAD}", "import os\njob = os.environ['SLURM_JOB_ID']")
     jobs = engine_values("job")
     assert jobs[0] == jobs[1] == strategy.cluster.job != job
     shell.run_line_magic("kdist", "stop")
@@ -147,7 +156,7 @@ def test_a_cancelled_step_is_a_named_death_and_the_next_cell_starts_a_new_job(sh
 def test_a_job_at_its_time_limit_is_a_named_death(shell, slurm):
     """``--time 0:10``: Slurm ends the job at its next look at time limits."""
     with pytest.raises(KDistError) as info:
-        run(shell, "--strategy multiworker --np 2 --time 0:10", "import time\ntime.sleep(300)")
+        run(shell, f"--strategy multiworker {SPREAD} --time 0:10", "import time\ntime.sleep(300)")
     assert "the Slurm job reached its time limit" in str(info.value), str(info.value)
     shell.run_line_magic("kdist", "stop")
     assert slurm.queue() == []
@@ -158,10 +167,10 @@ def test_horovod_trains_across_the_nodes_once_every_node_resolves_every_name(she
                                                      "builds it into .venv)")
     try:
         with slurm.unresolvable("kd-host-b"), pytest.raises(KDistError) as info:
-            run(shell, "--strategy horovod --np 2", HVD_CELL)
+            run(shell, f"--strategy horovod {SPREAD}", HVD_CELL)
         assert "on kd-host-a cannot resolve kd-host-b" in str(info.value)
         assert "every node must resolve every node's name" in str(info.value)
-        run(shell, "--strategy horovod --np 2", HVD_CELL)  # the same job's engines
+        run(shell, f"--strategy horovod {SPREAD}", HVD_CELL)  # the same job's engines
     except Exception:
         print(slurm.logs())
         raise
@@ -189,7 +198,7 @@ kd_host = socket.gethostname()
 
 JAX_BODY = """
 ip.run_line_magic("config", "KDist.bind_address = %r")
-value, err = attempt("--launcher slurm --strategy multiworker --np 2 --no-dashboard", %r)
+value, err = attempt("--launcher slurm --strategy multiworker --no-dashboard " + %r, %r)
 out["err"] = None if err is None else f"{type(err).__name__}: {err}"
 if err is None:
     out["cls"] = type(kdist_magics._extension._strategies["multiworker"]).__name__
@@ -202,7 +211,7 @@ def test_keras_on_jax_trains_across_the_nodes(slurm):
     pytest.importorskip("jax", reason="JAX is in the jax extra (make test installs it)")
     from kernel_driver import run_in_fresh_shell
 
-    r = run_in_fresh_shell(JAX_BODY % (slurm.hosts.bridge_ip, JAX_CELL), env={"KERAS_BACKEND": "jax"})
+    r = run_in_fresh_shell(JAX_BODY % (slurm.hosts.bridge_ip, SPREAD, JAX_CELL), env={"KERAS_BACKEND": "jax"})
     assert r["err"] is None, r["err"] + r["_stderr"][-2000:] + slurm.logs()
     assert r["cls"] == "JaxMultiWorkerStrategy" and sorted(r["hosts"]) == sorted(NODES)
     for a, b in zip(*r["weights"]):
