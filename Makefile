@@ -7,9 +7,9 @@ COLAB_VENV ?= .venv-colab
 # the JupyterLab browser tests (Colab's front end is Notebook 6: the classic test runs instead),
 # network namespaces and the pinned-stack installs (both are about this machine, not the stack),
 # PyTorch (Colab's torch comes from its own wheel index, not from its published freeze), and the
-# GPU check's dry run (a script for the lent GPU machine, whose stack is not Colab's), and the docs
-# build (its packages are the docs extra, in .venv only).
-COLAB_TESTS ?= (not horovod and not torch and not netns and not browser and not stacks and not long and not gpucheck and not docs) or classic
+# GPU check's dry run (a script for the lent GPU machine, whose stack is not Colab's), the docs
+# build (its packages are the docs extra, in .venv only) and the Slurm cluster (this machine's).
+COLAB_TESTS ?= (not horovod and not torch and not netns and not slurm and not browser and not stacks and not long and not gpucheck and not docs) or classic
 
 .PHONY: setup lab test test-fast test-quick docs demo bench clean
 
@@ -30,7 +30,7 @@ lab: setup
 test:
 	@PYTEST_ARGS="$(PYTEST_ARGS)" COLAB_TESTS='$(COLAB_TESTS)' bash scripts/test.sh
 
-FAST_TESTS := not kernel and not engines and not notebook and not browser and not classic and not netns and not slow and not docs
+FAST_TESTS := not kernel and not engines and not notebook and not browser and not classic and not netns and not slurm and not slow and not docs
 # The fast tier: no TensorFlow, no engines; under a minute.
 test-fast: setup
 	$(PY) -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)

@@ -117,6 +117,10 @@ class EngineCluster(Liveness):
         self.client = None
         #: called with the number of engines registered so far while :meth:`start` waits
         self.on_registered: Callable[[int], None] | None = None
+        #: a launcher with phases of its own (a Slurm job's queue): called with a phase's name,
+        #: and with more about the current phase, while :meth:`start` waits
+        self.on_phase: Callable[[str], None] | None = None
+        self.on_detail: Callable[[str], None] | None = None
         self.engines: list[EngineInfo] = []
         self._stopped_since: dict[int, float] = {}  # pids of local engines seen stopped (SIGSTOP, ptrace)
         self._ended_why: dict[int, str] = {}  # pids of engines kdist ended, and why (their death's words)
@@ -129,6 +133,15 @@ class EngineCluster(Liveness):
     @property
     def owned(self) -> bool:
         return not self.attached
+
+    @property
+    def loopback(self) -> bool:
+        """The ranks reach each other on this machine's loopback (a cluster kdist started here)."""
+        return self.owned
+
+    def give_up(self) -> None:
+        """Called from another thread: end a :meth:`start` that waits for something else than
+        its own processes (a Slurm job in the queue, :mod:`.slurm_engines`); nothing here."""
 
     @property
     def running(self) -> bool:

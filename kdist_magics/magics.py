@@ -40,6 +40,11 @@ class KDist(Magics):
                     help="seconds after which a run is stopped (None: no limit)").tag(config=True)
     out = CaselessStrEnum(specmod.OUT_MODES, default_value="rank0",
                           help="whose output engine strategies show").tag(config=True)
+    launcher = CaselessStrEnum(specmod.LAUNCHERS, default_value="local",
+                               help="where a cluster kdist starts runs its engines when a cell gives no "
+                                    "--launcher: 'local' (this machine) or 'slurm' (a Slurm job kdist "
+                                    "submits, watches and cancels; the controller listens on "
+                                    "KDist.bind_address, which every node must reach)").tag(config=True)
     dashboard = Bool(True, help="show the live dashboard widget").tag(config=True)
     telemetry = Bool(True, help="attach the telemetry callback to fit()").tag(config=True)
     bind_address = Unicode(RunOptions.bind_address,
@@ -114,7 +119,7 @@ class KDist(Magics):
         return {
             "strategy": self.strategy, "np": self.np, "devices": self.devices,
             "timeout": self.timeout, "out": self.out,
-            "dashboard": self.dashboard, "telemetry": self.telemetry,
+            "dashboard": self.dashboard, "telemetry": self.telemetry, "launcher": self.launcher,
         }
 
     def parse(self, line: str) -> specmod.RunSpec:

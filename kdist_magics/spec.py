@@ -26,6 +26,9 @@ STRATEGIES = ("auto", *KINDS)
 ENGINE_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "engines")
 KERNEL_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "kernel")
 OUT_MODES = ("rank0", "all", "none")
+LAUNCHERS = ("local", "slurm")
+#: the options passed to sbatch (--launcher slurm only)
+SLURM_OPTIONS = ("partition", "time", "account", "gres", "sbatch")
 
 OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--strategy", "-s"), dict(default=None, choices=STRATEGIES, metavar="NAME",
@@ -66,6 +69,15 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
         help="attach to a running ipyparallel cluster with this cluster id (never stopped by kdist)")),
     (("--profile",), dict(default=None, metavar="NAME",
         help="IPython profile of the ipyparallel cluster to attach to")),
+    (("--launcher",), dict(default=None, choices=LAUNCHERS, metavar="WHERE",
+        help="where a cluster kdist starts runs its engines: local (this machine) or slurm (a Slurm "
+             "job kdist submits, watches and cancels; default: %%config KDist.launcher)")),
+    (("--partition",), dict(default=None, metavar="NAME", help="--launcher slurm: sbatch --partition")),
+    (("--time",), dict(default=None, metavar="LIMIT", help="--launcher slurm: sbatch --time (the job's time limit)")),
+    (("--account",), dict(default=None, metavar="NAME", help="--launcher slurm: sbatch --account")),
+    (("--gres",), dict(default=None, metavar="SPEC", help="--launcher slurm: sbatch --gres (gpu:4)")),
+    (("--sbatch",), dict(default=None, metavar="'ARGS'",
+        help="--launcher slurm: more sbatch options in one quoted string, passed to sbatch as they are")),
 )
 
 
@@ -101,6 +113,9 @@ class RunSpec:
     telemetry: bool = True
     cluster_id: str | None = None
     profile: str | None = None
+    launcher: str = "local"
+    #: what ``sbatch`` gets (:class:`~kdist_magics.slurm.SlurmOptions`), with ``--launcher slurm``
+    slurm: Any = None
     #: option names the user wrote on the line (as opposed to defaults)
     given: frozenset[str] = field(default_factory=frozenset)
 
@@ -182,11 +197,29 @@ def validate(spec: RunSpec) -> RunSpec:
             raise UsageError(f"--mesh applies to sharded, not {s}")
         check_mesh(spec.mesh, spec.devices if "devices" in given else None,
                    spec.np if "np" in given else None)
+    _check_launcher(spec)
     if s in ENGINE_STRATEGIES and "devices" in given:
         raise UsageError(f"--devices applies to mirrored; for {s} give the number of ranks with --np N")
     if s in ("default", "tpu") and "devices" in given:
         raise UsageError(f"--devices applies to mirrored or sharded, not {s}")
     return spec
+
+
+def _check_launcher(spec: RunSpec) -> None:
+    if spec.launcher not in LAUNCHERS:
+        raise UsageError(f"--launcher: {spec.launcher!r} is not a launcher; choose from {', '.join(LAUNCHERS)}")
+    if spec.launcher != "slurm":
+        named = [f"--{n}" for n in SLURM_OPTIONS if n in spec.given]
+        if named:
+            raise UsageError(f"{', '.join(named)} applies to --launcher slurm (a cluster kdist submits "
+                             f"to Slurm); add --launcher slurm")
+        return
+    if spec.strategy in KERNEL_STRATEGIES and "launcher" in spec.given:
+        named = " ".join(["--launcher slurm"] + [f"--{n}" for n in SLURM_OPTIONS if n in spec.given])
+        raise UsageError(f"{named} starts engines (horovod, multiworker), not {spec.strategy}")
+    if spec.attach:
+        raise UsageError("--launcher slurm starts a cluster kdist owns; --cluster-id/--profile attach "
+                         "to one somebody started (give one or the other)")
 
 
 def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
@@ -207,6 +240,21 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
 
         given.add("mesh")
         values["mesh"] = parse_mesh(args.mesh)
+    launcher = args.launcher or defaults.get("launcher") or "local"
+    if args.launcher is not None:
+        given.add("launcher")
+    elif "cluster_id" in values or "profile" in values:
+        launcher = "local"  # attaching: KDist.launcher is for the clusters kdist starts
+    values["launcher"] = launcher
+    slurm = {name: getattr(args, name) for name in SLURM_OPTIONS}
+    given |= {name for name, value in slurm.items() if value is not None}
+    if launcher == "slurm":
+        from .slurm import SlurmOptions
+
+        try:
+            values["slurm"] = SlurmOptions.of(**slurm)
+        except ValueError as exc:  # unbalanced quotes in --sbatch
+            raise UsageError(f"--sbatch: cannot read {slurm['sbatch']!r} ({exc})") from None
     for key in ("push", "pull"):
         raw = getattr(args, key)
         if raw is not None:

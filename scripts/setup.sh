@@ -11,7 +11,8 @@
 #                                    constraints: Python 3.13, TF 2.20, IPython 7.34, ipywidgets 7.7,
 #                                    ipyparallel 8.8, Notebook 6.5), no Horovod
 #
-# --browser also makes sure Debian's chromium is present (the widget tests drive it). Set
+# --browser also makes sure Debian's chromium is present (the widget tests drive it), and as root
+# iproute2 and Debian's slurm-wlm and munge (the netns and Slurm tests). Set
 # KDIST_REQUIRE_HOROVOD=1 (make test does) to fail when Horovod cannot be built; otherwise
 # set-up goes on without it and `--strategy horovod` says what is missing.
 set -euo pipefail
@@ -186,6 +187,15 @@ if [ $want_browser = 1 ] && [ "$(id -u)" = 0 ]; then
   missing=()
   command -v ip >/dev/null || missing+=(iproute2)
   command -v unshare >/dev/null || missing+=(util-linux)
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+fi
+
+# 7. The Slurm tests (root only, e.g. CI): Debian's slurmctld/slurmd and munge, started by the
+#    tests themselves (tests/slurm_cluster.py) in a temporary folder; nothing runs after set-up
+if [ $want_browser = 1 ] && [ "$(id -u)" = 0 ]; then
+  missing=()
+  command -v slurmctld >/dev/null && command -v slurmd >/dev/null || missing+=(slurm-wlm)
+  command -v munged >/dev/null || missing+=(munge)
   [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 fi
 say "ready: $VENV ($("$PY" -c '

@@ -98,6 +98,20 @@ def _written_docs() -> list[Path]:
     return pages + [p for p in extra if p.is_file()]
 
 
+def _configured(before: str) -> dict:
+    """The ``%config KDist.name = value`` settings a page shows before a cell line (a page that
+    sets ``KDist.launcher = "slurm"`` then shows cells that take sbatch's options)."""
+    import ast
+
+    settings = {}
+    for name, value in re.findall(r"^%config KDist\.(\w+) = ([^#\n]+)", before, re.M):
+        try:
+            settings[name] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            continue  # a value the page leaves to the reader
+    return settings
+
+
 def test_every_kdist_line_in_the_docs_and_notebooks_parses():
     """A page that shows a cell line the magic would refuse has drifted from the code."""
     from IPython.core.error import UsageError
@@ -115,7 +129,7 @@ def test_every_kdist_line_in_the_docs_and_notebooks_parses():
             if PLACEHOLDER.search(line):
                 continue
             try:
-                parse_line(line)
+                parse_line(line, _configured(text[:match.start()]))
             except UsageError as exc:
                 pytest.fail(f"{path} shows %%kdist {line}, which the magic refuses: {exc}")
             checked += 1

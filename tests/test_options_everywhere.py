@@ -14,7 +14,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from kdist_magics import capabilities
-from kdist_magics.spec import KINDS, OPTIONS, parse_line
+from kdist_magics.spec import KINDS, OPTIONS, SLURM_OPTIONS, parse_line
 
 TESTS = Path(__file__).resolve().parent
 
@@ -24,8 +24,11 @@ def _dest(flags, kwargs) -> str:
 
 
 def _sample(flags, kwargs) -> str:
-    """The option with a valid value that is not its default."""
+    """The option with a valid value that is not its default (sbatch's options with the
+    launcher they belong to)."""
     flag = flags[0]
+    if _dest(flags, kwargs) in SLURM_OPTIONS:
+        return f"--launcher slurm {flag} x"
     if kwargs.get("action") == "store_true":
         return flag
     if kwargs.get("choices"):

@@ -175,6 +175,9 @@ class EngineStrategy(Strategy):
         return facts
 
     def teardown(self) -> None:
+        give_up = getattr(self.cluster, "give_up", None)
+        if give_up is not None:
+            give_up()  # a start waiting in a queue (%kdist start's thread) ends now
         if self.warming is not None:
             self.warming.wait(120)  # a %kdist start under way finishes first
             self.warming = None
@@ -247,10 +250,11 @@ class EngineStrategy(Strategy):
         spec = ctx.spec
         n = self.size(spec)
         news = (lambda text: None) if ctx.quiet else say  # %kdist start's thread prints nothing
-        key = (n, spec.cluster_id, spec.profile)
+        key = (n, spec.cluster_id, spec.profile, spec.slurm)
         cluster = self.cluster
         if cluster is not None and cluster.running:
-            current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile)
+            current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile,
+                       getattr(cluster, "options", None))
             if current != key:
                 news(f"{n} ranks requested; restarting the engines (had {cluster.n})")
                 self.teardown()
@@ -262,7 +266,12 @@ class EngineStrategy(Strategy):
                 else:
                     cluster.stop()
                     self._start(cluster, ctx, cluster.start)
-        if cluster is None or not cluster.running:
+        if (cluster is None or not cluster.running) and spec.slurm is not None:
+            from ..slurm_engines import submit
+
+            cluster = self.cluster = submit(n, ctx, news)
+            self._start(cluster, ctx, cluster.start)
+        elif cluster is None or not cluster.running:
             address = ctx.options.bind_address if spec.attach else "127.0.0.1"
             cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
                                     controller_nice=ctx.options.helper_nice,
@@ -282,10 +291,11 @@ class EngineStrategy(Strategy):
         record, n = ctx.record, cluster.n
         record.phase(phase_engines(n))
         cluster.on_registered = lambda k: record.phase_detail(registered(k, n))
+        cluster.on_phase, cluster.on_detail = record.phase, record.phase_detail
         try:
             start()
         finally:
-            cluster.on_registered = None
+            cluster.on_registered = cluster.on_phase = cluster.on_detail = None
 
     def _prepare(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         """Thread variables, the strategy's environment and each rank's GPU, on every engine

@@ -70,7 +70,7 @@ class HorovodStrategy(EngineStrategy):
         from ..rendezvous import Rendezvous
 
         hosts = [e.hostname for e in cluster.engines]
-        if cluster.owned:
+        if cluster.loopback:
             address = "127.0.0.1"
         else:
             address = ctx.options.bind_address
@@ -78,6 +78,10 @@ class HorovodStrategy(EngineStrategy):
                 raise KDistError(
                     f"the engines run on {len(set(hosts))} hosts but the rendezvous would listen on "
                     f"loopback; set %config KDist.bind_address = '<an address every engine reaches>'")
+        if not cluster.loopback and len(set(hosts)) > 1:
+            from ..hostnames import check
+
+            check(cluster, ranks)  # an unresolvable peer would abort every rank unnamed
         spec = ctx.spec
         elastic = spec.min_np is not None or spec.max_np is not None
         self.min_np = (spec.min_np or len(hosts)) if elastic else None
@@ -88,7 +92,7 @@ class HorovodStrategy(EngineStrategy):
         self.labels = {i: slot.rank for i, slot in enumerate(self.rendezvous.slots)}
         self.engine_of = dict(enumerate(cluster.engines))  # engine index -> EngineInfo
         self.growth = None
-        if cluster.owned:
+        if cluster.loopback:
             ifaces = [self.rendezvous.iface] * len(hosts)
         else:  # each engine names its own interface towards the rendezvous
             ifaces = cluster.view().apply_sync(route_iface, address)

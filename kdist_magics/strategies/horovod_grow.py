@@ -123,7 +123,7 @@ class Growth:
         self.strategy.labels[index] = item["label"]
         self.strategy.engine_of[index] = info
         iface = None
-        if not self.cluster.owned:  # the engine names its own interface towards the kernel
+        if not self.cluster.loopback:  # the engine names its own interface towards the kernel
             from ..network import route_iface
 
             iface = self.cluster.client[eid].apply_sync(route_iface, rdv.address)

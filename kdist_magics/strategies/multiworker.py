@@ -112,7 +112,7 @@ class MultiWorkerStrategy(EngineStrategy):
 
     def _plan(self, cluster: EngineCluster, ctx: RunContext):
         """(ranks, TF_CONFIG per engine) or None when the engines must restart first."""
-        mode = "loopback" if cluster.owned else ctx.options.worker_network
+        mode = "loopback" if cluster.loopback else ctx.options.worker_network
         ars = [cluster.client[e.engine_id].apply_async(_probe, mode) for e in cluster.engines]
         for ar in ars:
             ar.wait(timeout=60)

@@ -76,7 +76,7 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
     # -- plan ------------------------------------------------------------------
     def _plan(self, cluster: EngineCluster, ctx: RunContext) -> str:
         """Choose ranks and the coordinator; '' when ready, else why the engines must restart."""
-        mode = "loopback" if cluster.owned else ctx.options.worker_network
+        mode = "loopback" if cluster.loopback else ctx.options.worker_network
         ars = [cluster.client[e.engine_id].apply_async(_probe, mode) for e in cluster.engines]
         infos = [ar.get(timeout=60) for ar in ars]
         ranks = host_grouped_ranks([e.hostname for e in cluster.engines])

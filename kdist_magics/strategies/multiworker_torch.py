@@ -87,7 +87,7 @@ class TorchMultiWorkerStrategy(ProcessGroupStrategy):
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         import secrets
 
-        mode = "loopback" if cluster.owned else ctx.options.worker_network
+        mode = "loopback" if cluster.loopback else ctx.options.worker_network
         by_rank = dict(zip(ranks, cluster.engines))
         during = "while torch.distributed was set up"
         lead = {by_rank[0].engine_id: 0}

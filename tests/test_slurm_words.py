@@ -1,0 +1,67 @@
+"""``--launcher slurm`` without a Slurm (fast tier): the options, what kdist submits, and how it
+reads Slurm's answers. tests/test_slurm.py runs the same against a real slurmctld."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+
+from kdist_magics import slurm
+from kdist_magics.messages import slurm_ended
+from kdist_magics.spec import parse_line
+
+
+def test_slurm_options_go_to_sbatch_named_first_then_the_free_form_words():
+    spec = parse_line('--strategy horovod --np 8 --launcher slurm --partition gpu --time 1:00:00 '
+                      '--account lab --gres gpu:4 --sbatch "--ntasks-per-node=4 --qos short"')
+    assert spec.launcher == "slurm"
+    assert spec.slurm.args() == ["--partition=gpu", "--time=1:00:00", "--account=lab", "--gres=gpu:4",
+                                 "--ntasks-per-node=4", "--qos", "short"]
+    assert parse_line("--strategy multiworker", {"launcher": "slurm"}).slurm == slurm.SlurmOptions()
+    assert parse_line("--strategy multiworker").slurm is None
+    # KDist.launcher = 'slurm' is for the clusters kdist starts: attaching and kernel strategies ignore it
+    assert parse_line("--strategy horovod --cluster-id x", {"launcher": "slurm"}).slurm is None
+    assert parse_line("--strategy mirrored", {"launcher": "slurm"}).strategy == "mirrored"
+
+
+@pytest.mark.parametrize("line, words", [
+    ("--strategy multiworker --partition gpu", "--partition applies to --launcher slurm"),
+    ("--strategy mirrored --launcher slurm", "--launcher slurm starts engines"),
+    ("--strategy horovod --launcher slurm --cluster-id x", "give one or the other"),
+    ("--strategy horovod --launcher slurm --sbatch \"--a='b\"", "--sbatch: cannot read"),
+])
+def test_slurm_options_that_cannot_apply_are_usage_errors(line, words):
+    with pytest.raises(UsageError, match=words):
+        parse_line(line)
+
+
+def test_a_refusal_is_slurms_first_error_line():
+    stderr = ("sbatch: error: invalid partition specified: nope\n"
+              "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
+    assert slurm.refusal(stderr) == "invalid partition specified: nope"
+    assert slurm.refusal("") == "sbatch failed without saying why"
+
+
+def test_job_states_read_as_slurm_says_them():
+    pending = slurm.JobState("PENDING", "Priority", "")
+    assert pending.waiting and not pending.ended and pending.words() == "PENDING: Priority"
+    running = slurm.JobState("RUNNING", "None", "node[1-2]")
+    assert not running.waiting and not running.ended and running.words() == "RUNNING"
+    assert slurm.JobState("TIMEOUT", "TimeLimit", "node1").ended
+    assert slurm_ended("CANCELLED") == "the Slurm job was cancelled"
+    assert slurm_ended("TIMEOUT") == "the Slurm job reached its time limit"
+    assert slurm_ended("FAILED") == "the Slurm job ended (FAILED)"
+
+
+def test_the_batch_script_runs_one_srun_task_per_engine(tmp_path):
+    from kdist_magics.slurm_engines import SlurmEngines
+
+    (tmp_path / "log").mkdir()
+    launcher = SlurmEngines(profile_dir=str(tmp_path), cluster_id="kdist-x", sbatch_args=["--partition=gpu"])
+    launcher.write_batch_script(4)
+    script = open(launcher.batch_file).read()
+    assert launcher.batch_file.startswith(str(tmp_path))  # not in the notebook's folder
+    assert "#SBATCH --ntasks=4\n" in script and "#SBATCH --export=ALL\n" in script
+    assert script.rstrip().splitlines()[-1].startswith("srun --kill-on-bad-exit=0 ")
+    assert script.rstrip().endswith("-m ipyparallel.engine")
+    assert launcher.find_args() == ["sbatch", "--partition=gpu", launcher.batch_file]
