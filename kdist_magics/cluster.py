@@ -149,56 +149,22 @@ class EngineCluster(Liveness):
 
     def start(self) -> "EngineCluster":
         """Start (owned) or connect (attached) and learn every engine's pid and host."""
-        import ipyparallel as ipp
-
         if self.running:
             return self
         self._stopped_since.clear()
         self._ended_why.clear()
         try:
             if self.owned:
-                self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
-                ip, args = self.ip, heartbeat_args()
-                if self.private:
-                    from .namespace import Namespace
-
-                    self.namespace = Namespace().start()
-                    self._pids_started.add(self.namespace.pid)
-                    ip, args = str(self.namespace.folder / "c"), [*args, "--transport=ipc"]
-                self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=ip,
-                                           controller_args=args, log_level=40, shutdown_atexit=True,
-                                           config=_following(self.controller_nice, self.namespace and self.namespace.pid,
-                                                             self.preload, self.threads, self.n))
-                self.cluster.start_controller_sync()
-                self._exits.attach(self.cluster)  # the controller's exit is known at once
-                hold("controller", self)
-                self.cluster.start_engines_sync()
-                self._exits.attach(self.cluster)  # engine exits are known at once from here on
-                self._pids_started |= set(self._launched())  # (a stopped launcher leaves its set)
-                hold("engines", self)
-                self.client = self.cluster.connect_client_sync()
+                self._start_owned()
             else:
-                kwargs: dict[str, Any] = {}
-                if self.cluster_id is not None:
-                    kwargs["cluster_id"] = self.cluster_id
-                if self.profile is not None:
-                    kwargs["profile"] = self.profile
-                self.client = ipp.Client(**kwargs)
-                self._theirs = self._their_controller()
+                self._connect()
             self._wait_for_engines()
             self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
         except KeyboardInterrupt:
             self.stop()  # interrupted while starting: leave nothing half-started behind
             raise
         except Exception as exc:
-            where = ("the local cluster" if self.owned else
-                     f"cluster {self.cluster_id or ''!s} (profile {self.profile or 'default'})")
-            gone = self.controller_gone() if self.owned and not isinstance(exc, ClusterError) else None
-            self.stop()
-            why = str(exc) if isinstance(exc, ClusterError) else f"{type(exc).__name__}: {exc}"
-            if gone:  # ipyparallel's words for it name a status code
-                why = f"the controller {gone} while the cluster started"
-            raise ClusterError(f"could not start {where} with {self.n} engines: {why}") from exc
+            raise self._start_failed(exc) from exc
         self.starts += 1
         _log_start(self)
         self._identify()
@@ -211,6 +177,54 @@ class EngineCluster(Liveness):
             atexit.register(lambda: ref() is not None and ref().stop())
             self._atexit = True
         return self
+
+    def _start_owned(self) -> None:
+        """Start a controller and ``n`` engines (in a private network when ``private``)."""
+        import ipyparallel as ipp
+
+        self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
+        ip, args = self.ip, heartbeat_args()
+        if self.private:
+            from .namespace import Namespace
+
+            self.namespace = Namespace().start()
+            self._pids_started.add(self.namespace.pid)
+            ip, args = str(self.namespace.folder / "c"), [*args, "--transport=ipc"]
+        self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=ip,
+                                   controller_args=args, log_level=40, shutdown_atexit=True,
+                                   config=_following(self.controller_nice, self.namespace and self.namespace.pid,
+                                                     self.preload, self.threads, self.n))
+        self.cluster.start_controller_sync()
+        self._exits.attach(self.cluster)  # the controller's exit is known at once
+        hold("controller", self)
+        self.cluster.start_engines_sync()
+        self._exits.attach(self.cluster)  # engine exits are known at once from here on
+        self._pids_started |= set(self._launched())  # (a stopped launcher leaves its set)
+        hold("engines", self)
+        self.client = self.cluster.connect_client_sync()
+
+    def _connect(self) -> None:
+        """Connect to a cluster someone else started (``cluster_id``/``profile``)."""
+        import ipyparallel as ipp
+
+        kwargs: dict[str, Any] = {}
+        if self.cluster_id is not None:
+            kwargs["cluster_id"] = self.cluster_id
+        if self.profile is not None:
+            kwargs["profile"] = self.profile
+        self.client = ipp.Client(**kwargs)
+        self._theirs = self._their_controller()
+
+    def _start_failed(self, exc: Exception) -> ClusterError:
+        """Stop what started, and the error that says why the start failed."""
+        where = ("the local cluster" if self.owned else
+                 f"cluster {self.cluster_id or ''!s} (profile {self.profile or 'default'})")
+        gone = self.controller_gone() if self.owned and not isinstance(exc, ClusterError) else None
+        self.stop()
+        why = str(exc) if isinstance(exc, ClusterError) else f"{type(exc).__name__}: {exc}"
+        if gone:  # ipyparallel's words for it name a status code
+            why = f"the controller {gone} while the cluster started"
+        return ClusterError(f"could not start {where} with {self.n} engines: {why}")
 
     def _wait_for_engines(self, every: float = 0.1) -> None:
         """Until ``n`` engines have registered (or the start timeout), telling

@@ -181,14 +181,11 @@ class Dashboard:
     def snapshot(self, with_curves: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(state, curves): what the front end draws, small and JSON-able.
 
-        ``curves`` is None when ``with_curves`` is false (nothing new to draw).
-
-        Long on purpose: one pass over the record under its lock builds the whole widget state
-        (ranks, progress, curves), so the view never mixes two moments.
+        ``curves`` is None when ``with_curves`` is false (nothing new to draw). The record and
+        this view are copied under their locks first, so the view never mixes two moments.
         """
         rec = self.record
         now = self.clock()
-        ranks = []
         with rec._lock:
             rank_states = [(r, vars(s).copy()) for r, s in sorted(rec.ranks.items())]
             progress = dict(rec.progress)
@@ -200,16 +197,17 @@ class Dashboard:
         cpu = {r: s.get("cpu_percent") for r, s in self.latest_sample.items()}
         slow = {s.rank: straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
                 for s in stragglers.find(recent, cpu)}
-        if per_rank:  # ranks report their own progress: the slowest one bounds the run's
-            slowest = min(per_rank, key=lambda p: p.get("step") or 0)
-            progress.update({k: v for k, v in slowest.items() if v is not None})
-            for key in ("total_steps", "epochs", "steps_per_epoch"):
-                values = [p[key] for p in per_rank if p.get(key)]
-                progress[key] = max(values) if values else progress.get(key)
-            starts = [p["fit_started"] for p in per_rank if p.get("fit_started")]
-            progress["fit_started"] = min(starts) if starts else None
-        throughput = 0.0
-        have_throughput = False
+        _slowest_progress(progress, per_rank)
+        ranks, throughput = self._rank_entries(rank_states, timed, slow)
+        state = self._state(now, phases, progress, ranks, throughput, slow)
+        if not with_curves:
+            return state, None
+        return state, self._curves()
+
+    def _rank_entries(self, rank_states, timed, slow) -> tuple[list[dict[str, Any]], float | None]:
+        """One entry per rank for the table; the ranks' summed samples/s (None: none said)."""
+        ranks = []
+        throughput = None
         for r, st in rank_states:
             sample, shared = self._sample_for(r, st.get("device"))
             step = self.latest_step.get(r, {})
@@ -222,40 +220,22 @@ class Dashboard:
                      "wait_step_s": _round(timed[r][1]) if r in timed else None,
                      "straggler": slow.get(r)}
             if sample:
-                gpus = list(sample.get("gpus") or [])
-                dev = str(st.get("device") or "")
-                if shared and gpus and dev.rsplit(":", 1)[-1].isdigit():
-                    idx = int(dev.rsplit(":", 1)[-1])
-                    gpus = [g for g in gpus if g.get("index") == idx] or gpus
-                entry.update({
-                    "host": entry["host"] or sample.get("host"),
-                    "pid": entry["pid"] or sample.get("pid"),
-                    "cpu_percent": _round(sample.get("cpu_percent")),
-                    "cpu_count": sample.get("cpu_count"),
-                    "rss_bytes": sample.get("rss_bytes"),
-                    "gpus": gpus, "tpus": sample.get("tpus") or [],
-                    "accelerator_note": sample.get("accelerator_note"),
-                })
+                _add_sample(entry, sample, st, shared)
             sps = step.get("samples_per_s") or None
             if isinstance(sps, (int, float)) and not shared:
-                throughput += sps
-                have_throughput = True
+                throughput = (throughput or 0.0) + sps
             ranks.append(entry)
+        return ranks, throughput
+
+    def _state(self, now, phases, progress, ranks, throughput, slow) -> dict[str, Any]:
+        """The widget's state from the copies :meth:`snapshot` took."""
+        rec = self.record
         total = progress.get("total_steps")
         done = progress.get("step")
-        fraction = eta = None
-        if isinstance(total, (int, float)) and total and isinstance(done, (int, float)):
-            fraction = min(1.0, done / total)
-            started = progress.get("fit_started")
-            t = progress.get("time")
-            if started and t and t > started and done:
-                rate = done / (t - started)
-                eta = max(0.0, (total - done) / rate - (now - t if rec.status == "running" else 0))
-        if rec.status == "done" and fraction is not None:
-            eta = 0.0
+        fraction, eta = _fraction_eta(progress, rec.status, now)
         failed_ranks = [r for r in ranks if r["state"] == "failed"]
         error = rec.error or next((r["error"] for r in failed_ranks if r["error"]), None)
-        state = {
+        return {
             "status": rec.status, "strategy": rec.strategy, "size": len(ranks),
             "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
@@ -271,19 +251,20 @@ class Dashboard:
                          "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
                          "steps_per_epoch": progress.get("steps_per_epoch"),
                          "eta_s": _round(eta),
-                         "samples_per_s": _round(throughput) if have_throughput else
+                         "samples_per_s": _round(throughput) if throughput is not None else
                          _round(progress.get("samples_per_s")),
                          "steps_per_s": _round(progress.get("steps_per_s"))},
             "ranks": ranks,
         }
-        if not with_curves:
-            return state, None
+
+    def _curves(self) -> dict[str, Any]:
+        """The curves, thinned to ``max_points`` per rank: loss first, validation last."""
         with self._lock:
             names = sorted(self.series, key=lambda k: (k != "loss", k.startswith("val_"), k))
             series = {name: {str(r): _thin(pts, self.max_points)
                              for r, pts in sorted(self.series[name].items())}
                       for name in names}
-        return state, {"names": names, "series": series}
+        return {"names": names, "series": series}
 
     def flush(self) -> bool:
         """Send the current view if anything changed; True when something was sent."""
@@ -376,3 +357,52 @@ def show(record: RunRecord, **kwargs: Any) -> Dashboard:  # kwargs: Dashboard's 
     if colab_widgets_enabled():
         say("enabled Colab's custom widget manager (the dashboard is a third-party widget)")
     return Dashboard(record, **kwargs).display()
+
+
+def _slowest_progress(progress: dict[str, Any], per_rank: list[dict[str, Any]]) -> None:
+    """Where ranks report their own progress, the slowest one bounds the run's (in place)."""
+    if not per_rank:
+        return
+    slowest = min(per_rank, key=lambda p: p.get("step") or 0)
+    progress.update({k: v for k, v in slowest.items() if v is not None})
+    for key in ("total_steps", "epochs", "steps_per_epoch"):
+        values = [p[key] for p in per_rank if p.get(key)]
+        progress[key] = max(values) if values else progress.get(key)
+    starts = [p["fit_started"] for p in per_rank if p.get("fit_started")]
+    progress["fit_started"] = min(starts) if starts else None
+
+
+def _add_sample(entry: dict[str, Any], sample: dict[str, Any], st: dict[str, Any],
+                shared: bool) -> None:
+    """A rank's table entry with its utilisation sample (in-kernel replicas: their own GPU)."""
+    gpus = list(sample.get("gpus") or [])
+    dev = str(st.get("device") or "")
+    if shared and gpus and dev.rsplit(":", 1)[-1].isdigit():
+        idx = int(dev.rsplit(":", 1)[-1])
+        gpus = [g for g in gpus if g.get("index") == idx] or gpus
+    entry.update({
+        "host": entry["host"] or sample.get("host"),
+        "pid": entry["pid"] or sample.get("pid"),
+        "cpu_percent": _round(sample.get("cpu_percent")),
+        "cpu_count": sample.get("cpu_count"),
+        "rss_bytes": sample.get("rss_bytes"),
+        "gpus": gpus, "tpus": sample.get("tpus") or [],
+        "accelerator_note": sample.get("accelerator_note"),
+    })
+
+
+def _fraction_eta(progress: dict[str, Any], status: str, now: float):
+    """(fraction done, seconds left) of the run's steps; None where not known."""
+    total = progress.get("total_steps")
+    done = progress.get("step")
+    fraction = eta = None
+    if isinstance(total, (int, float)) and total and isinstance(done, (int, float)):
+        fraction = min(1.0, done / total)
+        started = progress.get("fit_started")
+        t = progress.get("time")
+        if started and t and t > started and done:
+            rate = done / (t - started)
+            eta = max(0.0, (total - done) / rate - (now - t if status == "running" else 0))
+    if status == "done" and fraction is not None:
+        eta = 0.0
+    return fraction, eta

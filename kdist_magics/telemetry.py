@@ -71,173 +71,193 @@ def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
     several ``fit`` calls in one cell draw one continuous curve (``fit`` says which);
     progress rows count the steps of this ``fit``.
 
-    Long on purpose: the callback class is defined here, when ``fit`` runs, so Keras is imported
-    only then; its methods share the throttle's state.
+    The Keras classes are made when ``fit`` first runs (:func:`_keras_classes`), so Keras is
+    imported only then; their methods are :class:`_Telemetry`'s and :class:`_Mark`'s.
     """
-    import keras
+    callback, mark = _keras_classes()
+    return callback(mark, sink, rank, batch_size, min_interval, clock, step_offset, fit_index)
 
-    class KDistCallback(keras.callbacks.Callback):
-        """Sends loss/metrics/lr/throughput per step (throttled) and per epoch to kdist.
 
-        ``async_safe``: Keras 3 runs batch-end callbacks on a thread pool, off the
-        training loop, only when every callback says it is safe; a callback without it
-        would make every step wait for its logs. Batch ends may therefore arrive on
-        several threads (and slightly out of order): a lock guards the state, and the
-        step number comes from (epoch, batch), not from a counter.
-        """
+_classes: tuple | None = None
 
-        async_safe = True
 
-        def __init__(self):
-            super().__init__()
-            self._lock = threading.Lock()
-            self.rank = rank
-            self.batch_size = batch_size
-            self.min_interval = min_interval
-            self.epoch = 0
-            self.step = 0  # steps done in this fit, over all epochs
-            self.epochs = None
-            self.steps_per_epoch = None
-            self.fit_started = None
-            self._last_emit = None
-            self.lr = None
-            # Reading the optimizer from a batch-end callback is only safe where Keras runs
-            # those on the training thread (TensorFlow); on JAX they run on a thread pool
-            # while the next step may be donating the very buffers, so lr is read at train
-            # begin and epoch ends (training thread, state synced) and reused in between.
-            self._live_lr = keras.backend.backend() == "tensorflow"
-            self._last_emit_step = 0
-            # Step timing: the step begins at the *last* callback's batch begin and ends at the
-            # *first* callback's batch end (``markers``: one goes before the user's callbacks,
-            # one after), so other callbacks' work counts as time between steps. This one stays
-            # after the user's, so it reads their epoch logs (Horovod's averaged metrics).
-            self._timed = keras.backend.backend() != "jax"
-            self._began = self._ended = self._step_ended = None
-            self._in_step = self._between = 0.0
-            self._n_in = self._n_between = 0
-            self.markers = (_StepMark(self, "_step_ended"), _StepMark(self, "_began"))
+def _keras_classes() -> tuple:
+    """``(KDistCallback, _StepMark)``: the mixins below on ``keras.callbacks.Callback``."""
+    global _classes
+    if _classes is None:
+        import keras
 
-        # -- helpers ---------------------------------------------------------
-        def _rates(self, now: float) -> dict[str, Any]:
-            dt = now - self._last_emit if self._last_emit is not None else None
-            steps = self.step - self._last_emit_step
-            if not dt or dt <= 0 or steps <= 0:
-                return {"steps_per_s": None, "samples_per_s": None}
-            sps = steps / dt
-            return {"steps_per_s": sps,
-                    "samples_per_s": sps * self.batch_size if self.batch_size else None}
+        base = keras.callbacks.Callback
+        _classes = (type("KDistCallback", (_Telemetry, base), {"__doc__": _Telemetry.__doc__}),
+                    type("_StepMark", (_Mark, base), {"__doc__": _Mark.__doc__}))
+    return _classes
 
-        def _progress(self, now: float, rates: dict[str, Any]) -> None:
-            total = (self.epochs * self.steps_per_epoch
-                     if self.epochs and self.steps_per_epoch else None)
-            sink("progress", {"rank": rank, "epochs": self.epochs,
-                              "steps_per_epoch": self.steps_per_epoch, "epoch": self.epoch,
-                              "step": self.step, "total_steps": total,
-                              "fit_started": self.fit_started, "time": now, **rates})
 
-        # -- Keras hooks -----------------------------------------------------
-        def on_train_begin(self, logs=None):
-            params = self.params or {}
-            self.epochs = params.get("epochs")
-            self.steps_per_epoch = params.get("steps")
-            self.fit_started = self._last_emit = clock()
+class _Telemetry:
+    """Sends loss/metrics/lr/throughput per step (throttled) and per epoch to kdist.
+
+    ``async_safe``: Keras 3 runs batch-end callbacks on a thread pool, off the
+    training loop, only when every callback says it is safe; a callback without it
+    would make every step wait for its logs. Batch ends may therefore arrive on
+    several threads (and slightly out of order): a lock guards the state, and the
+    step number comes from (epoch, batch), not from a counter.
+    """
+
+    async_safe = True
+
+    def __init__(self, mark, sink, rank, batch_size, min_interval, clock, step_offset, fit_index):
+        import keras
+
+        super().__init__()
+        self._lock = threading.Lock()
+        self._sink, self._clock = sink, clock
+        self._step_offset, self._fit_index = step_offset, fit_index
+        self.rank = rank
+        self.batch_size = batch_size
+        self.min_interval = min_interval
+        self.epoch = 0
+        self.step = 0  # steps done in this fit, over all epochs
+        self.epochs = None
+        self.steps_per_epoch = None
+        self.fit_started = None
+        self._last_emit = None
+        self.lr = None
+        # Reading the optimizer from a batch-end callback is only safe where Keras runs
+        # those on the training thread (TensorFlow); on JAX they run on a thread pool
+        # while the next step may be donating the very buffers, so lr is read at train
+        # begin and epoch ends (training thread, state synced) and reused in between.
+        self._live_lr = keras.backend.backend() == "tensorflow"
+        self._last_emit_step = 0
+        # Step timing: the step begins at the *last* callback's batch begin and ends at the
+        # *first* callback's batch end (``markers``: one goes before the user's callbacks,
+        # one after), so other callbacks' work counts as time between steps. This one stays
+        # after the user's, so it reads their epoch logs (Horovod's averaged metrics).
+        self._timed = keras.backend.backend() != "jax"
+        self._began = self._ended = self._step_ended = None
+        self._in_step = self._between = 0.0
+        self._n_in = self._n_between = 0
+        self.markers = (mark(self, "_step_ended"), mark(self, "_began"))
+
+    # -- helpers ---------------------------------------------------------
+    def _rates(self, now: float) -> dict[str, Any]:
+        dt = now - self._last_emit if self._last_emit is not None else None
+        steps = self.step - self._last_emit_step
+        if not dt or dt <= 0 or steps <= 0:
+            return {"steps_per_s": None, "samples_per_s": None}
+        sps = steps / dt
+        return {"steps_per_s": sps,
+                "samples_per_s": sps * self.batch_size if self.batch_size else None}
+
+    def _progress(self, now: float, rates: dict[str, Any]) -> None:
+        total = (self.epochs * self.steps_per_epoch
+                 if self.epochs and self.steps_per_epoch else None)
+        self._sink("progress", {"rank": self.rank, "epochs": self.epochs,
+                                "steps_per_epoch": self.steps_per_epoch, "epoch": self.epoch,
+                                "step": self.step, "total_steps": total,
+                                "fit_started": self.fit_started, "time": now, **rates})
+
+    # -- Keras hooks -----------------------------------------------------
+    def on_train_begin(self, logs=None):
+        params = self.params or {}
+        self.epochs = params.get("epochs")
+        self.steps_per_epoch = params.get("steps")
+        self.fit_started = self._last_emit = self._clock()
+        self.lr = _learning_rate(self.model)
+        self._last_emit_step = 0
+        self._progress(self.fit_started, {"steps_per_s": None, "samples_per_s": None})
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self._ended = None  # the last epoch's validation is not time between steps
+
+    def _time_step(self, now: float) -> None:
+        began, self._began = self._began, None
+        if not self._timed or began is None:
+            return
+        self._in_step += now - began
+        self._n_in += 1
+        if self._ended is not None:
+            self._between += max(0.0, began - self._ended)
+            self._n_between += 1
+        self._ended = now
+
+    def _timings(self) -> dict[str, Any]:
+        out = {"step_time": self._in_step / self._n_in if self._n_in else None,
+               "gap_time": self._between / self._n_between if self._n_between else None}
+        self._in_step = self._between = 0.0
+        self._n_in = self._n_between = 0
+        return out
+
+    def on_train_batch_end(self, batch, logs=None):
+        now, self._step_ended = self._step_ended or self._clock(), None
+        with self._lock:
+            self._batch_end(batch, logs, now)
+
+    def _batch_end(self, batch, logs, now):
+        self._time_step(now)
+        if self.steps_per_epoch:
+            self.step = max(self.step, self.epoch * self.steps_per_epoch + batch + 1)
+        else:
+            self.step += 1
+        last_of_epoch = self.steps_per_epoch is not None and batch + 1 >= self.steps_per_epoch
+        if (not last_of_epoch and self._last_emit is not None
+                and now - self._last_emit < self.min_interval):
+            return  # throttled: no row
+        rates = self._rates(now)
+        row = {"rank": self.rank, "epoch": self.epoch, "step": self._step_offset + self.step,
+               "batch": batch, "fit": self._fit_index, "time": now, "kind": "step"}
+        row.update({k: _number(v) for k, v in (logs or {}).items()})
+        if self._live_lr:
             self.lr = _learning_rate(self.model)
-            self._last_emit_step = 0
-            self._progress(self.fit_started, {"steps_per_s": None, "samples_per_s": None})
+        row["lr"] = self.lr
+        row.update(rates)
+        row.update(self._timings())
+        self._sink("metric", row)
+        self._progress(now, rates)
+        self._last_emit, self._last_emit_step = now, self.step
 
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-            self._ended = None  # the last epoch's validation is not time between steps
+    def on_epoch_end(self, epoch, logs=None):
+        with self._lock:
+            self._epoch_end(epoch, logs)
 
-        def _time_step(self, now: float) -> None:
-            began, self._began = self._began, None
-            if not self._timed or began is None:
-                return
-            self._in_step += now - began
-            self._n_in += 1
-            if self._ended is not None:
-                self._between += max(0.0, began - self._ended)
-                self._n_between += 1
-            self._ended = now
+    def _epoch_end(self, epoch, logs):
+        now = self._clock()
+        row = {"rank": self.rank, "epoch": epoch, "step": self._step_offset + self.step,
+               "fit": self._fit_index, "time": now, "kind": "epoch"}
+        row.update({k: _number(v) for k, v in (logs or {}).items()})
+        row["lr"] = self.lr = _learning_rate(self.model)
+        elapsed = now - (self.fit_started or now)
+        sps = self.step / elapsed if elapsed > 0 else None
+        row["steps_per_s"] = sps
+        row["samples_per_s"] = sps * self.batch_size if sps and self.batch_size else None
+        self._sink("metric", row)
 
-        def _timings(self) -> dict[str, Any]:
-            out = {"step_time": self._in_step / self._n_in if self._n_in else None,
-                   "gap_time": self._between / self._n_between if self._n_between else None}
-            self._in_step = self._between = 0.0
-            self._n_in = self._n_between = 0
-            return out
+    def on_train_end(self, logs=None):
+        now = self._clock()
+        elapsed = now - (self.fit_started or now)
+        sps = self.step / elapsed if elapsed > 0 and self.step else None
+        self._progress(now, {"steps_per_s": sps, "samples_per_s":
+                             sps * self.batch_size if sps and self.batch_size else None})
 
-        def on_train_batch_end(self, batch, logs=None):
-            now, self._step_ended = self._step_ended or clock(), None
-            with self._lock:
-                self._batch_end(batch, logs, now)
 
-        def _batch_end(self, batch, logs, now):
-            self._time_step(now)
-            if self.steps_per_epoch:
-                self.step = max(self.step, self.epoch * self.steps_per_epoch + batch + 1)
-            else:
-                self.step += 1
-            last_of_epoch = self.steps_per_epoch is not None and batch + 1 >= self.steps_per_epoch
-            if (not last_of_epoch and self._last_emit is not None
-                    and now - self._last_emit < self.min_interval):
-                return  # throttled: no row
-            rates = self._rates(now)
-            row = {"rank": rank, "epoch": self.epoch, "step": step_offset + self.step,
-                   "batch": batch, "fit": fit_index, "time": now, "kind": "step"}
-            row.update({k: _number(v) for k, v in (logs or {}).items()})
-            if self._live_lr:
-                self.lr = _learning_rate(self.model)
-            row["lr"] = self.lr
-            row.update(rates)
-            row.update(self._timings())
-            sink("metric", row)
-            self._progress(now, rates)
-            self._last_emit, self._last_emit_step = now, self.step
+class _Mark:
+    """Stamps the time into ``owner.<field>``: at batch end (``_step_ended``, the first
+    callback: the step has just ended) or at batch begin (``_began``, the last callback:
+    the step starts now)."""
 
-        def on_epoch_end(self, epoch, logs=None):
-            with self._lock:
-                self._epoch_end(epoch, logs)
+    async_safe = True
 
-        def _epoch_end(self, epoch, logs):
-            now = clock()
-            row = {"rank": rank, "epoch": epoch, "step": step_offset + self.step, "fit": fit_index,
-                   "time": now, "kind": "epoch"}
-            row.update({k: _number(v) for k, v in (logs or {}).items()})
-            row["lr"] = self.lr = _learning_rate(self.model)
-            elapsed = now - (self.fit_started or now)
-            sps = self.step / elapsed if elapsed > 0 else None
-            row["steps_per_s"] = sps
-            row["samples_per_s"] = sps * self.batch_size if sps and self.batch_size else None
-            sink("metric", row)
+    def __init__(self, owner, field):
+        super().__init__()
+        self.owner, self.field = owner, field
 
-        def on_train_end(self, logs=None):
-            now = clock()
-            elapsed = now - (self.fit_started or now)
-            sps = self.step / elapsed if elapsed > 0 and self.step else None
-            self._progress(now, {"steps_per_s": sps, "samples_per_s":
-                                 sps * self.batch_size if sps and self.batch_size else None})
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.field == "_began":
+            self.owner._began = self.owner._clock()
 
-    class _StepMark(keras.callbacks.Callback):
-        """Stamps the time into ``owner.<field>``: at batch end (``_step_ended``, the first
-        callback: the step has just ended) or at batch begin (``_began``, the last callback:
-        the step starts now)."""
-
-        async_safe = True
-
-        def __init__(self, owner, field):
-            super().__init__()
-            self.owner, self.field = owner, field
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if self.field == "_began":
-                self.owner._began = clock()
-
-        def on_train_batch_end(self, batch, logs=None):
-            if self.field == "_step_ended":
-                self.owner._step_ended = clock()
-
-    return KDistCallback()
+    def on_train_batch_end(self, batch, logs=None):
+        if self.field == "_step_ended":
+            self.owner._step_ended = self.owner._clock()
 
 
 def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:

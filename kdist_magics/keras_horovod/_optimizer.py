@@ -179,8 +179,9 @@ class _State:
 def _make_class(base_cls, settings: _Settings):
     """A subclass of ``base_cls`` with the same name and module whose ``apply`` allreduces.
 
-    Long on purpose: it follows Horovod's own ``_make_class`` (one subclass of the user's
-    optimizer class, made at run time), so a reader can hold the two side by side."""
+    It follows Horovod's own ``_make_class`` (one subclass of the user's optimizer class, made
+    at run time), so a reader can hold the two side by side; the aggregation over
+    ``backward_passes_per_step`` is :func:`_aggregate`."""
 
     class _DistributedOptimizer(base_cls):
         _kdist_hvd_settings = settings
@@ -205,8 +206,7 @@ def _make_class(base_cls, settings: _Settings):
             else:
                 variables = list(trainable_variables)
             state = self._kdist_hvd
-            k = state.s.backward_passes_per_step
-            if k <= 1:
+            if state.s.backward_passes_per_step <= 1:
                 return super().apply(state.reduce(grads, variables), trainable_variables)
 
             if not self.built:
@@ -214,32 +214,7 @@ def _make_class(base_cls, settings: _Settings):
 
                 with keras.name_scope(self.name, caller=self):
                     self.build(variables)
-            base_apply = super().apply
-            state.ensure_accumulators(grads, variables)
-            dense = [None if g is None else state.dense(g) for g in grads]
-            for acc, g in zip(state.accumulators, dense):
-                if acc is not None and g is not None:
-                    acc.assign_add(tf.cast(g, acc.dtype))
-            state.counter.assign_add(1)
-
-            def allreduce_and_apply():
-                summed = [None if acc is None else acc.read_value() for acc in state.accumulators]
-                reduced = state.reduce(summed, variables)
-                if state.s.average_aggregated_gradients:
-                    reduced = [None if r is None else r / k for r in reduced]
-                base_apply(reduced, trainable_variables)
-                for acc in state.accumulators:
-                    if acc is not None:
-                        acc.assign(tf.zeros_like(acc))
-                state.counter.assign(0)
-                return tf.constant(True)
-
-            def count_only():
-                # Horovod: the optimizer's iterations count every backward pass.
-                self._iterations.assign_add(1)
-                return tf.constant(False)
-
-            tf.cond(tf.equal(state.counter, k), allreduce_and_apply, count_only)
+            _aggregate(self, super().apply, grads, variables, trainable_variables)
             return None
 
     _DistributedOptimizer.__name__ = base_cls.__name__
@@ -249,11 +224,43 @@ def _make_class(base_cls, settings: _Settings):
     return _DistributedOptimizer
 
 
+def _aggregate(opt, base_apply, grads, variables, trainable_variables) -> None:
+    """``backward_passes_per_step`` > 1: add ``grads`` to the accumulators; every k-th pass
+    allreduce the sums and apply them with ``base_apply`` (the base class's ``apply``)."""
+    state = opt._kdist_hvd
+    k = state.s.backward_passes_per_step
+    state.ensure_accumulators(grads, variables)
+    dense = [None if g is None else state.dense(g) for g in grads]
+    for acc, g in zip(state.accumulators, dense):
+        if acc is not None and g is not None:
+            acc.assign_add(tf.cast(g, acc.dtype))
+    state.counter.assign_add(1)
+
+    def allreduce_and_apply():
+        summed = [None if acc is None else acc.read_value() for acc in state.accumulators]
+        reduced = state.reduce(summed, variables)
+        if state.s.average_aggregated_gradients:
+            reduced = [None if r is None else r / k for r in reduced]
+        base_apply(reduced, trainable_variables)
+        for acc in state.accumulators:
+            if acc is not None:
+                acc.assign(tf.zeros_like(acc))
+        state.counter.assign(0)
+        return tf.constant(True)
+
+    def count_only():
+        # Horovod: the optimizer's iterations count every backward pass.
+        opt._iterations.assign_add(1)
+        return tf.constant(False)
+
+    tf.cond(tf.equal(state.counter, k), allreduce_and_apply, count_only)
+
+
 def _settings(name, base_cls, device_dense='', device_sparse='', compression=None,
               sparse_as_dense=False, gradient_predivide_factor=1.0, op=None,
               backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
               groups=None, process_set=None, scale_local_gradients=True):
-    from . import Compression
+    from ._compression import Compression
 
     op = hvd_tf.Average if op is None else op
     if op != hvd_tf.Average and op != hvd_tf.Sum:

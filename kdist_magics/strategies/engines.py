@@ -57,6 +57,7 @@ from ..messages import (PHASE_CELL, PHASE_FINISHING, died_after, phase_engines, 
 from ..placement import default_np
 from ..values import pushable
 from .base import RunContext, Strategy
+from .prepare import prepare_remote as _prepare_remote  # (its old name here, for callers)
 from . import results, waiting
 from .supervisor import RunSupervisor
 
@@ -402,9 +403,3 @@ class EngineStrategy(Strategy):
             return sup.watch(cluster, ranks, ar, spec.timeout, ctx.options.stop_grace)
         finally:
             self.needs_restart = self.needs_restart or sup.needs_restart
-
-
-def _prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine
-    from kdist_magics import engine
-
-    return engine.prepare(env, engine.threads_per_rank(local_size, threads), cwd, gpu, local_size)

@@ -79,19 +79,31 @@ def _pad(x, to: int):
 def divisible_batches(n: int, say: Callable[[str], None] = print):
     """While open, ``keras.Model.fit/evaluate/predict`` keep every batch divisible by ``n``.
 
-    Long on purpose: the three method wrappers share the device count and the said-once
-    messages; apart they would each repeat the argument binding."""
-    once = said_once(say)
+    The three method wrappers share the device count and the said-once messages
+    (:class:`_Divisible`)."""
+    with patched_data_methods(_Divisible(n, say).wrap):
+        yield
 
-    def batch(b: int | None, what: str = "batch_size") -> int:
+
+class _Divisible:
+    """Batch sizes and in-memory data cut to split evenly over ``n`` devices; each message
+    said once."""
+
+    def __init__(self, n: int, say: Callable[[str], None]):
+        self.n = n
+        self.once = said_once(say)
+
+    def batch(self, b: int | None, what: str = "batch_size") -> int:
+        n = self.n
         b = 32 if b is None else int(b)
         if b % n == 0:
             return b
         fixed = max(n, b // n * n)
-        once(f"kdist: {what} {b} does not split over {n} devices; using {fixed} ({fixed // n} per device)")
+        self.once(f"kdist: {what} {b} does not split over {n} devices; using {fixed} ({fixed // n} per device)")
         return fixed
 
-    def trim(parts: dict[str, Any], what: str) -> dict[str, Any]:
+    def trim(self, parts: dict[str, Any], what: str) -> dict[str, Any]:
+        n = self.n
         rows = _rows(parts["x"])
         keep = rows // n * n
         if keep == rows:
@@ -99,11 +111,12 @@ def divisible_batches(n: int, say: Callable[[str], None] = print):
         if keep == 0:
             raise StrategyUnavailable(f"kdist: {rows} {what} samples cannot be split over {n} devices; "
                                       f"give at least {n}")
-        once(f"kdist: leaving out the last {rows - keep} of {rows} {what} samples so every batch "
-             f"splits evenly over {n} devices")
+        self.once(f"kdist: leaving out the last {rows - keep} of {rows} {what} samples so every batch "
+                  f"splits evenly over {n} devices")
         return {k: _map(lambda a: a[:keep], v) for k, v in parts.items()}
 
-    def wrap(name: str, original: Callable) -> Callable:
+    def wrap(self, name: str, original: Callable) -> Callable:
+        """``original`` (``fit``, ``evaluate`` or ``predict``) with its arguments made divisible."""
         signature = inspect.signature(original)
 
         def method(model, *args, **kwargs):
@@ -113,51 +126,65 @@ def divisible_batches(n: int, say: Callable[[str], None] = print):
             except TypeError:
                 return original(model, *args, **kwargs)
             a = bound.arguments
-            x, y, sw = a.get("x"), a.get("y"), a.get("sample_weight")
-            if not _arrays(x, y, sw) or a.get("steps") or a.get("steps_per_epoch"):
+            if (not _arrays(a.get("x"), a.get("y"), a.get("sample_weight")) or a.get("steps")
+                    or a.get("steps_per_epoch")):
                 return original(*bound.args, **bound.kwargs)
             if name == "predict":
-                rows = _rows(x)
-                b = batch(a.get("batch_size"))
-                padded = math.ceil(rows / n) * n
-                a["batch_size"] = b
-                if padded != rows:
-                    a["x"] = _pad(x, padded)
+                rows, padded = self._predict_args(a)
                 out = original(*bound.args, **bound.kwargs)
                 return _map(lambda o: o[:rows], out) if padded != rows else out
-            a["batch_size"] = batch(a.get("batch_size"))
+            a["batch_size"] = self.batch(a.get("batch_size"))
             if name == "fit":
-                split = float(a.get("validation_split") or 0.0)
-                if split and a.get("validation_data") is None:
-                    rows = _rows(x)
-                    at = int(math.floor(rows * (1.0 - split)))
-                    def tail(p):
-                        return _map(lambda v: v[at:], p)
-
-                    def head(p):
-                        return _map(lambda v: v[:at], p)
-
-                    a["validation_data"] = (tail(x), tail(y)) + ((tail(sw),) if sw is not None else ())
-                    x, y, sw = head(x), head(y), head(sw)
-                    a["validation_split"] = 0.0
-                parts = trim({"x": x, "y": y, "sample_weight": sw}, "training")
-                a.update({k: v for k, v in parts.items() if k in a or v is not None})
-                val = a.get("validation_data")
-                if isinstance(val, tuple) and _arrays(*val):
-                    keys = ("x", "y", "sample_weight")[:len(val)]
-                    fixed = trim(dict(zip(keys, val)), "validation")
-                    a["validation_data"] = tuple(fixed[k] for k in keys)
-                    if a.get("validation_batch_size") is not None:
-                        a["validation_batch_size"] = batch(a["validation_batch_size"], "validation_batch_size")
+                self._fit_args(a)
             else:  # evaluate
-                parts = trim({"x": x, "y": y, "sample_weight": sw}, "evaluation")
-                a.update({k: v for k, v in parts.items() if k in a or v is not None})
+                self._trim_args(a, "evaluation")
             return original(*bound.args, **bound.kwargs)
 
         return method
 
-    with patched_data_methods(wrap):
-        yield
+    def _predict_args(self, a: dict[str, Any]) -> tuple[int, int]:
+        """``predict``'s input padded to a multiple of ``n`` rows: (rows, padded rows)."""
+        x = a.get("x")
+        rows = _rows(x)
+        b = self.batch(a.get("batch_size"))
+        padded = math.ceil(rows / self.n) * self.n
+        a["batch_size"] = b
+        if padded != rows:
+            a["x"] = _pad(x, padded)
+        return rows, padded
+
+    def _trim_args(self, a: dict[str, Any], what: str) -> None:
+        parts = self.trim({"x": a.get("x"), "y": a.get("y"), "sample_weight": a.get("sample_weight")},
+                          what)
+        a.update({k: v for k, v in parts.items() if k in a or v is not None})
+
+    def _fit_args(self, a: dict[str, Any]) -> None:
+        """``fit``'s arguments: ``validation_split`` made explicit, then both sets trimmed."""
+        x, y, sw = a.get("x"), a.get("y"), a.get("sample_weight")
+        split = float(a.get("validation_split") or 0.0)
+        if split and a.get("validation_data") is None:
+            rows = _rows(x)
+            at = int(math.floor(rows * (1.0 - split)))
+
+            def tail(p):
+                return _map(lambda v: v[at:], p)
+
+            def head(p):
+                return _map(lambda v: v[:at], p)
+
+            a["validation_data"] = (tail(x), tail(y)) + ((tail(sw),) if sw is not None else ())
+            x, y, sw = head(x), head(y), head(sw)
+            a["validation_split"] = 0.0
+        parts = self.trim({"x": x, "y": y, "sample_weight": sw}, "training")
+        a.update({k: v for k, v in parts.items() if k in a or v is not None})
+        val = a.get("validation_data")
+        if isinstance(val, tuple) and _arrays(*val):
+            keys = ("x", "y", "sample_weight")[:len(val)]
+            fixed = self.trim(dict(zip(keys, val)), "validation")
+            a["validation_data"] = tuple(fixed[k] for k in keys)
+            if a.get("validation_batch_size") is not None:
+                a["validation_batch_size"] = self.batch(a["validation_batch_size"],
+                                                        "validation_batch_size")
 
 
 # -- the strategy ----------------------------------------------------------------

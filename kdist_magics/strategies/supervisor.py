@@ -206,74 +206,90 @@ class RunSupervisor:
         their own errors are seen too), the timeout :class:`RunTimedOut`, an interrupt
         ``KeyboardInterrupt``; each after stopping the ranks still running. Returns rank 0's
         ``execute_result`` content (or None).
-
-        Long on purpose: the supervision loop and its wake-up times are one piece; each exit
-        (death, failure, timeout, interrupt) is a few lines that read best in order.
         """
-        record = self.record
         children = list_children(ar)
+        try:
+            result_content, failures = self._loop(cluster, ranks, children, timeout, grace)
+        except KeyboardInterrupt:
+            say("\ninterrupted; stopping every rank...")
+            self.stop(cluster, ranks, children, grace)
+            self.drain()
+            raise
+        self._trailing_output(ar, ranks, children)
+        result_content = self.drain() or result_content
+        if failures:
+            raise RankFailed(failures, [])
+        return result_content
+
+    def _loop(self, cluster, ranks: list[int], children: list, timeout: float | None,
+              grace: float) -> tuple[Any, dict[int, Any]]:
+        """The supervision loop and its wake-up times, until every rank is done: (rank 0's
+        result content, the ranks that raised). Each way out but the last raises."""
         started = time.monotonic()
         next_death_check = started
         failures: dict[int, Any] = {}
         first_failure = None
         result_content = None
         wait = 0.0
-        try:
-            while True:
-                result_content = self.drain(wait) or result_content
-                if self._settle(ranks, children, failures):
-                    first_failure = first_failure or time.monotonic()
-                now = time.monotonic()
-                gone = self._vanished(now)  # ipyparallel says an engine died: look now
-                if not gone and all(f.done() for r, f in zip(ranks, children) if r not in self.lost):
-                    if self.on_grow is not None:
-                        self.on_grow(True)
-                    break
-                if now >= next_death_check and self.on_grow is not None:
-                    for rank, info, fut in self.on_grow(False):
-                        self.take(cluster, ranks, children, rank, info, fut)
-                if now >= next_death_check or gone:
-                    controller = cluster.controller_gone()
-                    if controller:  # nothing can reach or report from the ranks any more
-                        for rank in ranks:
-                            record.set_rank(rank, state="failed", error=f"the controller {controller}")
-                        self.stop(cluster, ranks, children, grace, hard=True)
-                        self.needs_restart = "the controller died in the previous run"
-                        raise ControllerDied(controller, owned=cluster.owned)
-                    deaths = cluster.dead()
-                    next_death_check = time.monotonic() + DEATH_CHECK
-                    by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
-                    deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items()
-                                      if by_engine[eid] not in self.lost}
-                    if deaths_by_rank and self._go_on(deaths_by_rank):
-                        deaths_by_rank = {}
-                    if deaths_by_rank:
-                        for rank, how in deaths_by_rank.items():
-                            record.set_rank(rank, state="failed", error=f"process {how}")
-                        self.drain()
-                        self.stop(cluster, ranks, children, grace, hard=True)
-                        raise RankDied(deaths_by_rank, owned=cluster.owned)
-                if first_failure and now - first_failure > min(1.0, grace):
-                    stopped = self.stop(cluster, ranks, children, grace)
-                    self.drain()
-                    raise RankFailed(failures, stopped)
-                if timeout and now - started > timeout:
-                    busy = [r for r, f in zip(ranks, children) if not f.done()]
-                    self.stop(cluster, ranks, children, grace)
-                    self.drain()
-                    raise RunTimedOut(timeout, busy)
-                wake = [next_death_check]
-                if first_failure:
-                    wake.append(first_failure + min(1.0, grace))
-                if timeout:
-                    wake.append(started + timeout)
-                wait = min(max(0.0, min(wake) - time.monotonic()), DEATH_CHECK)
-        except KeyboardInterrupt:
-            say("\ninterrupted; stopping every rank...")
-            self.stop(cluster, ranks, children, grace)
+        while True:
+            result_content = self.drain(wait) or result_content
+            if self._settle(ranks, children, failures):
+                first_failure = first_failure or time.monotonic()
+            now = time.monotonic()
+            gone = self._vanished(now)  # ipyparallel says an engine died: look now
+            if not gone and all(f.done() for r, f in zip(ranks, children) if r not in self.lost):
+                if self.on_grow is not None:
+                    self.on_grow(True)
+                return result_content, failures
+            if now >= next_death_check and self.on_grow is not None:
+                for rank, info, fut in self.on_grow(False):
+                    self.take(cluster, ranks, children, rank, info, fut)
+            if now >= next_death_check or gone:
+                next_death_check = self._check_deaths(cluster, ranks, children, grace)
+            if first_failure and now - first_failure > min(1.0, grace):
+                stopped = self.stop(cluster, ranks, children, grace)
+                self.drain()
+                raise RankFailed(failures, stopped)
+            if timeout and now - started > timeout:
+                busy = [r for r, f in zip(ranks, children) if not f.done()]
+                self.stop(cluster, ranks, children, grace)
+                self.drain()
+                raise RunTimedOut(timeout, busy)
+            wake = [next_death_check]
+            if first_failure:
+                wake.append(first_failure + min(1.0, grace))
+            if timeout:
+                wake.append(started + timeout)
+            wait = min(max(0.0, min(wake) - time.monotonic()), DEATH_CHECK)
+
+    def _check_deaths(self, cluster, ranks: list[int], children: list, grace: float) -> float:
+        """Raise :class:`ControllerDied` or :class:`RankDied` (after stopping the ranks) where
+        the controller or an engine the run cannot go on without died; when to look next."""
+        record = self.record
+        controller = cluster.controller_gone()
+        if controller:  # nothing can reach or report from the ranks any more
+            for rank in ranks:
+                record.set_rank(rank, state="failed", error=f"the controller {controller}")
+            self.stop(cluster, ranks, children, grace, hard=True)
+            self.needs_restart = "the controller died in the previous run"
+            raise ControllerDied(controller, owned=cluster.owned)
+        deaths = cluster.dead()
+        next_death_check = time.monotonic() + DEATH_CHECK
+        by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
+        deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items()
+                          if by_engine[eid] not in self.lost}
+        if deaths_by_rank and self._go_on(deaths_by_rank):
+            deaths_by_rank = {}
+        if deaths_by_rank:
+            for rank, how in deaths_by_rank.items():
+                record.set_rank(rank, state="failed", error=f"process {how}")
             self.drain()
-            raise
-        # every rank is done: wait for the trailing output (IOPub idle) and drain it
+            self.stop(cluster, ranks, children, grace, hard=True)
+            raise RankDied(deaths_by_rank, owned=cluster.owned)
+        return next_death_check
+
+    def _trailing_output(self, ar, ranks: list[int], children: list) -> None:
+        """Every rank is done: wait for the trailing output (IOPub idle)."""
         try:
             if not self.lost and len(children) == len(list_children(ar)):
                 ar.wait_for_output(timeout=10)
@@ -283,10 +299,6 @@ class RunSupervisor:
                         fut.output.result(timeout=10)
         except Exception:
             pass
-        result_content = self.drain() or result_content
-        if failures:
-            raise RankFailed(failures, [])
-        return result_content
 
     def take(self, cluster, ranks: list[int], children: list, rank: int, info, fut) -> None:
         """Supervise one more rank from now on (an engine that joined an elastic run): its

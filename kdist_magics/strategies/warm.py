@@ -70,11 +70,11 @@ def warm_remote(threads: int | None, local_size: int, cwd: str | None,
     import importlib
 
     from kdist_magics.placement import visible_gpus
-    from kdist_magics.strategies.engines import _prepare_remote
+    from kdist_magics.strategies.prepare import prepare_remote
 
     if visible_gpus(os.environ):
         return {"imported": [], "skipped": "GPUs here: the framework starts with the first cell"}
-    _prepare_remote({}, threads, local_size, cwd)  # as a run prepares its ranks
+    prepare_remote({}, threads, local_size, cwd)  # as a run prepares its ranks
     t0 = time.monotonic()
     for name in modules:
         importlib.import_module(name)

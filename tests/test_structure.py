@@ -1,0 +1,159 @@
+"""The package's shape: no import cycle among its modules (imports inside functions count),
+no function over 60 lines, and every package says what it owns.
+
+Read with ``ast`` from the files alone (nothing is imported), wherever the modules live, so
+the check holds in any layout of ``kdist_magics/``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kdist_magics"
+MAX_LINES = 60
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """``{dotted name: (file, is a package)}`` for every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+def _target(name: str, modules) -> str | None:
+    """The module an import of ``name`` runs: itself, else its nearest enclosing module."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(name: str, path: Path, is_package: bool, modules) -> dict[str, int]:
+    """``{module of this package: line}`` that ``name`` imports, anywhere in the file."""
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    out: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            wanted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = here[:len(here) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            # ``from pkg import mod`` imports the module ``pkg.mod``; other names come from pkg
+            wanted = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                      for a in node.names]
+        else:
+            continue
+        for target in filter(None, (_target(w, modules) for w in wanted)):
+            if target != name and target.split(".")[0] == PACKAGE.name:
+                out.setdefault(target, node.lineno)
+    return out
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    modules = _modules()
+    return {name: _imports(name, path, pkg, modules) for name, (path, pkg) in modules.items()}
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One closed path per strongly connected group of modules (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_closed_path(graph, set(g), g[0]) for g in groups]
+
+
+def _closed_path(graph, group: set[str], start: str) -> list[str]:
+    """A shortest path ``start -> ... -> start`` inside ``group``."""
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v]):
+                if w == start:
+                    return paths[v] + [start]
+                if w in group and w not in paths:
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    return sorted(group)
+
+
+def long_functions(limit: int = MAX_LINES) -> list[str]:
+    """``path:line qualified.name (N lines)`` for every function longer than ``limit``."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent)
+
+        def walk(node, prefix: str) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    name = f"{prefix}{child.name}"
+                    lines = child.end_lineno - child.lineno + 1
+                    if not isinstance(child, ast.ClassDef) and lines > limit:
+                        found.append(f"{rel}:{child.lineno} {name} ({lines} lines)")
+                    walk(child, name + ".")
+                else:
+                    walk(child, prefix)
+
+        walk(ast.parse(path.read_text(), str(path)), "")
+    return found
+
+
+def test_the_package_is_found_and_its_imports_are_read():
+    graph = import_graph()
+    assert "kdist_magics.magics" in graph and "kdist_magics.strategies" in graph
+    assert any(target.endswith(".errors") for target in graph["kdist_magics.magics"])
+
+
+def test_no_import_cycle_among_the_modules_function_local_imports_included():
+    graph = import_graph()
+    found = [" -> ".join(path) + f"  (line {graph[path[-2]][path[-1]]} of {path[-2]})"
+             for path in cycles(graph)]
+    assert not found, "import cycles:\n" + "\n".join(found)
+
+
+def test_the_cycle_check_sees_a_cycle_through_an_import_inside_a_function():
+    graph = {"p.a": {"p.b": 3}, "p.b": {"p.c": 9}, "p.c": {"p.a": 40}, "p.d": {"p.a": 1}}
+    assert cycles(graph) == [["p.a", "p.b", "p.c", "p.a"]]
+    assert cycles({"p.a": {"p.b": 1}, "p.b": {}}) == []
+
+
+def test_no_function_over_60_lines():
+    found = long_functions()
+    assert not found, f"functions over {MAX_LINES} lines:\n" + "\n".join(found)
+
+
+def test_every_package_says_what_it_owns():
+    bare = [str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("__init__.py"))
+            if not ast.get_docstring(ast.parse(path.read_text()))]
+    assert not bare, "packages without a docstring: " + ", ".join(bare)
