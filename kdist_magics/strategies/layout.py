@@ -242,3 +242,14 @@ def table(user_ns: Mapping[str, Any], mesh: tuple[int, int]) -> LayoutTable:
                 seen.add(id(v))
                 out.optimizer_bytes += _shard_bytes(v.value)
     return out
+
+
+def engine_distribution(devices, mesh):
+    """On an engine (``--strategy sharded --np N``): kdist's ModelParallel over every
+    process's devices."""
+    from .. import messages
+    from ..errors import KDistError
+
+    if mesh[0] * mesh[1] != len(devices):
+        raise KDistError(messages.mesh_for_devices(mesh, len(devices)))
+    return distribution(devices, mesh)

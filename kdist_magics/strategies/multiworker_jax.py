@@ -196,7 +196,7 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
     if mesh is None:
         distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
     else:
-        from .sharded import engine_distribution
+        from .layout import engine_distribution
 
         distribution = engine_distribution(devices, mesh)
     keras.distribution.set_distribution(distribution)

@@ -202,16 +202,6 @@ def on_engines(spec) -> bool:
     return "np" in spec.given or spec.attach
 
 
-def engine_distribution(devices, mesh):
-    """On an engine: kdist's ModelParallel over every process's devices (:mod:`.layout`)."""
-    from ..errors import KDistError
-    from .layout import distribution
-
-    if mesh[0] * mesh[1] != len(devices):
-        raise KDistError(messages.mesh_for_devices(mesh, len(devices)))
-    return distribution(devices, mesh)
-
-
 def engines_strategy():
     """The engine side of ``--strategy sharded --np N``: multiworker's JAX processes
     (:mod:`.multiworker_jax`: jax.distributed, warm engines, data by data-axis position) with
