@@ -91,9 +91,9 @@ def costs(steps_per_s: float) -> dict:
 
     import keras
 
-    from kdist_magics import sampling, telemetry
-    from kdist_magics.dashboard import Dashboard
-    from kdist_magics.record import RunRecord
+    from kdist_magics.watch import sampling, telemetry
+    from kdist_magics.watch.dashboard import Dashboard
+    from kdist_magics.watch.record import RunRecord
 
     rec = RunRecord("horovod", size=2)
     cb = telemetry.make_callback(rec.add, rank=0, batch_size=64)

@@ -59,9 +59,9 @@ autodoc_default_options = {"show-inheritance": False}
 # are not linked (no intersphinx: the build is offline)
 nitpicky = True
 nitpick_ignore_regex = [
-    ("py:class", r"(typing|collections\.abc|_stragglers|kdist_magics\.stragglers)\..*"),
+    ("py:class", r"(typing|collections\.abc|_stragglers|kdist_magics\.watch\.stragglers)\..*"),
     ("py:class", r"(Any|Callable|Straggler|optional|keras\..*|tensorflow\..*|horovod\..*)"),
-    ("py:mod", r"kdist_magics\.stragglers"),  # named in RunRecord.stragglers, not documented here
+    ("py:mod", r"kdist_magics\.watch\.stragglers"),  # named in RunRecord.stragglers, not documented here
     ("py:func", r"hosts_added"),  # kdist_magics.keras_horovod.elastic's docstring
 ]
 

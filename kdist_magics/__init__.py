@@ -45,7 +45,7 @@ def unload_ipython_extension(ipython):
 
 
 def last_run():
-    """The :class:`~kdist_magics.record.RunRecord` of the latest ``%%kdist`` run, or None."""
+    """The :class:`~kdist_magics.watch.record.RunRecord` of the latest ``%%kdist`` run, or None."""
     if _extension is None:
         return None
     return _extension.last_record

@@ -106,7 +106,7 @@ def gpu_count() -> int:
     import subprocess
 
     try:
-        from .hardware import detect_gpus
+        from .choose.hardware import detect_gpus
 
         found = len(detect_gpus({}))
     except Exception:

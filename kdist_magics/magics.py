@@ -1,7 +1,7 @@
 """The ``%%kdist`` cell magic and ``%kdist`` line magic: parse, choose, run.
 
 One execute path: line -> :class:`~kdist_magics.spec.RunSpec` -> strategy ->
-:class:`~kdist_magics.record.RunRecord`. Defaults are traitlets, so
+:class:`~kdist_magics.watch.record.RunRecord`. Defaults are traitlets, so
 ``%config KDist.np = 4`` works.
 """
 
@@ -13,14 +13,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
-from . import namespace
+from .cluster import namespace
 from . import spec as specmod
 from .errors import CellFailed, KDistError
 from .messages import EXPOSED, LINE_COMMANDS, PHASE_CELL, line_help, say, shared_host, tensorboard_line, warm_started
-from .placement import RANK_GPUS
+from .cluster.placement import RANK_GPUS
 from .strategies.base import RunOptions
-from .record import RunRecord
-from .tf_logs import quiet_info
+from .watch.record import RunRecord
+from .watch.tf_logs import quiet_info
 
 
 
@@ -155,12 +155,12 @@ class KDist(Magics):
         for observe in list(self._observers):
             observe(record)
         if spec.tensorboard:
-            from .tensorboard import attach
+            from .watch.tensorboard import attach
 
             events = attach(record, spec.tensorboard)
             say(tensorboard_line(str(events.directory)))
         if spec.dashboard:
-            from .dashboard import show
+            from .watch.dashboard import show
 
             show(record, nice=self.helper_nice)  # a live view; finalises itself when the record ends
         return self.execute(strategy, cell, spec, record)
@@ -175,7 +175,7 @@ class KDist(Magics):
             self._sharing_said = True  # once per kernel: what other users here could reach
             why = namespace.unavailable() if self.private_network else None
             if why or not self.private_network:
-                from .peers import other_users
+                from .cluster.peers import other_users
 
                 uids = other_users()
                 if uids:
@@ -204,7 +204,7 @@ class KDist(Magics):
 
     def choose(self, spec: specmod.RunSpec) -> tuple[specmod.RunSpec, str]:
         """Resolve ``--strategy auto``."""
-        from .advisor import choose, hardware_for
+        from .choose.advisor import choose, hardware_for
 
         name, reason = choose(self.shell.user_ns, spec, hardware=hardware_for(self))
         return spec.with_strategy(name), reason
@@ -275,7 +275,7 @@ class KDist(Magics):
             "engines start again with the next cell")
 
     def _cmd_advise(self, rest: str):
-        from .advisor import advise, hardware_for
+        from .choose.advisor import advise, hardware_for
 
         return advise(self.shell.user_ns, self.parse(rest), hardware=hardware_for(self))
 

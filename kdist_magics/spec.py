@@ -114,7 +114,7 @@ class RunSpec:
     cluster_id: str | None = None
     profile: str | None = None
     launcher: str = "local"
-    #: what ``sbatch`` gets (:class:`~kdist_magics.slurm.SlurmOptions`), with ``--launcher slurm``
+    #: what ``sbatch`` gets (:class:`~kdist_magics.cluster.slurm.SlurmOptions`), with ``--launcher slurm``
     slurm: Any = None
     #: option names the user wrote on the line (as opposed to defaults)
     given: frozenset[str] = field(default_factory=frozenset)
@@ -191,7 +191,7 @@ def validate(spec: RunSpec) -> RunSpec:
         if "out" in given and spec.out != "rank0":
             raise UsageError(f"--out applies to engine strategies (horovod, multiworker), not {s}")
     if spec.mesh is not None:
-        from .mesh import check_mesh
+        from .strategies.mesh import check_mesh
 
         if s not in ("auto", "sharded"):
             raise UsageError(f"--mesh applies to sharded, not {s}")
@@ -236,7 +236,7 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
         if v is not None:
             values[key] = v
     if args.mesh is not None:
-        from .mesh import parse_mesh
+        from .strategies.mesh import parse_mesh
 
         given.add("mesh")
         values["mesh"] = parse_mesh(args.mesh)
@@ -249,7 +249,7 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
     slurm = {name: getattr(args, name) for name in SLURM_OPTIONS}
     given |= {name for name, value in slurm.items() if value is not None}
     if launcher == "slurm":
-        from .slurm import SlurmOptions
+        from .cluster.slurm import SlurmOptions
 
         try:
             values["slurm"] = SlurmOptions.of(**slurm)

@@ -3,7 +3,7 @@
 Strategies: ``horovod``, ``multiworker`` (TensorFlow), ``jax`` and ``torch`` (multiworker
 with the kernel's ``KERAS_BACKEND`` set to that). Shared by ``tests/test_fault_matrix.py`` (which asserts the outcomes) and
 ``benchmarks/failure_times.py --matrix`` (which prints them with their times). kdist's
-phase barrier (:mod:`kdist_magics.faults`) holds the kernel at the phase; the fault is done
+phase barrier (:mod:`kdist_magics.engine.faults`) holds the kernel at the phase; the fault is done
 to the processes the barrier names; the hold is released; then: what the cell gave back
 and how fast, which of the processes kdist started are left, and whether the next cell
 works.
@@ -130,7 +130,7 @@ KERNEL_CASES_BENCH_ONLY = {("multiworker", "init", "kernel-restart")}
 
 
 class Holds:
-    """The test's side of :mod:`kdist_magics.faults`: arm a phase, wait for it, release it."""
+    """The test's side of :mod:`kdist_magics.engine.faults`: arm a phase, wait for it, release it."""
 
     def __init__(self, directory: Path):
         self.dir = Path(directory)
@@ -291,7 +291,7 @@ class Taken:
     network namespace of holder ``netns`` (or stays on the host's without one)."""
 
     CODE = ("import socket, sys, time\n"
-            "from kdist_magics.namespace import enter\n"
+            "from kdist_magics.cluster.namespace import enter\n"
             "if sys.argv[3] != 'None':\n    enter(int(sys.argv[3]))\n"
             "s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n"
             "print('listening', flush=True); time.sleep(3600)")

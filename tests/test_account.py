@@ -12,7 +12,7 @@ from conftest import ROOT
 TINY = '''
 import os, time, pytest
 from types import SimpleNamespace
-from kdist_magics import cluster
+from kdist_magics.cluster import cluster
 
 
 def test_fast_one():
@@ -63,7 +63,7 @@ def test_a_session_writes_tiers_slowest_tests_and_clusters_and_the_script_prints
 
 
 def test_the_cluster_log_never_fails_a_run(monkeypatch, tmp_path):
-    from kdist_magics import cluster
+    from kdist_magics.cluster import cluster
 
     monkeypatch.setenv("KDIST_CLUSTER_LOG", str(tmp_path / "no" / "such" / "folder" / "log"))
     cluster._log_start(SimpleNamespace(owned=True, n=2))  # a folder that is not there: no error

@@ -11,10 +11,10 @@ import types
 import pytest
 from IPython.core.error import UsageError
 
-from kdist_magics import advisor, facts
-from kdist_magics.advisor import RULES, Advice, choose, decide, facts_for
+from kdist_magics.choose import advisor, facts
+from kdist_magics.choose.advisor import RULES, Advice, choose, decide, facts_for
 from kdist_magics.errors import StrategyUnavailable
-from kdist_magics.hardware import GiB, GPU, Hardware, detect, detect_gpus, detect_tpu
+from kdist_magics.choose.hardware import GiB, GPU, Hardware, detect, detect_gpus, detect_tpu
 from kdist_magics.spec import parse_line
 
 
@@ -224,7 +224,7 @@ def test_model_and_data_from_the_namespace(monkeypatch):
 def test_inspection_imports_nothing_heavy():
     code = (
         "import sys, numpy as np\n"
-        "from kdist_magics.advisor import advise\n"
+        "from kdist_magics.choose.advisor import advise\n"
         "a = advise({'x': np.zeros((100, 10))}, None)\n"
         "assert a.strategy == 'default', a\n"
         "heavy = [m for m in ('tensorflow', 'keras', 'jax', 'horovod') if m in sys.modules]\n"
@@ -265,7 +265,7 @@ def test_kdist_hardware_env_simulates(monkeypatch):
 def test_detect_here_is_plain_and_cheap():
     code = (
         "import sys, json\n"
-        "from kdist_magics.hardware import detect, horovod_importable\n"
+        "from kdist_magics.choose.hardware import detect, horovod_importable\n"
         "import importlib.util\n"
         "hw = detect(env={})\n"
         "assert hw.cpu_cores >= 1 and hw.tpu is None and hw.source == 'detected', hw\n"

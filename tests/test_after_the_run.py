@@ -7,8 +7,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from kdist_magics import spec as specmod
-from kdist_magics import tensorboard as tb
-from kdist_magics.record import RunRecord
+from kdist_magics.watch import tensorboard as tb
+from kdist_magics.watch.record import RunRecord
 
 
 def _feed(rec: RunRecord, ranks: int = 2, epochs: int = 3, steps: int = 4) -> None:

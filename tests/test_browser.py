@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from kdist_magics.network import free_port
+from kdist_magics.cluster.network import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from kdist_magics import engine, values
-from kdist_magics import feed as feed_mod
-from kdist_magics.cluster import EngineCluster, EngineInfo
-from kdist_magics.exits import describe_exit, exiting
+from kdist_magics.engine import engine, values
+from kdist_magics.engine import feed as feed_mod
+from kdist_magics.cluster.cluster import EngineCluster, EngineInfo
+from kdist_magics.cluster.exits import describe_exit, exiting
 from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
-from kdist_magics.record import RunRecord
+from kdist_magics.watch.record import RunRecord
 from kdist_magics.strategies.engines import EngineStrategy
 from kdist_magics.strategies.supervisor import Printer as _Printer, RunSupervisor
 
@@ -31,7 +31,7 @@ def test_exit_status_words():
 
 def test_engine_module_imports_without_tensorflow():
     out = subprocess.run([sys.executable, "-c",
-                          "import kdist_magics.engine, kdist_magics.cluster, "
+                          "import kdist_magics.engine.engine, kdist_magics.cluster.cluster, "
                           "kdist_magics.strategies.engines; "
                           + python_without("tensorflow", "keras", "horovod", "ipyparallel")],
                          capture_output=True, text=True, timeout=60)
@@ -276,7 +276,7 @@ def test_a_process_being_killed_reads_as_exiting(tmp_path):
 
 
 def test_an_engine_being_torn_down_counts_as_dead_before_its_status_says_so(monkeypatch):
-    from kdist_magics import liveness
+    from kdist_magics.cluster import liveness
 
     procs = [_sleeper(), _sleeper()]
     try:
@@ -348,7 +348,7 @@ class _FakeEngineCluster:
     def controller_gone(self):
         return None  # its controller runs (EngineCluster.controller_gone)
 
-    from kdist_magics.liveness import Liveness
+    from kdist_magics.cluster.liveness import Liveness
 
     why_restart = Liveness.why_restart  # the real rule, over this fake's dead/controller_gone/namespace
 
@@ -405,7 +405,7 @@ def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch
 def test_route_iface_names_the_interface_towards_an_address():
     import psutil
 
-    from kdist_magics.network import route_iface
+    from kdist_magics.cluster.network import route_iface
 
     assert route_iface("127.0.0.1") in psutil.net_if_addrs()
     assert route_iface("127.0.0.1") == "lo"
@@ -486,13 +486,13 @@ def test_what_a_quick_rank_sent_before_kdist_listened_is_not_lost():
 
 
 def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp_path):
-    """kdist_magics.follow, as the controller's and every engine's launcher command: the watch is
+    """kdist_magics.cluster.follow, as the controller's and every engine's launcher command: the watch is
     in place before the module runs, and takes the module's children along."""
     import os
 
     import psutil
 
-    from kdist_magics.follow import command
+    from kdist_magics.cluster.follow import command
     from kernel_driver import wait_gone
 
     (tmp_path / "kd_follow_probe.py").write_text(
@@ -507,7 +507,7 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
     try:
         cmd = command("kd_follow_probe", kernel.pid, psutil.Process(kernel.pid).create_time(),
                       preload=("wave",), threads=1, ranks=engine.cpu_count() + 1)
-        assert cmd[1:3] == ["-m", "kdist_magics.follow"] and cmd[-1] == "kd_follow_probe"
+        assert cmd[1:3] == ["-m", "kdist_magics.cluster.follow"] and cmd[-1] == "kd_follow_probe"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
                "CUDA_VISIBLE_DEVICES": ""}
         out = tmp_path / "child.txt"
@@ -560,7 +560,7 @@ def test_a_run_sets_the_thread_rule_for_the_ranks_on_its_host(monkeypatch):
 
 
 def test_preload_imports_after_the_thread_variables_and_leaves_gpus_and_failures_to_the_run():
-    code = ("import os, sys\nfrom kdist_magics.follow import preload\n"
+    code = ("import os, sys\nfrom kdist_magics.cluster.follow import preload\n"
             "said = preload(['wave', 'kd_no_such_module', 'json'], 2)\n"
             "print(said, '|', os.environ.get('TF_NUM_INTRAOP_THREADS'), os.environ.get('TF_NUM_INTEROP_THREADS'),"
             " 'wave' in sys.modules)")
@@ -573,7 +573,7 @@ def test_preload_imports_after_the_thread_variables_and_leaves_gpus_and_failures
 
 
 def test_an_owned_cluster_preloads_its_framework_and_beats_its_heart_often():
-    from kdist_magics.cluster import HEARTBEAT_MISSES, HEARTBEAT_MS, _following, heartbeat_args
+    from kdist_magics.cluster.cluster import HEARTBEAT_MISSES, HEARTBEAT_MS, _following, heartbeat_args
 
     cluster = EngineCluster(4, preload=("tensorflow",))
     assert cluster.threads == max(1, engine.cpu_count() // 4)  # the run's rule
@@ -598,7 +598,7 @@ def test_a_local_engine_left_stopped_is_ended_and_its_death_says_why(monkeypatch
     import sys
     import time
 
-    from kdist_magics import cluster as cluster_mod, liveness
+    from kdist_magics.cluster import cluster as cluster_mod, liveness
 
     monkeypatch.setattr(liveness, "FROZEN_AFTER", 0.5)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -628,7 +628,7 @@ def test_a_stopped_engine_of_an_attached_cluster_counts_as_lost_but_is_never_end
     import sys
     import time
 
-    from kdist_magics import cluster as cluster_mod, liveness
+    from kdist_magics.cluster import cluster as cluster_mod, liveness
 
     monkeypatch.setattr(liveness, "FROZEN_AFTER", 0.3)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

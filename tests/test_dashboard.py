@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import kdist_magics
-from kdist_magics.dashboard import WIDGET_MIME, Dashboard, DashboardWidget, svg_curves
-from kdist_magics.record import RunRecord
+from kdist_magics.watch.dashboard import WIDGET_MIME, Dashboard, DashboardWidget, svg_curves
+from kdist_magics.watch.record import RunRecord
 
 
 def feed(rec, rank, steps, t0=1000.0, total=None, loss0=1.0):
@@ -156,7 +156,7 @@ def test_lost_telemetry_is_said_in_the_widget_the_static_summary_and_the_record(
     assert dash.widget.state["lost_batches"] == 3
     assert "3 telemetry batches lost in transit" in dash.html()
     assert "3 telemetry batches lost" in rec.summary()
-    js = (Path(kdist_magics.__file__).parent / "static" / "dashboard.js").read_text()
+    js = (Path(kdist_magics.__file__).parent / "watch" / "static" / "dashboard.js").read_text()
     assert "st.lost_note" in js and "lost in transit" not in js  # the words come from Python
     assert dash.widget.state["lost_note"] == rec.summary().split("; ")[-1]
 
@@ -209,7 +209,7 @@ def test_static_svg_one_line_per_rank():
 
 
 def test_widget_ships_its_static_front_end():
-    from kdist_magics.dashboard import STATIC
+    from kdist_magics.watch.dashboard import STATIC
 
     js = (STATIC / "dashboard.js").read_text()
     assert "export default" in js and "http" not in js.replace("http://www.w3.org/2000/svg", "")
@@ -233,7 +233,7 @@ model.fit(x, y, epochs=2, batch_size=16, verbose=0)
 @pytest.mark.timeout(300)
 def test_kdist_cell_shows_dashboard_and_fills_metrics_and_samples(ip, monkeypatch):
     shown = []
-    import kdist_magics.dashboard as dashmod
+    import kdist_magics.watch.dashboard as dashmod
 
     real_show = dashmod.show
     monkeypatch.setattr(dashmod, "show", lambda record, **kw: shown.append(real_show(record, **kw)))
@@ -255,7 +255,7 @@ def test_kdist_cell_shows_dashboard_and_fills_metrics_and_samples(ip, monkeypatc
 @pytest.mark.kernel
 @pytest.mark.timeout(300)
 def test_no_dashboard_and_no_telemetry(ip, monkeypatch):
-    import kdist_magics.dashboard as dashmod
+    import kdist_magics.watch.dashboard as dashmod
 
     shown = []
     monkeypatch.setattr(dashmod, "show", lambda record, **kw: shown.append(record))
@@ -366,9 +366,9 @@ def test_an_elastic_run_that_lost_a_rank_shows_the_world_size_and_the_lost_rank(
     assert [r["state"] for r in state["ranks"]][1] == "lost"  # finish() leaves it lost
     assert state["resize_note"] in _unescape(dash.html())
     assert "world size 4 \u2192 3 (lost rank 1)" in rec.summary()
-    js = (Path(kdist_magics.__file__).parent / "static" / "dashboard.js").read_text()
+    js = (Path(kdist_magics.__file__).parent / "watch" / "static" / "dashboard.js").read_text()
     assert "st.resize_note" in js and "st.world_size" in js and "went on" not in js
-    css = (Path(kdist_magics.__file__).parent / "static" / "dashboard.css").read_text()
+    css = (Path(kdist_magics.__file__).parent / "watch" / "static" / "dashboard.css").read_text()
     assert ".kdist-badge.kdist-lost" in css
 
 
@@ -396,5 +396,5 @@ def test_before_training_the_dashboard_says_which_phase_the_run_is_in():
     assert state["phase"] is None and [n for n, _ in state["phases"]] == [
         "starting 2 engines", "setting up Horovod"]
     assert "starting 2 engines" in dash.html()
-    js = (Path(kdist_magics.__file__).parent / "static" / "dashboard.js").read_text()
+    js = (Path(kdist_magics.__file__).parent / "watch" / "static" / "dashboard.js").read_text()
     assert "st.phase" in js and "st.phases" in js and "registered" not in js  # words from Python

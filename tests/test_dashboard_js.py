@@ -1,4 +1,4 @@
-"""The widget's axes (static/dashboard.js) follow the same rules as kdist_magics.axes.
+"""The widget's axes (static/dashboard.js) follow the same rules as kdist_magics.watch.axes.
 
 The browser tests see the charts on screen; here Node runs the module's exported helpers over a
 table of ranges, and every answer must equal Python's (ticks, log choice, smoothing, labels).
@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
-from kdist_magics import axes
-from kdist_magics.dashboard import STATIC
+from kdist_magics.watch import axes
+from kdist_magics.watch.dashboard import STATIC
 
 NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None, reason="Node.js is not installed: the module's "

@@ -226,7 +226,7 @@ model.fit(x, x.sum(1, keepdims=True), batch_size=BATCH, epochs=EPOCHS, verbose=0
 
 
 def test_a_slowed_rank_is_marked_as_the_straggler_and_a_balanced_run_has_none(hip, tmp_path, capsys):
-    from kdist_magics import stragglers
+    from kdist_magics.watch import stragglers
 
     # rank 1 spends 30 ms outside every step: rank 0 steps as slowly, waiting in the allreduce
     hip.user_ns.update(SLOW=0.03, BATCH=8, EPOCHS=1)
@@ -600,7 +600,7 @@ time.sleep(300)
 
 def test_a_frozen_rank_is_ended_after_ten_seconds_and_named(hip):
     """No --timeout: a stopped engine would hang the run for ever; kdist ends it."""
-    from kdist_magics.cluster import FROZEN_AFTER
+    from kdist_magics.cluster.cluster import FROZEN_AFTER
 
     old = cluster_pids()
     t0 = time.monotonic()

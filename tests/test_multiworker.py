@@ -19,14 +19,14 @@ import pytest
 
 import kdist_magics
 import kernel_driver
-from kdist_magics.cluster import kill_pids
+from kdist_magics.cluster.cluster import kill_pids
 from kdist_magics.errors import KDistError, RankFailed, RunTimedOut
-from kdist_magics.network import engine_address, free_port, free_ports, join
-from kdist_magics.placement import host_grouped_ranks
+from kdist_magics.cluster.network import engine_address, free_port, free_ports, join
+from kdist_magics.cluster.placement import host_grouped_ranks
 
 TRAIN = """
 import os, numpy as np, keras
-from kdist_magics import keras_mwms
+from kdist_magics.strategies import keras_mwms
 kd_tf_config = os.environ["TF_CONFIG"]
 rng = np.random.default_rng(0)
 x = rng.normal(size=(128, 4)).astype("float32")
@@ -83,7 +83,7 @@ def test_multiworker_is_registered_and_imports_without_tensorflow():
 
     assert REGISTRY["multiworker"] == ".multiworker:for_backend"  # TF or JAX, by the Keras backend
     out = subprocess.run([sys.executable, "-c",
-                          "import sys, kdist_magics.strategies.multiworker, kdist_magics.keras_mwms\n"
+                          "import sys, kdist_magics.strategies.multiworker, kdist_magics.strategies.keras_mwms\n"
                           "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -190,7 +190,7 @@ def test_warm_engines_keep_the_strategy_bound_and_the_fix_only_inside_runs(mip):
     assert pids() == before  # same processes: the strategy was reused, not rebuilt
     # outside a kdist run: no scope, Keras unpatched, `strategy` still bound
     view = strategy().cluster.view()
-    view.execute("import tensorflow as tf\nfrom kdist_magics import keras_mwms\n"
+    view.execute("import tensorflow as tf\nfrom kdist_magics.strategies import keras_mwms\n"
                  "kd_after = (keras_mwms.active(), tf.distribute.has_strategy(), "
                  "type(strategy).__name__)", block=True)
     assert engine_values("kd_after") == [(False, False, "CollectiveAllReduceStrategy")] * 2

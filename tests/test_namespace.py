@@ -1,4 +1,4 @@
-"""Fast tier (the last test: engines): a private network's pieces (kdist_magics/namespace.py) with real processes and
+"""Fast tier (the last test: engines): a private network's pieces (kdist_magics/cluster/namespace.py) with real processes and
 sockets, no engines: the holder's namespace, a socket it hands over, a process that enters
 it, the ipc URLs the controller binds, the follow command line; and one real owned cluster
 started in it (ipyparallel only: no framework)."""
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from kdist_magics import namespace
-from kdist_magics.follow import command
+from kdist_magics.cluster import namespace
+from kdist_magics.cluster.follow import command
 from kernel_driver import wait_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="network namespaces are Linux's")
@@ -37,7 +37,7 @@ def test_a_socket_made_in_the_namespace_is_reached_from_inside_only(holder):
     port = server.getsockname()[1]
     with pytest.raises(ConnectionRefusedError):  # the host's loopback: nothing there
         socket.create_connection(("127.0.0.1", port), timeout=2)
-    code = (f"from kdist_magics.namespace import enter; enter({holder.pid}); import socket; "
+    code = (f"from kdist_magics.cluster.namespace import enter; enter({holder.pid}); import socket; "
             f"socket.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'hi')")
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr
@@ -57,7 +57,7 @@ def test_stopping_ends_the_holder_and_removes_the_folder(holder):
 
 def test_the_follow_command_enters_the_namespace_first():
     argv = command("ipyparallel.engine", pid=1, started=2.0, nice=3, netns=77)
-    assert argv[1:] == ["-m", "kdist_magics.follow", "--netns", "77", "--nice", "3", "1", "2.0",
+    assert argv[1:] == ["-m", "kdist_magics.cluster.follow", "--netns", "77", "--nice", "3", "1", "2.0",
                         "ipyparallel.engine"]
     assert "--netns" not in command("ipyparallel.engine", pid=1, started=2.0)
 
@@ -65,7 +65,7 @@ def test_the_follow_command_enters_the_namespace_first():
 def test_the_controller_binds_ipc_urls_as_clients_read_them():
     from ipyparallel.controller.app import IPController
 
-    from kdist_magics.compat_ipyparallel import ipc_urls_as_read
+    from kdist_magics.cluster.compat_ipyparallel import ipc_urls_as_read
 
     original = IPController.construct_url
     try:
@@ -88,7 +88,7 @@ def test_an_owned_cluster_in_a_private_network_listens_on_no_host_socket(holder,
     """The engines run in the namespace, the controller on Unix sockets; stop ends them all."""
     import psutil
 
-    from kdist_magics.cluster import EngineCluster
+    from kdist_magics.cluster.cluster import EngineCluster
     from kdist_magics.compat import net_connections
 
     holder.stop()  # (the fixture's probe said yes; the cluster makes its own)

@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 
 import kdist_magics
-from kdist_magics.cluster import kill_pids
+from kdist_magics.cluster.cluster import kill_pids
 from conftest import ROOT
 
 pytestmark = [pytest.mark.netns, pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(900)]

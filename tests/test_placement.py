@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from kdist_magics import engine
-from kdist_magics.placement import TooFewGPUs, gpu_env, host_grouped_ranks, local_ranks, visible_gpus
+from kdist_magics.engine import engine
+from kdist_magics.cluster.placement import TooFewGPUs, gpu_env, host_grouped_ranks, local_ranks, visible_gpus
 
 
 def test_local_ranks_follow_rank_order_within_each_host():

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from kdist_magics import priority
-from kdist_magics.follow import command
+from kdist_magics.cluster import priority
+from kdist_magics.cluster.follow import command
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "setpriority"), reason="Linux/Unix thread nice values")
 
@@ -57,5 +57,5 @@ def test_lower_helpers_takes_helpers_by_name_and_leaves_the_main_and_user_thread
 
 def test_the_controller_command_carries_its_nice_value():
     cmd = command("ipyparallel.controller", pid=os.getpid(), started=1.0, nice=10)
-    assert cmd[2:5] == ["kdist_magics.follow", "--nice", "10"]
+    assert cmd[2:5] == ["kdist_magics.cluster.follow", "--nice", "10"]
     assert "--nice" not in command("ipyparallel.engine", pid=os.getpid(), started=1.0)

@@ -50,7 +50,7 @@ def _needs():
 
 
 def _needs_a_namespace():
-    from kdist_magics.namespace import unavailable
+    from kdist_magics.cluster.namespace import unavailable
 
     if unavailable():
         pytest.skip(f"no namespace here: {unavailable()}")

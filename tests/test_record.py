@@ -2,7 +2,7 @@
 
 import pytest
 
-from kdist_magics.record import RunRecord
+from kdist_magics.watch.record import RunRecord
 
 
 def test_rows_listeners_and_finish():

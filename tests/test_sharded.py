@@ -15,9 +15,9 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import run_in_fresh_shell
-from kdist_magics.advisor import decide, facts_for
-from kdist_magics.hardware import GiB, Hardware
-from kdist_magics.mesh import pick_model_axis
+from kdist_magics.choose.advisor import decide, facts_for
+from kdist_magics.choose.hardware import GiB, Hardware
+from kdist_magics.strategies.mesh import pick_model_axis
 from kdist_magics.spec import parse_line
 from kdist_magics.strategies.layout import LayoutError, auto_spec, check_spec
 
@@ -302,7 +302,7 @@ def test_advise_shows_the_planned_layout(monkeypatch):
     get, from the variables' shapes (a stand-in Keras: no JAX in the fast tier)."""
     import types
 
-    from kdist_magics.advisor import advise
+    from kdist_magics.choose.advisor import advise
 
     class Model:
         def __init__(self, weights):

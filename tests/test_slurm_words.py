@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
-from kdist_magics import slurm
+from kdist_magics.cluster import slurm
 from kdist_magics.messages import slurm_ended
 from kdist_magics.spec import parse_line
 
@@ -54,7 +54,7 @@ def test_job_states_read_as_slurm_says_them():
 
 
 def test_the_batch_script_runs_one_srun_task_per_engine(tmp_path):
-    from kdist_magics.slurm_engines import SlurmEngines
+    from kdist_magics.cluster.slurm_engines import SlurmEngines
 
     (tmp_path / "log").mkdir()
     launcher = SlurmEngines(profile_dir=str(tmp_path), cluster_id="kdist-x", sbatch_args=["--partition=gpu"])

@@ -6,9 +6,9 @@ import html
 
 import pytest
 
-from kdist_magics import stragglers
-from kdist_magics.dashboard import Dashboard
-from kdist_magics.record import RunRecord
+from kdist_magics.watch import stragglers
+from kdist_magics.watch.dashboard import Dashboard
+from kdist_magics.watch.record import RunRecord
 
 
 def _rows(rank: int, step_time: float, gap_time: float, n: int = 8, jitter: float = 0.0):

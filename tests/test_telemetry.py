@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from kdist_magics import sampling as sampling_mod
-from kdist_magics import telemetry
+from kdist_magics.watch import sampling as sampling_mod
+from kdist_magics.watch import telemetry
 
 
 # -- fakes ---------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_no_gpu_at_all_is_cpu_only_whatever_nvml_says():
 
 def test_real_machine_without_gpu_says_cpu_only():
     # This machine has no GPU (no NVIDIA driver files), with or without pynvml installed.
-    from kdist_magics.hardware import nvidia_gpu_present
+    from kdist_magics.choose.hardware import nvidia_gpu_present
 
     if nvidia_gpu_present():
         pytest.skip("this machine has an NVIDIA GPU")
@@ -166,7 +166,7 @@ def test_real_machine_without_gpu_says_cpu_only():
 
 
 def test_nvidia_gpu_present_reads_the_driver_files(tmp_path):
-    from kdist_magics.hardware import nvidia_gpu_present
+    from kdist_magics.choose.hardware import nvidia_gpu_present
 
     assert not nvidia_gpu_present(root=str(tmp_path))
     (tmp_path / "dev").mkdir()
@@ -268,7 +268,7 @@ def test_loading_telemetry_imports_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys, kdist_magics.telemetry, kdist_magics.dashboard; "
+    code = ("import sys, kdist_magics.watch.telemetry, kdist_magics.watch.dashboard; "
             "bad=[m for m in ('tensorflow','keras','horovod','jax') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -371,7 +371,7 @@ def test_attached_adds_callback_and_opt_outs(monkeypatch):
 
 KEEPS_ASYNC = r"""
 import json, threading, numpy as np, keras
-from kdist_magics import telemetry
+from kdist_magics.watch import telemetry
 assert keras.backend.backend() == "jax", keras.backend.backend()
 threads = []
 def sink(kind, row):

@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from kdist_magics.tf_logs import quiet_info
+from kdist_magics.watch.tf_logs import quiet_info
 
 
 class Collect(logging.Handler):
@@ -72,7 +72,7 @@ class SetsUpLoudly:
 
 def test_the_filter_covers_the_strategys_set_up(ip, tf_logger):
     import kdist_magics
-    from kdist_magics.record import RunRecord
+    from kdist_magics.watch.record import RunRecord
 
     ext = kdist_magics._extension
     spec = ext.parse("--strategy default --no-dashboard")

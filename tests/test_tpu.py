@@ -12,7 +12,7 @@ import pytest
 
 import kdist_magics
 from kdist_magics.errors import StrategyUnavailable
-from kdist_magics.hardware import TPU, tpu_from_kind
+from kdist_magics.choose.hardware import TPU, tpu_from_kind
 from kdist_magics.strategies.tpu import TPUStrategy
 
 
@@ -185,7 +185,7 @@ def test_an_address_that_does_not_answer_fails_fast_without_tensorflow():
         port = s.getsockname()[1]
     code = (
         "import sys\n"
-        "from kdist_magics.hardware import TPU\n"
+        "from kdist_magics.choose.hardware import TPU\n"
         "from kdist_magics.strategies.tpu import TPURuntime, connect\n"
         f"node = TPU(kind='v2-8', target='grpc://127.0.0.1:{port}', found_by='COLAB_TPU_ADDR')\n"
         "try:\n"
@@ -210,7 +210,7 @@ def test_real_tensorflow_on_a_machine_without_tpu_fails_short():
     """TPUClusterResolver('local') + initialize_tpu_system with real TF, where no TPU is."""
     code = (
         "from IPython.core.interactiveshell import InteractiveShell\n"
-        "from kdist_magics.hardware import tpu_from_kind\n"
+        "from kdist_magics.choose.hardware import tpu_from_kind\n"
         "from kdist_magics.strategies.tpu import TPUStrategy\n"
         "import kdist_magics\n"
         "ip = InteractiveShell.instance()\n"

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kdist_magics import faults
-from kdist_magics.cluster import EngineInfo
+from kdist_magics.engine import faults
+from kdist_magics.cluster.cluster import EngineInfo
 from kdist_magics.errors import ControllerDied, KDistError, RankDied
 from kdist_magics.strategies import waiting
 

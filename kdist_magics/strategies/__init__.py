@@ -1,4 +1,9 @@
-"""The strategies, looked up by name and imported only when a cell needs one."""
+"""The strategies, looked up by name and imported only when a cell needs one.
+
+Beside them, what one strategy alone needs: :mod:`.keras_mwms` (Keras 3 ``fit`` under
+MultiWorkerMirroredStrategy) and :mod:`.horovod_build` (Horovod built against this
+TensorFlow: ``python -m kdist_magics.strategies.horovod_build``, patches in ``patches/``).
+"""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..record import RunRecord
+from ..watch.record import RunRecord
 from ..spec import KINDS, RunSpec
 
 

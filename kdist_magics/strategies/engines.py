@@ -1,7 +1,7 @@
 """Running a cell on every ipyparallel engine, one engine per rank.
 
 :class:`EngineStrategy` does everything that does not depend on the
-distribution library: keeps a warm :class:`~kdist_magics.cluster.EngineCluster`
+distribution library: keeps a warm :class:`~kdist_magics.cluster.cluster.EngineCluster`
 (restarted when N changes or an engine died), checks the cell's syntax once in
 the kernel, sets thread variables, ``--push``, runs the cell with live output
 (rank 0's, every rank's prefixed ``[rank N]``, or none), moves telemetry rows
@@ -47,15 +47,15 @@ import os
 import time
 from typing import Any
 
-from ..cluster import EngineCluster
-from ..compat_ipyparallel import children
+from ..cluster.cluster import EngineCluster
+from ..cluster.compat_ipyparallel import children
 from ..errors import CellFailed, KDistError, RankDied
-from ..faults import hold
-from ..namespace import wanted
+from ..engine.faults import hold
+from ..cluster.namespace import wanted
 from ..messages import (PHASE_CELL, PHASE_FINISHING, died_after, phase_engines, phase_setup,
                         registered, say)
-from ..placement import default_np
-from ..values import pushable
+from ..cluster.placement import default_np
+from ..engine.values import pushable
 from .base import RunContext, Strategy
 from .prepare import prepare_remote as _prepare_remote  # (its old name here, for callers)
 from . import results, waiting
@@ -268,7 +268,7 @@ class EngineStrategy(Strategy):
                     cluster.stop()
                     self._start(cluster, ctx, cluster.start)
         if (cluster is None or not cluster.running) and spec.slurm is not None:
-            from ..slurm_engines import submit
+            from ..cluster.slurm_engines import submit
 
             cluster = self.cluster = submit(n, ctx, news)
             self._start(cluster, ctx, cluster.start)
@@ -302,7 +302,7 @@ class EngineStrategy(Strategy):
         """Thread variables, the strategy's environment and each rank's GPU, on every engine
         before the cell (and before a framework starts there); too few GPUs is an error here,
         before any engine runs the cell."""
-        from ..placement import local_ranks
+        from ..cluster.placement import local_ranks
 
         threads, policy = ctx.options.threads_per_rank, ctx.options.rank_gpus
         extra = self.engine_env(cluster, ctx)
@@ -323,7 +323,7 @@ class EngineStrategy(Strategy):
 
     def _finish_engines(self, cluster, ctx, ranks, ok) -> None:
         """Undo per-run engine state; after a failure, only on engines that still answer."""
-        from .. import engine
+        from ..engine import engine
 
         sup, self.supervisor = self.supervisor, None
         ctx.record.phase(PHASE_FINISHING)
@@ -371,7 +371,7 @@ class EngineStrategy(Strategy):
     def _execute(self, cell: str, cluster: EngineCluster, ctx: RunContext, ranks: list[int]):
         """Begin the run on every engine, execute the cell there, and watch it with a
         :class:`~.supervisor.RunSupervisor` made for this run; rank 0's result content."""
-        from .. import engine
+        from ..engine import engine
 
         spec, record = ctx.spec, ctx.record
         with waiting.named_deaths(self, ranks, "as the run began"):

@@ -19,10 +19,10 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from ..cluster import EngineCluster
+from ..cluster.cluster import EngineCluster
 from ..errors import KDistError, StrategyUnavailable
 from ..messages import say
-from ..network import interface_of, route_iface
+from ..cluster.network import interface_of, route_iface
 from .base import RunContext
 from .engines import EngineStrategy
 from .horovod_engine import elastic_env, hvd_init, hvd_shutdown
@@ -52,7 +52,7 @@ class HorovodStrategy(EngineStrategy):
         except ImportError as exc:
             raise StrategyUnavailable(
                 "--strategy horovod needs Horovod, which is not installed here; build it against "
-                "this TensorFlow with: python -m kdist_magics.horovod_build (needs cmake and g++; "
+                "this TensorFlow with: python -m kdist_magics.strategies.horovod_build (needs cmake and g++; "
                 "every other strategy works without it)"
             ) from exc
         self.rendezvous = None
@@ -62,12 +62,12 @@ class HorovodStrategy(EngineStrategy):
         self.growth = None  # the run's Growth under --max-np
 
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
-        from ..rendezvous import assign
+        from ..cluster.rendezvous import assign
 
         return [slot.rank for slot in assign([e.hostname for e in cluster.engines])]
 
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
-        from ..rendezvous import Rendezvous
+        from ..cluster.rendezvous import Rendezvous
 
         hosts = [e.hostname for e in cluster.engines]
         if cluster.loopback:
@@ -79,7 +79,7 @@ class HorovodStrategy(EngineStrategy):
                     f"the engines run on {len(set(hosts))} hosts but the rendezvous would listen on "
                     f"loopback; set %config KDist.bind_address = '<an address every engine reaches>'")
         if not cluster.loopback and len(set(hosts)) > 1:
-            from ..hostnames import check
+            from ..cluster.hostnames import check
 
             check(cluster, ranks)  # an unresolvable peer would abort every rank unnamed
         spec = ctx.spec

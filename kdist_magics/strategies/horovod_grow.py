@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..cluster import EngineInfo, _identify
-from ..compat_ipyparallel import children
+from ..cluster.cluster import EngineInfo, _identify
+from ..cluster.compat_ipyparallel import children
 from ..messages import say
 
 
@@ -93,7 +93,7 @@ class Growth:
             self._warm(eid)
 
     def _warm(self, eid: int) -> None:
-        from .. import engine
+        from ..engine import engine
         from .engines import FEED_INTERVAL, _prepare_remote
         from .horovod_engine import warm_imports
 
@@ -124,7 +124,7 @@ class Growth:
         self.strategy.engine_of[index] = info
         iface = None
         if not self.cluster.loopback:  # the engine names its own interface towards the kernel
-            from ..network import route_iface
+            from ..cluster.network import route_iface
 
             iface = self.cluster.client[eid].apply_sync(route_iface, rdv.address)
         env = elastic_env(rdv.common_env(info.hostname, iface))

@@ -190,7 +190,7 @@ class _Divisible:
 # -- the strategy ----------------------------------------------------------------
 
 def _gpus_by_nvml() -> int:
-    from ..hardware import detect_gpus
+    from ..choose.hardware import detect_gpus
 
     return len(detect_gpus())
 

@@ -28,8 +28,8 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
         if scope is not None:
             stack.enter_context(scope)
         if ctx.spec.telemetry:
-            from ..sampling import sampling
-            from ..telemetry import attached
+            from ..watch.sampling import sampling
+            from ..watch.telemetry import attached
 
             stack.enter_context(attached(ctx.record.add, rank=0))
             # replicas share this process: one sampler shows it (and each GPU it uses)

@@ -39,7 +39,7 @@ def torchrun_env(hosts: list[str], ranks: list[int], master: tuple[str, int],
                  run_id: str = "kdist") -> list[dict[str, str]]:
     """torchrun's variables for each engine (``hosts``, ``ranks`` in engine order); a host is
     a torchrun node (``GROUP_RANK``: hosts in order of their lowest rank)."""
-    from ..placement import local_ranks
+    from ..cluster.placement import local_ranks
 
     world = len(ranks)
     nodes = sorted(set(hosts), key=lambda h: min(r for x, r in zip(hosts, ranks) if x == h))

@@ -180,13 +180,13 @@ class LayoutTable:
         return pd.DataFrame(self.rows)
 
     def _lines(self) -> list[tuple[str, str, str, str]]:
-        from ..facts import human_bytes
+        from ..choose.facts import human_bytes
 
         return [(r["variable"], "x".join(map(str, r["shape"])) or "scalar", r["spec"],
                  human_bytes(r["bytes_per_device"])) for r in self.rows]
 
     def total_words(self) -> str:
-        from ..facts import human_bytes
+        from ..choose.facts import human_bytes
 
         return (f"mesh {self.mesh[0]}x{self.mesh[1]} (batch x model); per device: weights "
                 f"{human_bytes(self.weight_bytes)}, optimizer state {human_bytes(self.optimizer_bytes)}")

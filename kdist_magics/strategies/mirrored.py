@@ -78,7 +78,7 @@ class MirroredStrategy(Strategy):
     def size(self, spec) -> int:
         if spec.devices:
             return spec.devices
-        from ..hardware import detect_gpus
+        from ..choose.hardware import detect_gpus
 
         return len(detect_gpus()) or CPU_DEFAULT_DEVICES
 
@@ -101,7 +101,7 @@ class MirroredStrategy(Strategy):
         self.kind = kind
         for rank, device in enumerate(devices):
             ctx.record.set_rank(rank, state="running", device=device)
-        from ..compat_tf_strategy import mirrored  # the cell's own MirroredStrategy() is this one
+        from .compat_tf_strategy import mirrored  # the cell's own MirroredStrategy() is this one
 
         value = run_cell_here(cell, ctx, scope=mirrored(strategy, devices), bind={"strategy": strategy})
         for rank in range(len(devices)):

@@ -18,9 +18,9 @@ Horovod. Per run:
    initialises there.
 3. **Before the cell** (:meth:`before_cell`, on every engine at once, since
    the workers wait for each other): create (or reuse) the strategy, bind it as
-   ``strategy``, apply :mod:`kdist_magics.keras_mwms` (the Keras 3 fix for
+   ``strategy``, apply :mod:`kdist_magics.strategies.keras_mwms` (the Keras 3 fix for
    keras-team/keras#20585), enter ``strategy.scope()``, and make the cell's own
-   ``tf.distribute.MultiWorkerMirroredStrategy()`` return it (:mod:`kdist_magics.compat_tf_strategy`).
+   ``tf.distribute.MultiWorkerMirroredStrategy()`` return it (:mod:`kdist_magics.strategies.compat_tf_strategy`).
 4. **After the cell** (:meth:`after_cell`): leave the scope, remove the fix.
    ``strategy`` stays bound, like the rest of the namespace.
 
@@ -43,12 +43,12 @@ import json
 import sys
 from typing import Any
 
-from ..cluster import EngineCluster
+from ..cluster.cluster import EngineCluster
 from ..compat import tf_started
 from ..errors import KDistError
 from ..messages import say
-from ..network import engine_address, free_port, join
-from ..placement import host_grouped_ranks
+from ..cluster.network import engine_address, free_port, join
+from ..cluster.placement import host_grouped_ranks
 from .base import RunContext
 from .engines import EngineStrategy
 
@@ -251,13 +251,13 @@ def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
 
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         _mw.update(strategy=strategy, tf_config=tf_config)
-    from .. import keras_mwms
+    from . import keras_mwms
 
     _mw["fix"] = keras_mwms.install()
     scope = strategy.scope()
     scope.__enter__()
     _mw["scope"] = scope
-    from .. import compat_tf_strategy  # the cell's own MultiWorkerMirroredStrategy() is this one
+    from . import compat_tf_strategy  # the cell's own MultiWorkerMirroredStrategy() is this one
 
     _mw["handback"] = compat_tf_strategy.multiworker(strategy)
     _mw["handback"].__enter__()
@@ -281,6 +281,6 @@ def _leave() -> None:  # runs on an engine
         except Exception:
             pass
     if _mw.pop("fix", False):
-        from .. import keras_mwms
+        from . import keras_mwms
 
         keras_mwms.uninstall()

@@ -44,10 +44,10 @@ import contextlib
 import sys
 from typing import Any
 
-from ..cluster import EngineCluster
+from ..cluster.cluster import EngineCluster
 from ..errors import KDistError
-from ..network import engine_address, free_port, join
-from ..placement import host_grouped_ranks
+from ..cluster.network import engine_address, free_port, join
+from ..cluster.placement import host_grouped_ranks
 from .base import RunContext
 from .processes import ProcessGroupStrategy
 from .fit_data import process_shards

@@ -42,10 +42,10 @@ import contextlib
 import sys
 from typing import Any
 
-from ..cluster import EngineCluster
+from ..cluster.cluster import EngineCluster
 from ..errors import KDistError
-from ..network import engine_address, interface_of, join
-from ..placement import host_grouped_ranks
+from ..cluster.network import engine_address, interface_of, join
+from ..cluster.placement import host_grouped_ranks
 from . import waiting
 from .base import RunContext
 from .processes import ProcessGroupStrategy

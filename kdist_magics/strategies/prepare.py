@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine
-    """:func:`kdist_magics.engine.prepare` with this host's threads per rank; what it did."""
-    from kdist_magics import engine
+    """:func:`kdist_magics.engine.engine.prepare` with this host's threads per rank; what it did."""
+    from kdist_magics.engine import engine
 
     return engine.prepare(env, engine.threads_per_rank(local_size, threads), cwd, gpu, local_size)

@@ -10,10 +10,10 @@ rendezvous for engines on several hosts.
 
 from __future__ import annotations
 
-from ..cluster import EngineCluster
+from ..cluster.cluster import EngineCluster
 from ..errors import KDistError
 from ..messages import say
-from ..placement import host_grouped_ranks
+from ..cluster.placement import host_grouped_ranks
 from . import waiting
 from .base import RunContext
 from .engines import EngineStrategy

@@ -38,7 +38,7 @@ def pull(strategy, cluster, ctx, by_rank: dict, result_content) -> Any:
     """Bind ``--pull``'s names in the notebook; the cell's value (rank 0's), or None."""
     from ipyparallel.error import RemoteError
 
-    from .. import values
+    from ..engine import values
 
     if ctx.spec.pull:
         try:

@@ -65,7 +65,7 @@ def _device_bytes(devices) -> int | None:
         limit = None
     if limit:
         return int(limit)
-    from ..hardware import detect
+    from ..choose.hardware import detect
 
     hw = detect()
     if hw.gpus or hw.tpu is not None:
@@ -75,8 +75,8 @@ def _device_bytes(devices) -> int | None:
 
 def choose_mesh(n: int, user_ns, devices) -> tuple[tuple[int, int], str, bool]:
     """``(mesh, why, warn)`` for ``n`` devices when the line gives no ``--mesh``."""
-    from ..facts import TRAIN_STATE_FACTOR, human_bytes, inspect_model
-    from ..mesh import pick_model_axis
+    from ..choose.facts import TRAIN_STATE_FACTOR, human_bytes, inspect_model
+    from .mesh import pick_model_axis
 
     model = inspect_model(user_ns)
     if model is None:
@@ -103,14 +103,14 @@ class ShardedStrategy(Strategy):
 
     def size(self, spec) -> int:
         if on_engines(spec):
-            from ..placement import default_np
+            from ..cluster.placement import default_np
 
             return spec.np or default_np()
         if spec.mesh:
             return spec.mesh[0] * spec.mesh[1]
         if spec.devices:
             return spec.devices
-        from ..hardware import detect_gpus
+        from ..choose.hardware import detect_gpus
 
         return len(detect_gpus()) or CPU_DEFAULT_DEVICES
 

@@ -28,8 +28,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..compat_ipyparallel import children as list_children
-from ..feed import FEED_MIME, FeedIntake
+from ..cluster.compat_ipyparallel import children as list_children
+from ..engine.feed import FEED_MIME, FeedIntake
 from ..errors import ControllerDied, RankDied, RankFailed, RunTimedOut
 from ..messages import say
 from .waiting import DEATH_SHOWS_WITHIN, engine_died

@@ -69,7 +69,7 @@ def warm_remote(threads: int | None, local_size: int, cwd: str | None,
     """Thread variables as the run sets them, then ``modules`` imported; what was done."""
     import importlib
 
-    from kdist_magics.placement import visible_gpus
+    from kdist_magics.cluster.placement import visible_gpus
     from kdist_magics.strategies.prepare import prepare_remote
 
     if visible_gpus(os.environ):
@@ -83,7 +83,7 @@ def warm_remote(threads: int | None, local_size: int, cwd: str | None,
 
 def start(strategy, ctx) -> Warming:
     """Warm ``strategy``'s engines for runs like ``ctx.spec``, in the background."""
-    from ..placement import local_ranks
+    from ..cluster.placement import local_ranks
 
     wait_for(strategy, ctx, quiet=True)  # a second %kdist start follows the first
 

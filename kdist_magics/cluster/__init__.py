@@ -1,0 +1,10 @@
+"""The cluster and its processes: ipyparallel engines as the ranks' processes.
+
+:mod:`.cluster` starts or attaches to a cluster and stops it; :mod:`.liveness` and
+:mod:`.exits` watch its processes end; :mod:`.lifetime` and :mod:`.follow` make them end with
+the kernel; :mod:`.namespace` and :mod:`.peers` keep its loopback private to this user;
+:mod:`.placement` says which engine is which rank and sees which GPU, :mod:`.priority` keeps
+kdist's helpers below the ranks, :mod:`.network` picks addresses and ports,
+:mod:`.rendezvous` is Horovod's rendezvous, and :mod:`.compat_ipyparallel` holds the
+workarounds for ipyparallel's internals. A new way to start engines (a launcher) goes here.
+"""

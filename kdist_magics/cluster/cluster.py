@@ -1,0 +1,369 @@
+"""ipyparallel engines as worker processes: start or attach, watch, signal, stop.
+
+Nothing here knows about Horovod or TensorFlow. An :class:`EngineCluster` is
+either *owned* (kdist started it: a local controller and N engines, every
+socket on loopback) or *attached* (``--cluster-id`` / ``--profile``: somebody
+else's cluster, which kdist connects to and never stops or kills).
+
+Engines are reported in engine-id order as :class:`EngineInfo` (engine id, pid,
+hostname). Whether they and the controller are alive is :mod:`.liveness`'s part.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from typing import Any, Callable, Iterable
+
+from .compat_ipyparallel import LauncherExits, end_sync_thread
+from ..errors import ClusterError
+from .exits import kill_pids
+from ..engine.faults import hold
+from .liveness import FROZEN_AFTER, EngineInfo, Liveness  # noqa: F401 (FROZEN_AFTER: for callers)
+
+
+def _identify():  # runs on an engine
+    import os
+    import socket
+
+    return os.getpid(), socket.gethostname()
+
+
+#: an owned controller's heartbeat: ipyparallel counts an engine registered at the first beat
+#: after its heart answered one, so its default of a beat every 3 s made every cold start wait
+#: 3-6 s for nothing (the engines were up). A beat every 0.25 s, and the same 30 s of silence
+#: (120 beats) as the default before an engine is dropped: kdist itself tells a dead or frozen
+#: engine from its process, not from the heartbeat.
+HEARTBEAT_MS, HEARTBEAT_MISSES = 250, 120
+
+
+def heartbeat_args() -> list[str]:
+    return [f"--HeartMonitor.period={HEARTBEAT_MS}",
+            f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
+
+
+def _following(controller_nice: int = 0, netns: int | None = None,
+               preload: tuple[str, ...] = (), threads: int = 0, ranks: int = 1):
+    """Launcher configuration: an owned cluster's controller and engines start through
+    :mod:`kdist_magics.cluster.follow`, so they (and their nannies and schedulers) end with this
+    kernel from their first instant, even while they are still starting; the engines inside
+    the namespaces of holder ``netns`` when given (:mod:`.namespace`), importing ``preload``
+    as they start (``threads`` per rank, 0: the run's rule; ``ranks`` engines on this host)."""
+    from traitlets.config import Config
+
+    from .follow import command
+
+    config = Config()
+    config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller",
+                                                            nice=controller_nice)
+    engine = command("ipyparallel.engine", netns=netns, preload=preload, threads=threads, ranks=ranks)
+    config.LocalEngineLauncher.engine_cmd = engine
+    config.LocalEngineSetLauncher.engine_cmd = engine
+    return config
+
+
+def _log_start(cluster: "EngineCluster") -> None:
+    """One JSON line per cluster started, where ``KDIST_CLUSTER_LOG`` names a file: the test
+    suite counts the clusters it starts this way (``tests/account.py``). Nothing otherwise."""
+    path = os.environ.get("KDIST_CLUSTER_LOG")
+    if not path:
+        return
+    import json
+
+    row = {"owned": cluster.owned, "n": cluster.n, "pid": os.getpid(),
+           "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]}
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError:
+        pass  # an account of clusters never fails a run
+
+
+class EngineCluster(Liveness):
+    """A set of ipyparallel engines used as ranks.
+
+    ``n``: engines to start (owned) or to wait for (attached).
+    ``cluster_id`` / ``profile``: attach instead of starting.
+    ``ip``: where an owned controller listens (loopback unless configured).
+    ``private``: an owned cluster's engines get a network of their own (:mod:`.namespace`);
+    the controller then listens on Unix sockets only, in a folder of this user's alone.
+    ``preload``: modules an owned cluster's engines import as they start, while the controller
+    and the other engines start (the strategy's framework, with ``threads`` per rank as the run
+    sets them; 0: the run's rule); see :func:`kdist_magics.cluster.follow.preload`.
+    """
+
+    def __init__(self, n: int, cluster_id: str | None = None, profile: str | None = None,
+                 ip: str = "127.0.0.1", start_timeout: float = 120.0, controller_nice: int = 0,
+                 private: bool = False, preload: tuple[str, ...] = (), threads: int = 0):
+        self.n = n
+        self.preload = tuple(preload)
+        if preload:  # the run's rule (engine.threads_per_rank), as the preload must set it first
+            from ..engine.engine import threads_per_rank
+
+            threads = threads_per_rank(n, threads)
+        self.threads = threads
+        self.controller_nice = controller_nice  # an owned controller runs this much nicer
+        self.attached = cluster_id is not None or profile is not None
+        self.private = private and not self.attached
+        #: the running private network (:class:`~.namespace.Namespace`), while there is one
+        self.namespace = None
+        self.cluster_id = cluster_id
+        self.profile = profile
+        self.ip = ip
+        self.start_timeout = start_timeout
+        self.cluster = None  # ipyparallel.Cluster when owned
+        self.client = None
+        #: called with the number of engines registered so far while :meth:`start` waits
+        self.on_registered: Callable[[int], None] | None = None
+        #: a launcher with phases of its own (a Slurm job's queue): called with a phase's name,
+        #: and with more about the current phase, while :meth:`start` waits
+        self.on_phase: Callable[[str], None] | None = None
+        self.on_detail: Callable[[str], None] | None = None
+        self.engines: list[EngineInfo] = []
+        self._stopped_since: dict[int, float] = {}  # pids of local engines seen stopped (SIGSTOP, ptrace)
+        self._ended_why: dict[int, str] = {}  # pids of engines kdist ended, and why (their death's words)
+        self._pids_started: set[int] = set()
+        self._exits = LauncherExits()
+        self._theirs: tuple[int, float] | None = None  # an attached cluster's local controller: pid, start
+        self.starts = 0
+
+    # -- lifecycle -----------------------------------------------------------
+    @property
+    def owned(self) -> bool:
+        return not self.attached
+
+    @property
+    def loopback(self) -> bool:
+        """The ranks reach each other on this machine's loopback (a cluster kdist started here)."""
+        return self.owned
+
+    def give_up(self) -> None:
+        """Called from another thread: end a :meth:`start` that waits for something else than
+        its own processes (a Slurm job in the queue, :mod:`.slurm_engines`); nothing here."""
+
+    @property
+    def running(self) -> bool:
+        return self.client is not None
+
+    def start(self) -> "EngineCluster":
+        """Start (owned) or connect (attached) and learn every engine's pid and host."""
+        if self.running:
+            return self
+        self._stopped_since.clear()
+        self._ended_why.clear()
+        try:
+            if self.owned:
+                self._start_owned()
+            else:
+                self._connect()
+            self._wait_for_engines()
+            self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
+        except KeyboardInterrupt:
+            self.stop()  # interrupted while starting: leave nothing half-started behind
+            raise
+        except Exception as exc:
+            raise self._start_failed(exc) from exc
+        self.starts += 1
+        _log_start(self)
+        self._identify()
+        if self.owned and not getattr(self, "_atexit", False):
+            # kernel shutdown: stop what we started even if nobody called %kdist stop
+            import atexit
+            import weakref
+
+            ref = weakref.ref(self)
+            atexit.register(lambda: ref() is not None and ref().stop())
+            self._atexit = True
+        return self
+
+    def _start_owned(self) -> None:
+        """Start a controller and ``n`` engines (in a private network when ``private``)."""
+        import ipyparallel as ipp
+
+        self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
+        ip, args = self.ip, heartbeat_args()
+        if self.private:
+            from .namespace import Namespace
+
+            self.namespace = Namespace().start()
+            self._pids_started.add(self.namespace.pid)
+            ip, args = str(self.namespace.folder / "c"), [*args, "--transport=ipc"]
+        self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=ip,
+                                   controller_args=args, log_level=40, shutdown_atexit=True,
+                                   config=_following(self.controller_nice, self.namespace and self.namespace.pid,
+                                                     self.preload, self.threads, self.n))
+        self.cluster.start_controller_sync()
+        self._exits.attach(self.cluster)  # the controller's exit is known at once
+        hold("controller", self)
+        self.cluster.start_engines_sync()
+        self._exits.attach(self.cluster)  # engine exits are known at once from here on
+        self._pids_started |= set(self._launched())  # (a stopped launcher leaves its set)
+        hold("engines", self)
+        self.client = self.cluster.connect_client_sync()
+
+    def _connect(self) -> None:
+        """Connect to a cluster someone else started (``cluster_id``/``profile``)."""
+        import ipyparallel as ipp
+
+        kwargs: dict[str, Any] = {}
+        if self.cluster_id is not None:
+            kwargs["cluster_id"] = self.cluster_id
+        if self.profile is not None:
+            kwargs["profile"] = self.profile
+        self.client = ipp.Client(**kwargs)
+        self._theirs = self._their_controller()
+
+    def _start_failed(self, exc: Exception) -> ClusterError:
+        """Stop what started, and the error that says why the start failed."""
+        where = ("the local cluster" if self.owned else
+                 f"cluster {self.cluster_id or ''!s} (profile {self.profile or 'default'})")
+        gone = self.controller_gone() if self.owned and not isinstance(exc, ClusterError) else None
+        self.stop()
+        why = str(exc) if isinstance(exc, ClusterError) else f"{type(exc).__name__}: {exc}"
+        if gone:  # ipyparallel's words for it name a status code
+            why = f"the controller {gone} while the cluster started"
+        return ClusterError(f"could not start {where} with {self.n} engines: {why}")
+
+    def _wait_for_engines(self, every: float = 0.1) -> None:
+        """Until ``n`` engines have registered (or the start timeout), telling
+        :attr:`on_registered` each new count; ``wait_for_engines`` then checks and raises."""
+        deadline = time.monotonic() + self.start_timeout
+        told = -1
+        while time.monotonic() < deadline:
+            count = len(self.client.ids)
+            if count != told and self.on_registered is not None:
+                self.on_registered(min(count, self.n))
+                told = count
+            if count >= self.n:
+                return
+            if trouble := self._starting_trouble():
+                raise ClusterError(trouble)
+            time.sleep(every)
+
+    def _launched(self) -> list[int]:
+        """Pids of the engines an owned cluster's launchers started."""
+        return [launcher.pid for engine_set in getattr(self.cluster, "engines", {}).values()
+                for launcher in getattr(engine_set, "launchers", {}).values()
+                if (getattr(launcher, "pid", None) or -1) > 0]
+
+    def processes(self) -> dict[str, Any]:
+        """Pids so far: an owned cluster's ``controller`` (None when attached or not started),
+        the engines its launchers started (``launched``), the registered ``engines``, and the
+        holder of their private network (``netns``, None without one)."""
+        pid = getattr(getattr(self.cluster, "controller", None), "pid", None)
+        return {"controller": pid if (pid or -1) > 0 else None, "launched": self._launched(),
+                "engines": [e.pid for e in self.engines],
+                "netns": self.namespace.pid if self.namespace is not None else None}
+
+    def _identify(self) -> None:
+        ids = sorted(self.client.ids)[: self.n]
+        if len(ids) < self.n:
+            raise ClusterError(f"{self.n} engines wanted, {len(ids)} registered")
+        try:
+            found = self.client[ids].apply_async(_identify).get(timeout=60)
+        except Exception as exc:  # a stopped engine stays registered until its heartbeat stops
+            raise ClusterError(f"the engines did not answer within 60 s ({type(exc).__name__}); is "
+                               f"one of them stopped or busy?") from exc
+        self.engines = [EngineInfo(eid, pid, host) for eid, (pid, host) in zip(ids, found)]
+        if self.owned:
+            self._pids_started |= {e.pid for e in self.engines}
+            self._pids_started |= set(self._process_tree_pids())
+
+    def view(self, engine_ids: Iterable[int] | None = None):
+        ids = [e.engine_id for e in self.engines] if engine_ids is None else list(engine_ids)
+        return self.client[ids]
+
+    def stop(self) -> None:
+        """Disconnect; for an owned cluster stop controller and engines and reap every process."""
+        client, self.client = self.client, None
+        cluster, self.cluster = self.cluster, None
+        self._theirs = None
+        tree = self._process_tree_pids() if cluster is not None else []
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass
+        if cluster is not None:
+            self._exits.restore()
+            # End every process we started, by pid (engines hold no state worth a slow
+            # goodbye, and nannies would otherwise outlive stop_cluster by ~30 s), then
+            # let ipyparallel tidy its files and bookkeeping (quick: nothing left to wait for).
+            kill_pids(set(tree) | self._pids_started, grace=1.0)
+            try:
+                cluster.stop_cluster_sync()
+            except Exception as exc:
+                import logging
+
+                logging.getLogger("kdist_magics").debug("stop_cluster: %r", exc)
+            end_sync_thread(cluster)
+        if self.namespace is not None:
+            self.namespace.stop()
+            self.namespace = None
+        self._pids_started = set()
+        self.engines = []
+        self._exits.close()
+        self._exits = LauncherExits()  # a restarted cluster's engines are new processes
+
+    def restart(self) -> "EngineCluster":
+        if not self.owned:
+            raise ClusterError("an attached cluster is not kdist's to restart; restart its engines "
+                               "(ipcluster) and run the cell again")
+        self.stop()
+        self.cluster_id = None
+        return self.start()
+
+    def _process_tree_pids(self) -> list[int]:
+        """Pids of every process this cluster started (controller, engines, nannies)."""
+        import psutil
+
+        facts = self.processes()
+        roots = set(facts["launched"]) | ({facts["controller"]} if facts["controller"] else set())
+        roots |= {e.pid for e in self.engines} if self.owned else set()
+        pids = set(roots)
+        for pid in roots:
+            try:
+                pids |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+            except psutil.Error:
+                pass
+        return sorted(pids)
+
+    # -- signalling ------------------------------------------------------------
+    def signal(self, signum: int, engine_ids: Iterable[int] | None = None) -> None:
+        """Send ``signum`` to engines (by pid when local, else through ipyparallel)."""
+        wanted = set(e.engine_id for e in self.engines) if engine_ids is None else set(engine_ids)
+        remote = []
+        for engine in self.engines:
+            if engine.engine_id not in wanted:
+                continue
+            if self._local(engine):
+                try:
+                    os.kill(engine.pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            else:
+                remote.append(engine.engine_id)
+        if remote and self.client is not None:
+            try:
+                self.client.send_signal(signum, targets=remote, block=True)
+            except Exception:
+                pass
+
+    def kill(self, engine_ids: Iterable[int] | None = None) -> None:
+        """SIGKILL engines (owned clusters only: never kill somebody else's engines)."""
+        if not self.owned:
+            self.signal(signal.SIGINT, engine_ids)
+            return
+        self.signal(signal.SIGKILL, engine_ids)
+
+    def status(self) -> dict[str, Any]:
+        if not self.running:
+            return {"engines": "not started"}
+        facts = {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
+                 "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}
+        if self.namespace is not None:
+            facts["network"] = (f"private (the engines in namespace holder pid {self.namespace.pid}; "
+                                f"the controller on Unix sockets in {self.namespace.folder})")
+        return facts

@@ -1,0 +1,144 @@
+"""Processes that follow the kernel from their first instant.
+
+``python -m kdist_magics.cluster.follow PID STARTED MODULE ARGS...`` runs ``MODULE`` (ipyparallel's
+controller or engine) as ``__main__``, after starting a thread that waits for process PID
+(created at STARTED, so a reused pid is never taken for it) to end; then it kills this
+process's children (an engine's nanny, the controller's schedulers) and itself.
+
+kdist starts an owned cluster's controller and engines through this (their launchers'
+``controller_cmd`` / ``engine_cmd``), so a kernel that is killed at any moment, even while
+the engines are still starting, takes them with it: a killed kernel runs no ``atexit``, and
+ipyparallel has no such option. The watcher (:mod:`.lifetime`) sleeps on a pidfd (Linux),
+waking only when the kernel ends; elsewhere it looks every half second. A small guard process
+(``--guard``) does the same from outside, since a thread cannot run while the process's
+interpreter lock is held for seconds (TensorFlow's import does that). ``--netns HOLDER`` first joins a cluster's
+private network (:mod:`.namespace`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from .lifetime import alive, descendants, end_with
+
+
+def command(module: str, pid: int | None = None, started: float | None = None,
+            nice: int = 0, netns: int | None = None, preload: tuple[str, ...] = (),
+            threads: int = 0, ranks: int = 1) -> list[str]:
+    """The command line that runs ``python -m module`` following process ``pid`` (this one),
+    ``nice`` added to its priority (the controller: it and its schedulers run beside the ranks),
+    inside the namespaces of holder ``netns`` (:mod:`.namespace`) when given, importing
+    ``preload`` first (:func:`preload`, ``threads`` each for ``ranks`` ranks on this host)."""
+    import psutil
+
+    if pid is None:
+        pid = os.getpid()
+    if started is None:
+        started = psutil.Process(pid).create_time()
+    return [sys.executable, "-m", "kdist_magics.cluster.follow", *(["--netns", str(netns)] if netns else []),
+            *(["--nice", str(nice)] if nice else []),
+            *(["--preload", ",".join(preload), "--threads", str(threads), "--ranks", str(ranks)]
+              if preload else []),
+            str(pid), repr(started), module]
+
+
+def preload(modules: list[str], threads: int, ranks: int = 1) -> str:
+    """Import ``modules`` (a strategy's framework) in an engine before it registers, so the
+    import runs while the controller and the other engines start rather than after them;
+    the thread variables first, as the run sets them (``threads`` per rank, ``ranks`` ranks on
+    this host: :func:`kdist_magics.engine.engine.thread_env`). Not where NVIDIA
+    GPUs are visible: a rank's GPU is chosen when its run starts (as ``%kdist start`` does).
+    A failing import is left to the run, which imports again and names the error. Returns
+    what was done."""
+    import importlib
+
+    from ..engine.engine import thread_env
+    from .placement import visible_gpus
+
+    if visible_gpus(os.environ):
+        return "skipped: GPUs here"
+    os.environ.update(thread_env(threads, ranks))
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the run's own import says it in the cell
+            return f"{name} failed: {type(exc).__name__}: {exc}"
+    return "imported " + ", ".join(modules)
+
+
+def guard(pid: int, started: float, target: int) -> None:
+    """``python -m kdist_magics.cluster.follow --guard PID STARTED TARGET``: a small process of its own
+    that ends process TARGET and its children once PID is gone, and ends itself when TARGET
+    does. A thread inside TARGET is not enough: while TARGET imports TensorFlow, the import
+    holds its interpreter lock for seconds, and a thread there cannot run."""
+    import select
+
+    import psutil
+
+    try:
+        kernel_fd, target_fd = os.pidfd_open(pid), os.pidfd_open(target)
+    except (AttributeError, OSError):  # no pidfds here: the thread in TARGET does the work
+        return
+    if alive(pid, started):
+        ready, _, _ = select.select([kernel_fd, target_fd], [], [])
+        if target_fd in ready and kernel_fd not in ready:
+            return  # TARGET ended first, as it should
+    try:
+        proc = psutil.Process(target)
+    except psutil.Error:
+        return
+    me = os.getpid()
+    for _ in range(3):  # TARGET may be starting a child (an engine its nanny) just now
+        for child in descendants(proc):
+            if child.pid != me:
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+        threading.Event().wait(0.05)
+
+
+def main(argv: list[str]) -> None:
+    import runpy
+    import subprocess
+
+    if argv[0] == "--guard":
+        guard(int(argv[1]), float(argv[2]), int(argv[3]))
+        return
+    if argv[0] == "--netns":  # first, while this process has one thread (setns needs that)
+        from .namespace import enter
+
+        enter(int(argv[1]))
+        argv = argv[2:]
+    if argv[0] == "--nice":
+        try:
+            os.nice(int(argv[1]))  # before anything starts: its threads and children inherit it
+        except (AttributeError, OSError):
+            pass
+        argv = argv[2:]
+    modules, threads, ranks = [], 0, 1
+    if argv[0] == "--preload":  # --preload a,b --threads N --ranks M
+        modules, threads, ranks, argv = argv[1].split(","), int(argv[3]), int(argv[5]), argv[6:]
+    pid, started, module, *rest = argv
+    end_with(int(pid), float(started))
+    # the guard: started before the module (and its heavy imports) runs
+    subprocess.Popen([sys.executable, "-m", "kdist_magics.cluster.follow", "--guard", pid, started,
+                      str(os.getpid())], stdin=subprocess.DEVNULL, close_fds=True)
+    if module == "ipyparallel.controller":
+        from .compat_ipyparallel import ipc_urls_as_read
+
+        ipc_urls_as_read()
+    if modules:  # after the guard: an import holds this process's lock for seconds
+        os.environ["KDIST_PRELOADED"] = preload(modules, threads, ranks)
+    sys.argv = [module, *rest]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,8 @@
+"""Watching a run: its record, telemetry, and every view of it.
+
+:mod:`.record` is one run's record (``last_run()``); :mod:`.telemetry` (the Keras callback)
+and :mod:`.sampling` (utilisation) produce its rows, :mod:`.stragglers` reads them;
+:mod:`.dashboard` is the live widget (front end in ``static/``), :mod:`.svg` its static view,
+:mod:`.plot` the matplotlib view after the run, :mod:`.axes` their shared chart rules;
+:mod:`.tensorboard` writes event files and :mod:`.tf_logs` quiets TensorFlow's INFO lines.
+"""

@@ -1,0 +1,480 @@
+// kdist_magics live dashboard: an anywidget ES module. Plain DOM + SVG, no dependencies.
+// Model traits: `state` (status, progress, ranks) and `curves_json` (JSON of {names, series}).
+
+const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+const SVGNS = "http://www.w3.org/2000/svg";
+
+function h(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  return e;
+}
+
+function s(tag, attrs) {
+  const e = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  return e;
+}
+
+function fmtBytes(b) {
+  if (b === null || b === undefined) return "–";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+  return `${b.toFixed(i ? 1 : 0)} ${u[i]}`;
+}
+
+function fmtTime(sec) {
+  if (sec === null || sec === undefined || !isFinite(sec)) return "–";
+  sec = Math.max(0, Math.round(sec));
+  const m = Math.floor(sec / 60), r = sec % 60;
+  return m >= 60 ? `${Math.floor(m / 60)}:${String(m % 60).padStart(2, "0")}:${String(r).padStart(2, "0")}`
+                 : `${m}:${String(r).padStart(2, "0")}`;
+}
+
+function fmtNum(v) {
+  if (v === null || v === undefined) return "–";
+  const a = Math.abs(v);
+  return a !== 0 && (a < 1e-3 || a >= 1e5) ? v.toExponential(2) : v.toPrecision(4).replace(/\.?0+$/, "");
+}
+
+function bar(label, fraction, text, cls) {
+  const row = h("div", "kdist-bar " + (cls || ""));
+  row.appendChild(h("span", "kdist-bar-label", label));
+  const track = h("span", "kdist-bar-track");
+  const fill = h("span", "kdist-bar-fill");
+  const f = fraction === null || fraction === undefined || !isFinite(fraction) ? 0 : Math.min(1, Math.max(0, fraction));
+  fill.style.width = `${(f * 100).toFixed(1)}%`;
+  track.appendChild(fill);
+  row.appendChild(track);
+  row.appendChild(h("span", "kdist-bar-text", text));
+  return row;
+}
+
+// -- axes: the rules of kdist_magics/watch/axes.py (tests/test_dashboard_js.py compares the two) --
+export const LOG_SPAN = 10, SMOOTHING = 0.6;
+const clean = v => +v.toPrecision(12);
+
+export function niceStep(span, count) {
+  const raw = span / Math.max(1, count);
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const f = raw / mag;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
+}
+
+export function linearRange(lo, hi, count = 5) {  // [axis low, axis high, ticks]
+  if (!(hi > lo)) { const pad = Math.abs(lo) * 0.05 || 1; lo -= pad; hi += pad; }
+  const step = niceStep(hi - lo, count);
+  const a = clean(Math.floor(lo / step + 1e-9) * step), b = clean(Math.ceil(hi / step - 1e-9) * step);
+  const n = Math.round((b - a) / step), ticks = [];
+  for (let i = 0; i <= n; i++) ticks.push(clean(a + i * step));
+  return [a, b, ticks];
+}
+
+export function logRange(lo, hi) {  // positive data: whole decades, 2 and 5 (or 3) between
+  const a = Math.floor(Math.log10(lo) + 1e-9);
+  let b = Math.ceil(Math.log10(hi) - 1e-9);
+  if (b <= a) b = a + 1;
+  const decades = b - a;
+  const mults = decades <= 1 ? [1, 2, 5] : decades <= 3 ? [1, 3] : [1];
+  const every = Math.max(1, Math.ceil(decades / 6)), ticks = [];
+  for (let e = a; e <= b; e++) {
+    if ((e - a) % every) continue;
+    for (const m of mults) if (e < b || m === 1) ticks.push(clean(m * Math.pow(10, e)));
+  }
+  return [clean(Math.pow(10, a)), clean(Math.pow(10, b)), ticks];
+}
+
+export function wantsLog(values) {
+  const v = values.filter(x => x !== null && x !== undefined);
+  return v.length > 0 && Math.min(...v) > 0 && Math.max(...v) / Math.min(...v) > LOG_SPAN;
+}
+
+export function smooth(values, weight = SMOOTHING) {  // TensorBoard's debiased moving average
+  let last = 0;
+  return values.map((v, i) => { last = last * weight + (1 - weight) * v; return last / (1 - Math.pow(weight, i + 1)); });
+}
+
+export function tickLabel(v) {
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a < 1e-3 || a >= 1e5) { const [m, e] = v.toExponential(0).split("e"); return `${m}e${+e}`; }
+  return String(+v.toPrecision(3));
+}
+
+function nearest(line, x) {  // the point of a line (sorted by step) nearest to step x
+  let lo = 0, hi = line.length - 1;
+  while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (line[mid][0] < x) lo = mid; else hi = mid; }
+  return Math.abs(line[lo][0] - x) <= Math.abs(line[hi][0] - x) ? line[lo] : line[hi];
+}
+
+const usable = line => (line || []).filter(p => p[0] !== null && p[1] !== null);
+
+// One SVG chart: a line per rank (training), hollow points per epoch (validation), ticks.
+// `o`: {log, smooth, hoverX, width, height}. Returns {svg, drawn, toX, fromX, lines, val}.
+function chart(name, series, val, o) {
+  const { width, height } = o;
+  const svg = s("svg", { class: "kdist-chart", width, height, viewBox: `0 0 ${width} ${height}`,
+    "data-metric": name, "data-scale": o.log ? "log" : "linear" });
+  const ranks = Object.keys(series || {}).sort((a, b) => +a - +b);
+  const lines = {}, vals = {};
+  for (const r of ranks) lines[r] = usable(series[r]);
+  for (const r of Object.keys(val || {})) vals[r] = usable(val[r]);
+  const all = [...Object.values(lines), ...Object.values(vals)].flat();
+  const L = 44, R = 8, T = 6, B = 28;
+  const W = width - L - R, H = height - T - B;
+  svg.appendChild(s("rect", { x: L, y: T, width: W, height: H, class: "kdist-plot-bg" }));
+  const out = { svg, drawn: 0, lines, vals, plot: { L, T, W, H } };
+  if (!all.length) {
+    const t = s("text", { x: L + W / 2, y: T + H / 2, "text-anchor": "middle", class: "kdist-axis" });
+    t.textContent = `waiting for ${name}…`;
+    svg.appendChild(t);
+    return out;
+  }
+  const ys = all.map(p => p[1]);
+  const log = o.log && Math.min(...ys) > 0;
+  const [y0, y1, yTicks] = log ? logRange(Math.min(...ys), Math.max(...ys)) : linearRange(Math.min(...ys), Math.max(...ys));
+  let x0 = Math.min(...all.map(p => p[0])), x1 = Math.max(...all.map(p => p[0]));
+  if (x1 <= x0) x1 = x0 + 1;
+  const f = log ? Math.log10 : (v => v);
+  const X = x => L + (x - x0) / (x1 - x0) * W;
+  const Y = y => T + (1 - (f(y) - f(y0)) / (f(y1) - f(y0))) * H;
+  out.toX = X;
+  out.fromX = px => x0 + (px - L) / W * (x1 - x0);
+  for (const v of yTicks) {
+    const y = Y(v);
+    svg.appendChild(s("line", { x1: L, x2: L + W, y1: y, y2: y, class: "kdist-grid" }));
+    const t = s("text", { x: L - 4, y: y + 3, "text-anchor": "end", class: "kdist-axis kdist-ytick" });
+    t.textContent = tickLabel(v);
+    svg.appendChild(t);
+  }
+  const xTicks = linearRange(x0, x1, 4)[2].filter(v => v >= x0 - 1e-9 && v <= x1 + 1e-9);
+  for (const v of xTicks) {
+    const x = X(v);
+    svg.appendChild(s("line", { x1: x, x2: x, y1: T + H, y2: T + H + 3, class: "kdist-tickmark" }));
+    const t = s("text", { x, y: T + H + 13, "text-anchor": "middle", class: "kdist-axis kdist-xtick" });
+    t.textContent = tickLabel(v);
+    svg.appendChild(t);
+  }
+  const label = s("text", { x: L + W, y: height - 2, "text-anchor": "end", class: "kdist-axis" });
+  label.textContent = "step";
+  svg.appendChild(label);
+  const colour = r => PALETTE[(+r) % PALETTE.length];  // as the legend and rank rows
+  const path = (line, cls, extra) => s("polyline", Object.assign({
+    points: line.map(p => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" "), fill: "none",
+    class: cls }, extra));
+  for (const r of ranks) {
+    const line = lines[r];
+    if (!line.length) continue;
+    out.drawn += line.length;
+    if (o.smooth && line.length > 2) {
+      svg.appendChild(path(line, "kdist-line kdist-raw", { stroke: colour(r), "data-rank": r }));
+      const sm = smooth(line.map(p => p[1]));
+      svg.appendChild(path(line.map((p, i) => [p[0], sm[i]]), "kdist-line kdist-smoothed",
+        { stroke: colour(r), "data-rank": r }));
+    } else {
+      svg.appendChild(path(line, "kdist-line", { stroke: colour(r), "data-rank": r }));
+    }
+    if (line.length === 1) svg.appendChild(s("circle", { cx: X(line[0][0]), cy: Y(line[0][1]), r: 2.5, fill: colour(r) }));
+  }
+  for (const [r, pts] of Object.entries(vals)) {
+    for (const p of pts) {
+      svg.appendChild(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3.2, class: "kdist-val", stroke: colour(r),
+        "data-rank": r }));
+      out.drawn += 1;
+    }
+  }
+  if (o.hoverX !== null && o.hoverX !== undefined) {  // the guide at the nearest step
+    const near = Object.values(lines).filter(l => l.length).map(l => nearest(l, o.hoverX));
+    if (near.length) {
+      const step = near.reduce((a, p) => Math.abs(p[0] - o.hoverX) < Math.abs(a - o.hoverX) ? p[0] : a, near[0][0]);
+      out.hoverStep = step;
+      svg.appendChild(s("line", { x1: X(step), x2: X(step), y1: T, y2: T + H, class: "kdist-guide" }));
+      for (const r of ranks) {
+        if (!lines[r].length) continue;
+        const p = nearest(lines[r], step);
+        svg.appendChild(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3, fill: colour(r), class: "kdist-hover-dot" }));
+      }
+    }
+  }
+  out.colour = colour;
+  return out;
+}
+
+// A chart with its own log and smoothing toggles and a hover read-out. The user's choices are
+// kept per metric across the live updates (front-end only: the kernel may be busy training).
+function chartBox(titleEl) {
+  const box = h("div", "kdist-chart-box");
+  const head = h("div", "kdist-chart-head");
+  const toggle = (text, cls, title) => {
+    const label = h("label", `kdist-toggle ${cls}`);
+    label.title = title;
+    const input = h("input");
+    input.type = "checkbox";
+    label.append(input, document.createTextNode(text));
+    return [label, input];
+  };
+  const [logLabel, logInput] = toggle("log", "kdist-log", "logarithmic value axis");
+  const [smoothLabel, smoothInput] = toggle("smooth", "kdist-smooth", "moving average (TensorBoard's, weight 0.6)");
+  head.append(titleEl, logLabel, smoothLabel);
+  const holder = h("div", "kdist-chart-holder");
+  const tip = h("div", "kdist-tip");
+  box.append(head, holder);
+  const prefs = {};
+  let name = null, series = null, val = null, hoverX = null, drawnChart = null, ranksInfo = [];
+  const pref = () => (prefs[name] = prefs[name] || { log: null, smooth: false });
+  logInput.addEventListener("change", () => { pref().log = logInput.checked; redraw(); });
+  smoothInput.addEventListener("change", () => { pref().smooth = smoothInput.checked; redraw(); });
+  holder.addEventListener("mousemove", ev => {
+    if (!drawnChart || !drawnChart.fromX) return;
+    const rect = drawnChart.svg.getBoundingClientRect();
+    const px = (ev.clientX - rect.left) * (+drawnChart.svg.getAttribute("width") / (rect.width || 1));
+    const { L, W } = drawnChart.plot;
+    hoverX = px < L - 4 || px > L + W + 4 ? null : drawnChart.fromX(Math.min(L + W, Math.max(L, px)));
+    redraw();
+  });
+  holder.addEventListener("mouseleave", () => { hoverX = null; redraw(); });
+
+  function readout(c) {
+    tip.replaceChildren();
+    if (c.hoverStep === undefined) { tip.style.display = "none"; return; }
+    const ranks = Object.keys(c.lines).filter(r => c.lines[r].length).sort((a, b) => +a - +b);
+    const first = nearest(c.lines[ranks[0]], c.hoverStep);
+    const epoch = first[2] === undefined || first[2] === null ? "" : ` · epoch ${first[2] + 1}`;
+    tip.appendChild(h("div", "kdist-tip-head", `step ${c.hoverStep}${epoch}`));
+    for (const r of ranks) {
+      const p = nearest(c.lines[r], c.hoverStep);
+      const row = h("div", "kdist-tip-row");
+      const sw = h("span", "kdist-swatch");
+      sw.style.background = c.colour(r);
+      const v = (c.vals[r] || []).find(q => q[2] !== undefined && q[2] === p[2]);
+      row.append(sw, document.createTextNode(`rank ${r}: ${fmtNum(p[1])}${v ? ` · val ${fmtNum(v[1])}` : ""}`));
+      tip.appendChild(row);
+    }
+    tip.style.display = "";
+    const x = c.toX(c.hoverStep), w = +c.svg.getAttribute("width");
+    tip.style.left = x > w / 2 ? "" : `${x + 8}px`;
+    tip.style.right = x > w / 2 ? `${w - x + 8}px` : "";
+  }
+
+  function redraw() {
+    if (name === null) return;
+    const p = pref();
+    const values = [...Object.values(series || {}), ...Object.values(val || {})].flat().map(q => q[1]);
+    const positive = values.length > 0 && Math.min(...values.filter(v => v !== null)) > 0;
+    const log = positive && (p.log === null ? wantsLog(values) : p.log);
+    logInput.checked = log;
+    logInput.disabled = !positive;
+    smoothInput.checked = p.smooth;
+    drawnChart = chart(name, series, val, { log, smooth: p.smooth, hoverX, width: 350, height: 170 });
+    holder.replaceChildren(drawnChart.svg, tip);
+    readout(drawnChart);
+  }
+
+  return {
+    box,
+    update(metric, s2, v2) { name = metric; series = s2; val = v2; redraw(); return drawnChart ? drawnChart.drawn : 0; },
+  };
+}
+
+function render({ model, el }) {
+  const root = h("div", "kdist-dashboard");
+  el.appendChild(root);
+  let chosen = null;      // metric picked in the selector (front-end only: the kernel may be busy)
+  let received = Date.now();
+  let timer = null;
+  // Persistent parts: the charts row (with the metric selector) is never detached, so an
+  // open selector survives the live updates; `top` and `bottom` are rebuilt on each update.
+  const top = h("div", "kdist-top");
+  const charts = h("div", "kdist-charts");
+  const lossChart = chartBox(h("div", "kdist-chart-title", "loss"));
+  lossChart.box.classList.add("kdist-chart-loss");
+  const sel = h("select", "kdist-metric-select");
+  const metricChart = chartBox(sel);
+  metricChart.box.classList.add("kdist-chart-metric");
+  const metricBox = metricChart.box;
+  charts.append(lossChart.box, metricBox);
+  const bottom = h("div", "kdist-bottom");
+  root.appendChild(top);
+  root.appendChild(charts);
+  root.appendChild(bottom);
+  let optionsKey = "";
+  sel.addEventListener("change", () => { chosen = sel.value; draw(); });
+
+  function draw() {
+    const st = model.get("state") || {};
+    const cv = curves();
+    const status = st.status || "running";
+    root.dataset.status = status;
+    top.replaceChildren();
+    bottom.replaceChildren();
+
+    // header
+    const head = h("div", "kdist-head");
+    const world = st.world_size != null && st.world_size !== st.size ? `${st.world_size} of ` : "";
+    head.appendChild(h("span", "kdist-title", `kdist · ${st.strategy || "?"} · ${world}${st.size || 0} rank${st.size === 1 ? "" : "s"}`));
+    head.appendChild(h("span", `kdist-badge kdist-status kdist-${status}`, status));
+    const elapsed = st.running ? (st.elapsed || 0) + (Date.now() - received) / 1000 : st.elapsed;
+    head.appendChild(h("span", "kdist-elapsed", `elapsed ${fmtTime(elapsed)}`));
+    top.appendChild(head);
+    if (st.reason) top.appendChild(h("div", "kdist-reason", `auto: ${st.reason}`));
+    if (st.resize_note) top.appendChild(h("div", "kdist-resized", st.resize_note));  // words from messages.resized_note
+    for (const note of st.stragglers || []) top.appendChild(h("div", "kdist-straggler-note", `straggler: ${note}`));
+    if (st.lost_note) {  // the words come from Python (kdist_magics.messages.lost_batches)
+      top.appendChild(h("div", "kdist-lost", st.lost_note));
+    }
+    if (["failed", "interrupted", "timeout", "stopped"].includes(status) || st.error) {
+      top.appendChild(h("div", `kdist-banner kdist-${status}`,
+        `${status.toUpperCase()}${st.error ? ": " + st.error : ""}`));
+    }
+
+    // progress
+    const p = st.progress || {};
+    const parts = [];
+    if (p.epochs) parts.push(`epoch ${Math.min((p.epoch || 0) + 1, p.epochs)}/${p.epochs}`);
+    if (p.total_steps) parts.push(`step ${p.step || 0}/${p.total_steps}`);
+    if (p.samples_per_s) parts.push(`${fmtNum(p.samples_per_s)} samples/s`);
+    else if (p.steps_per_s) parts.push(`${fmtNum(p.steps_per_s)} steps/s`);
+    if (p.eta_s !== null && p.eta_s !== undefined) {
+      const eta = st.running ? p.eta_s - (Date.now() - received) / 1000 : p.eta_s;
+      parts.push(`ETA ${fmtTime(eta)}`);
+    }
+    // before fit() reports, say what the run is doing (phase names come from Python)
+    const ph = st.phase;
+    let waiting = "waiting for fit()…";
+    if (ph && !parts.length) {
+      const since = (ph.elapsed || 0) + (st.running ? (Date.now() - received) / 1000 : 0);
+      waiting = `${ph.name}${ph.detail ? " (" + ph.detail + ")" : ""} · ${fmtTime(since)}`;
+    }
+    const prog = bar("progress", p.fraction, parts.join(" · ") || waiting, "kdist-progress");
+    top.appendChild(prog);
+    if ((st.phases || []).length) {
+      top.appendChild(h("div", "kdist-phases",
+        st.phases.map(([name, secs]) => `${name} ${fmtTime(secs)}`).join(" · ")));
+    }
+
+    // curves: training per step, validation (val_<name>) as points per epoch on <name>'s chart
+    const names = cv.names || [];
+    const sv = cv.series || {};
+    const overlaid = n => n.startsWith("val_") && names.includes(n.slice(4));
+    const others = names.filter(n => n !== "loss" && !overlaid(n));
+    if (chosen === null || !others.includes(chosen)) chosen = others.find(n => !n.startsWith("val_") && n !== "lr") || others[0] || null;
+    let total = lossChart.update("loss", sv.loss, sv.val_loss);
+    metricBox.style.display = others.length ? "" : "none";
+    if (others.length) {
+      if (others.join("\n") !== optionsKey) {  // only when the list of metrics changes
+        optionsKey = others.join("\n");
+        sel.replaceChildren(...others.map(n => { const o = h("option", null, n); o.value = n; return o; }));
+      }
+      if (sel.value !== chosen) sel.value = chosen;
+      total += metricChart.update(chosen, sv[chosen], chosen.startsWith("val_") ? null : sv["val_" + chosen]);
+    }
+    root.dataset.points = String(total);
+    // legend
+    const ranks = st.ranks || [];
+    const legend = h("div", "kdist-legend");
+    const curveRanks = Object.keys((cv.series || {}).loss || {}).sort((a, b) => +a - +b);
+    const shared = ranks.some(r => r.shared);  // in-kernel replicas: one process, one curve
+    curveRanks.forEach(r => {
+      const item = h("span", "kdist-legend-item");
+      const sw = h("span", "kdist-swatch");
+      sw.style.background = PALETTE[(+r) % PALETTE.length];
+      item.appendChild(sw);
+      item.appendChild(document.createTextNode(
+        shared && curveRanks.length === 1 ? `all ${ranks.length} replicas (one process)` : `rank ${r}`));
+      legend.appendChild(item);
+    });
+    if (names.some(overlaid)) {
+      const item = h("span", "kdist-legend-item kdist-legend-val");
+      item.appendChild(h("span", "kdist-val-swatch"));
+      item.appendChild(document.createTextNode("validation (per epoch)"));
+      legend.appendChild(item);
+    }
+    bottom.appendChild(legend);
+
+    // one row per rank / device
+    const table = h("div", "kdist-ranks");
+    for (const r of ranks) {
+      const row = h("div", `kdist-rank kdist-rank-${r.state}${r.straggler ? " kdist-rank-straggler" : ""}`);
+      row.dataset.rank = r.rank;
+      const left = h("div", "kdist-rank-id");
+      const badges = h("span", "kdist-badges");
+      badges.appendChild(h("span", `kdist-badge kdist-${r.state}`, r.state));
+      if (r.straggler) {
+        const b = h("span", "kdist-badge kdist-straggler", "straggler");
+        b.title = r.straggler;
+        badges.appendChild(b);
+      }
+      left.appendChild(badges);
+      left.appendChild(h("span", "kdist-rank-name", `rank ${r.rank}`));
+      const where = [r.host, r.pid ? `pid ${r.pid}` : null, r.device].filter(Boolean).join(" · ");
+      left.appendChild(h("span", "kdist-where", where + (r.shared ? " (shared process)" : "")));
+      row.appendChild(left);
+      const bars = h("div", "kdist-rank-bars");
+      const ncpu = r.cpu_count || 1;
+      bars.appendChild(bar("CPU", r.cpu_percent === undefined || r.cpu_percent === null ? null : r.cpu_percent / (100 * ncpu),
+        r.cpu_percent === undefined || r.cpu_percent === null ? "–" : `${Math.round(r.cpu_percent)}% of ${ncpu} core${ncpu === 1 ? "" : "s"}`, "kdist-cpu"));
+      bars.appendChild(h("div", "kdist-rss", `RSS ${fmtBytes(r.rss_bytes)}`));
+      for (const g of r.gpus || []) {
+        bars.appendChild(bar(`GPU${g.index}`, g.util_percent === null ? null : g.util_percent / 100,
+          g.util_percent === null ? "–" : `${Math.round(g.util_percent)}%`, "kdist-gpu"));
+        bars.appendChild(bar(`mem${g.index}`, g.mem_total_bytes ? g.mem_used_bytes / g.mem_total_bytes : null,
+          `${fmtBytes(g.mem_used_bytes)} / ${fmtBytes(g.mem_total_bytes)}`, "kdist-gpumem"));
+      }
+      for (const t of r.tpus || []) {
+        bars.appendChild(t.mem_total_bytes
+          ? bar(`TPU${t.index}`, t.mem_used_bytes / t.mem_total_bytes,
+                `${fmtBytes(t.mem_used_bytes)} / ${fmtBytes(t.mem_total_bytes)}`, "kdist-gpumem")
+          : h("div", "kdist-tpu", `TPU${t.index} memory ${fmtBytes(t.mem_used_bytes)}`));
+      }
+      if (!(r.gpus || []).length && !(r.tpus || []).length && r.accelerator_note) {
+        bars.appendChild(h("div", "kdist-note", `accelerator: ${r.accelerator_note}`));
+      }
+      row.appendChild(bars);
+      const right = h("div", "kdist-rank-loss");
+      if (r.loss !== null && r.loss !== undefined) right.appendChild(h("div", null, `loss ${fmtNum(r.loss)}`));
+      if (r.step) right.appendChild(h("div", "kdist-where", `step ${r.step}${r.total_steps ? "/" + r.total_steps : ""}`));
+      if (r.own_step_s) {  // the rank's own time per step, and its wait for the others
+        const ms = v => `${v >= 0.01 ? Math.round(v * 1000) : +(v * 1000).toPrecision(2)} ms`;
+        const t = h("div", "kdist-where kdist-own-step",
+          `${ms(r.own_step_s)}/step` + (r.wait_step_s >= 0.0005 ? ` · waits ${ms(r.wait_step_s)}` : ""));
+        t.title = "this rank's own work per step, and how long it waits per step for the others";
+        right.appendChild(t);
+      }
+      row.appendChild(right);
+      if (r.error) row.appendChild(h("div", "kdist-rank-error", r.error));
+      table.appendChild(row);
+    }
+    bottom.appendChild(table);
+  }
+
+  let parsedText = null, parsed = { names: [], series: {} };
+  function curves() {  // parse the curves' JSON once per change
+    const text = model.get("curves_json") || "{}";
+    if (text !== parsedText) {
+      parsedText = text;
+      try { parsed = Object.assign({ names: [], series: {} }, JSON.parse(text)); } catch (e) { /* keep the last */ }
+    }
+    return parsed;
+  }
+  function onChange() { received = Date.now(); draw(); }
+  model.on("change:state", onChange);
+  model.on("change:curves_json", onChange);
+  draw();
+  // keep elapsed/ETA ticking between updates while the run is live
+  // (only the clock text, so an open metric selector is not rebuilt under the pointer)
+  timer = setInterval(() => {
+    const st = model.get("state") || {};
+    const span = root.querySelector(".kdist-elapsed");
+    if (st.running && span) span.textContent = `elapsed ${fmtTime((st.elapsed || 0) + (Date.now() - received) / 1000)}`;
+  }, 1000);
+  return () => {
+    clearInterval(timer);
+    model.off("change:state", onChange);
+    model.off("change:curves_json", onChange);
+  };
+}
+
+export default { render };

@@ -1,0 +1,109 @@
+"""The dashboard's static view (saved notebooks, GitHub, nbviewer): an HTML summary
+(:func:`static_summary`) with the loss curves as inline SVG (:func:`svg_curves`).
+
+Same axes as the live widget (:mod:`kdist_magics.watch.axes`): value ticks, a log axis when the
+curve spans more than a decade, validation values as hollow points per epoch.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import math
+
+from .axes import linear_range, log_range, tick_label, wants_log
+
+#: one colour per rank, as in static/dashboard.js
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def _points(series: dict | None) -> dict[str, list[tuple[float, float]]]:
+    return {str(rank): [(p[0], p[1]) for p in line if p[0] is not None and p[1] is not None]
+            for rank, line in (series or {}).items()}
+
+
+def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,
+               height: int = 170, val: dict[str, list] | None = None) -> str:
+    """Inline SVG: one polyline per rank, ``val`` (validation per epoch) as hollow points."""
+    lines, vals = _points(series), _points(val)
+    pts = [p for line in [*lines.values(), *vals.values()] for p in line]
+    if not pts:
+        return ""
+    ys = [p[1] for p in pts]
+    log = wants_log(ys)
+    y0, y1, yticks = log_range(min(ys), max(ys)) if log else linear_range(min(ys), max(ys))
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    x1 = x1 if x1 > x0 else x0 + 1
+    f = math.log10 if log else float
+    left, top, right, bottom = 44, 18, 6, 22
+    w, h = width - left - right, height - top - bottom
+
+    def X(x):
+        return left + (x - x0) / (x1 - x0) * w
+
+    def Y(y):
+        return top + (1 - (f(y) - f(y0)) / (f(y1) - f(y0))) * h
+
+    scale = "log scale" if log else "linear"
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif">',
+             f'<text x="{left}" y="12" font-size="11">{_html.escape(title)} per rank ({scale})'
+             f'</text>',
+             f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#ccc"/>']
+    for v in yticks:
+        parts.append(f'<line x1="{left}" x2="{left + w}" y1="{Y(v):.1f}" y2="{Y(v):.1f}" '
+                     f'stroke="#eee"/><text x="{left - 4}" y="{Y(v) + 3:.1f}" font-size="10" '
+                     f'text-anchor="end" fill="#666">{tick_label(v)}</text>')
+    for v in linear_range(x0, x1, 4)[2]:
+        if x0 - 1e-9 <= v <= x1 + 1e-9:
+            parts.append(f'<text x="{X(v):.1f}" y="{top + h + 13}" font-size="10" '
+                         f'text-anchor="middle" fill="#666">{tick_label(v)}</text>')
+    parts.append(f'<text x="{left + w}" y="{height - 1}" font-size="10" text-anchor="end" '
+                 f'fill="#666">step</text>')
+    for rank, line in sorted(lines.items(), key=lambda kv: int(kv[0])):
+        colour = PALETTE[int(rank) % len(PALETTE)]
+        coords = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in line)
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                     f'points="{coords}"><title>rank {rank}</title></polyline>')
+    for rank, line in sorted(vals.items(), key=lambda kv: int(kv[0])):
+        colour = PALETTE[int(rank) % len(PALETTE)]
+        parts.extend(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="#fff" '
+                     f'stroke="{colour}" stroke-width="1.5"><title>rank {rank} validation '
+                     f'{y:.4g}</title></circle>' for x, y in line)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def static_summary(state: dict, curves: dict) -> str:
+    """The dashboard's static view: a self-contained HTML summary of a snapshot (state and
+    curves as the widget gets them), with an inline SVG of the loss curves."""
+    esc = _html.escape
+    status = state["status"]
+    colour = {"done": "#2e7d32", "failed": "#c62828", "running": "#1565c0"}.get(status, "#ef6c00")
+    lines = ['<div class="kdist-static" style="font-family:sans-serif;font-size:13px">',
+             f'<b>kdist {esc(state["strategy"])}</b> &middot; '
+             f'<span style="color:{colour};font-weight:bold">{esc(status)}</span> &middot; '
+             f'{state["size"]} rank(s) &middot; {state["elapsed"]:.1f} s']
+    if state["error"]:
+        lines.append(f'<div style="color:#c62828">{esc(state["error"])}</div>')
+    if state["lost_batches"]:
+        lines.append(f'<div style="color:#666">{esc(state["lost_note"])}</div>')
+    if state["phases"]:
+        lines.append('<div style="color:#666">' + esc(" \u00b7 ".join(
+            f"{name} {seconds:.1f} s" for name, seconds in state["phases"])) + "</div>")
+    if state["resize_note"]:
+        lines.append(f'<div style="color:#6d4c41">{esc(state["resize_note"])}</div>')
+    for note in state["stragglers"]:
+        lines.append(f'<div style="color:#ef6c00">{esc(note)}</div>')
+    name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
+    if name:
+        lines.append(svg_curves(curves["series"][name], title=name,
+                                val=curves["series"].get(f"val_{name}")))
+    rows = "".join(
+        f"<tr><td>{r['rank']}</td><td>{esc(str(r['state']))}</td>"
+        f"<td>{esc(str(r.get('host') or ''))}</td><td>{r.get('pid') or ''}</td>"
+        f"<td>{'' if r.get('loss') is None else r['loss']}</td></tr>"
+        for r in state["ranks"])
+    lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
+                 f'<th>last loss</th></tr>{rows}</table></div>')
+    return "\n".join(lines)
