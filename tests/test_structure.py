@@ -1,5 +1,6 @@
 """The package's shape: no import cycle among its modules (imports inside functions count),
-no function over 60 lines, and every package says what it owns.
+no function over 60 lines, every package says what it owns, and ARCHITECTURE.md names only
+files and modules that exist.
 
 Read with ``ast`` from the files alone (nothing is imported), wherever the modules live, so
 the check holds in any layout of ``kdist_magics/``.
@@ -8,7 +9,10 @@ the check holds in any layout of ``kdist_magics/``.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kdist_magics"
 MAX_LINES = 60
@@ -157,3 +161,19 @@ def test_every_package_says_what_it_owns():
     bare = [str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("__init__.py"))
             if not ast.get_docstring(ast.parse(path.read_text()))]
     assert not bare, "packages without a docstring: " + ", ".join(bare)
+
+
+def test_the_architecture_page_names_only_what_exists():
+    page = PACKAGE.parent / "ARCHITECTURE.md"
+    if not page.exists():
+        pytest.skip("this tree has no ARCHITECTURE.md")
+    text = page.read_text()
+    names = {p.name for p in PACKAGE.rglob("*") if "__pycache__" not in p.parts}
+    missing = [path for path in re.findall(r"kdist_magics/[\w/.]*\w", text)
+               if not (PACKAGE.parent / path).exists()]
+    missing += [f"`{name}`" for name in re.findall(r"`([\w/]+\.(?:py|js|css))`", text)
+                if name.rsplit("/", 1)[-1] not in names and not (PACKAGE.parent / name).exists()]
+    missing += [dotted for dotted in re.findall(r"kdist_magics(?:\.\w+)+", text)
+                if not (PACKAGE.parent / dotted.replace(".", "/")).with_suffix(".py").exists()
+                and not (PACKAGE.parent / dotted.replace(".", "/") / "__init__.py").exists()]
+    assert not missing, "ARCHITECTURE.md names what is not there: " + ", ".join(missing)
