@@ -136,6 +136,7 @@ small = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, name="e1"), 
 '''
 
 
+@pytest.mark.quick
 @pytest.mark.kernel
 @pytest.mark.timeout(400)
 def test_sharded_training_equals_one_device():
