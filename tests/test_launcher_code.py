@@ -51,7 +51,7 @@ from IPython.core.error import UsageError
 
 from kdist_magics.strategies.compat_tf_strategy import handing_back, multiworker_check
 from kdist_magics.errors import LauncherMismatch, ScriptExited
-from kdist_magics.run_script import help_lines, run_main, split_line
+from kdist_magics.strategies.run_script import help_lines, run_main, split_line
 from kdist_magics.strategies.launcher_env import check_world, patched, torchrun_env
 
 # -- 1. TensorFlow's multi-worker Keras tutorial -------------------------------------------

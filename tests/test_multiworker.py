@@ -158,7 +158,7 @@ def test_fit_gives_identical_weights_on_both_workers_and_pulls_the_model(mip, ca
 @pytest.mark.timeout(600)
 def test_push_out_all_and_checkpoint_on_both_workers(mip, capsys, tmp_path):
     """--push, --out all and --checkpoint mean under multiworker what they mean under horovod
-    (kdist_magics.capabilities): every worker gets the value, every worker's output shows
+    (kdist_magics.strategies.capabilities): every worker gets the value, every worker's output shows
     prefixed, rank 0 saves after every epoch."""
     import keras
 

@@ -1,5 +1,5 @@
 """Every ``%%kdist`` option means the same in every strategy: each option x strategy pair is
-honoured (declared in kdist_magics.capabilities, with the test file that proves it) or
+honoured (declared in kdist_magics.strategies.capabilities, with the test file that proves it) or
 refused before anything runs (a UsageError naming the option and the strategy); never
 accepted and ignored. Options and strategies come from spec.py's own tables, so a new one
 is covered here without editing this file. Fast tier: parsing only.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from kdist_magics import capabilities
+from kdist_magics.strategies import capabilities
 from kdist_magics.spec import KINDS, OPTIONS, SLURM_OPTIONS, parse_line
 
 TESTS = Path(__file__).resolve().parent
@@ -63,7 +63,7 @@ def test_each_option_is_honoured_or_refused(flags, kwargs, strategy):
             f"the refusal of {line!r} must name {flags[0]} and {strategy}: {err}"
         return
     assert capabilities.honours(strategy, option), \
-        f"{line!r} is accepted, but kdist_magics.capabilities does not declare it honoured " \
+        f"{line!r} is accepted, but kdist_magics.strategies.capabilities does not declare it honoured " \
         f"(accepted and ignored?): declare it with its test, or refuse it in spec.validate"
 
 

@@ -19,8 +19,8 @@ import shlex
 
 from IPython.core.error import UsageError
 
-from . import spec as specmod
-from .errors import ScriptExited
+from .. import spec as specmod
+from ..errors import ScriptExited
 
 USAGE = """%kdist run [kdist options] script.py [script args]
 
@@ -112,7 +112,7 @@ def script_cell(rest: str, parse=None) -> tuple[str, str] | None:
     if parse is not None:
         parse(line)
     full, source = read_script(path)
-    cell = (f"__import__('kdist_magics.run_script', fromlist=['run_main'])"
+    cell = (f"__import__('kdist_magics.strategies.run_script', fromlist=['run_main'])"
             f".run_main({source!r}, {full!r}, {argv!r})")
     return line, cell
 
