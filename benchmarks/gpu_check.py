@@ -19,6 +19,9 @@ once) and prints ``PASS``/``FAIL`` with what it saw:
    identical weights.
 4. **one GPU per rank** -- with ``KDist.rank_gpus = 'own'`` (the default) two ranks on one GPU
    are refused before the cell runs; with two or more GPUs each rank sees its own.
+5. **sharded** -- ``%%kdist --strategy sharded --np 2 --mesh 1,2`` with the two JAX processes
+   sharing GPU 0: both on the GPU, each holding half of the large kernels (the layout), the same
+   falling loss on both, and each process's device memory (JAX's ``memory_stats``) printed.
 
 Needs kdist_magics importable with its dependencies (ipyparallel, IPython, ipywidgets,
 anywidget, psutil), JAX with CUDA and ``nvidia-ml-py``. Exits 0 when every check passed, 1
@@ -85,6 +88,29 @@ ip.run_line_magic("kdist", "stop")
 value, err = attempt("--strategy multiworker --np {{n}} --no-dashboard", "kd_seen = __import__('os').environ.get('CUDA_VISIBLE_DEVICES')")
 out["own_err"] = str(err) if err is not None else None
 out["own"] = by_rank("kd_seen") if err is None else None
+ip.run_line_magic("kdist", "stop")
+"""
+
+
+#: get_weights() reads every weight whole, which JAX refuses for one spread over processes
+SHARDED_MODEL = MODEL.replace("kd_weights = [w.tolist() for w in model.get_weights()[:2]]\n", "")
+assert SHARDED_MODEL != MODEL
+
+SHARDED = f"""
+ip.run_line_magic("config", "KDist.rank_gpus = 'shared'")
+CELL = {SHARDED_MODEL!r} + '''
+import jax
+kd_local = {{v.path: list(v.value.addressable_data(0).shape) for v in model.weights}}
+kd_where = jax.local_devices()[0].platform
+kd_mem = (jax.local_devices()[0].memory_stats() or {{}}).get("peak_bytes_in_use")
+'''
+value, err = attempt("--strategy sharded --np 2 --mesh 1,2 --no-dashboard", CELL)
+out["err"] = repr(err) if err is not None else None
+if err is None:
+    eng = kdist_magics._extension._strategies["sharded"].engines
+    ranks = eng.ranks(eng.cluster, None)
+    for name in ("kd_loss", "kd_local", "kd_where", "kd_mem"):
+        out[name] = [v for _, v in sorted(zip(ranks, eng.cluster.view().pull(name, block=True)))]
 ip.run_line_magic("kdist", "stop")
 """
 
@@ -176,6 +202,19 @@ def main(argv=None) -> int:
             ok = r["own_err"] is None and sorted(r["own"]) == ["0", "1"]
             detail = f"each rank saw {r['own']}" if r["own_err"] is None else r["own_err"]
         results.append(report(f"{backend}: one GPU per rank (rank_gpus='own')", ok, detail, 0))
+    r = run(SHARDED, {"KERAS_BACKEND": "jax"}, args.timeout)
+    if r.get("err"):
+        results.append(report("sharded, 2 JAX processes sharing GPU 0, mesh 1x2", False, r["err"], r["seconds"]))
+    else:
+        halves = [local.get("sequential/dense_1/kernel") for local in r["kd_local"]]
+        losses = r["kd_loss"]
+        ok = (all(w == "gpu" for w in r["kd_where"]) and halves == [[256, 128], [256, 128]]
+              and losses[0] == losses[1] and losses[0][-1] < losses[0][0])
+        mem = ", ".join(f"{m / 2**20:.0f} MiB" if m else "not reported" for m in r["kd_mem"])
+        results.append(report("sharded, 2 JAX processes sharing GPU 0, mesh 1x2", ok,
+                              f"on {r['kd_where']}, 256x256 kernel per process {halves}, same losses "
+                              f"{losses[0] == losses[1]} ({losses[0][-1]:.4f}), device memory peak per "
+                              f"process: {mem}", r["seconds"]))
     print(f"gpu_check: {sum(results)}/{len(results)} passed")
     return 0 if all(results) else 1
 

@@ -6,6 +6,7 @@ Runs, each in its own process (own temp IPython/Jupyter dirs, own kernel):
 * ``dashboard_overhead.py`` -- P3 (the dashboard engineer's script; reused as is)
 * ``cold_start.py``         -- P6 (a fresh kernel's first cell against horovodrun's whole job)
 * ``bench_horovod.py --model cnn`` -- P7 (P1's comparison on Horovod's MNIST CNN)
+* ``sharded_memory.py``     -- P8 (memory per process: ``--strategy sharded`` against DataParallel)
 * ``bench_multiworker.py``  -- P7's multiworker half (a ``multiworker`` cell against TensorFlow's
   own launch by hand, ``TF_CONFIG``), shown in the table beside P7
 
@@ -16,6 +17,7 @@ and prints their tables, then::
     P5 <seconds> (goal <= 0.5)
     P6 <ratio> (goal <= 0.8)
     P7 <ratio> (goal >= 0.99)
+    P8 <ratio> (goal <= 0.6)
 
 Options: ``--quick`` (1 repeat, short runs: a smoke test, not figures to quote),
 ``--json FILE`` (everything measured). Seeds are fixed in the workloads.
@@ -34,7 +36,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 PY = sys.executable
 GOALS = {"P1": ">= 0.99", "P2": "<= 0.1", "P3": ">= 0.99", "P4": ">= 0.98", "P5": "<= 0.5",
-         "P6": "<= 0.8", "P7": ">= 0.99"}
+         "P6": "<= 0.8", "P7": ">= 0.99", "P8": "<= 0.6"}
 
 
 def run(script: str, args: list[str], out: Path) -> dict | None:
@@ -76,6 +78,8 @@ def main(argv=None) -> int:
               tmp / "cnn.json")
     multiworker = run("bench_multiworker.py", ["--repeats", "1", "--steps", "40", "--warmup", "10"]
                       if args.quick else [], tmp / "multiworker.json")
+    sharded = run("sharded_memory.py", ["--repeats", "1", "--steps", "8"] if args.quick else [],
+                  tmp / "sharded.json")
 
     values: dict[str, float | None] = {k: None for k in GOALS}
     if horovod:
@@ -85,6 +89,8 @@ def main(argv=None) -> int:
         values["P6"] = cold["P6"]
     if cnn:
         values["P7"] = cnn["goals"]["P7"]["value"]
+    if sharded:
+        values["P8"] = sharded["goals"]["P8"]["value"]
     p3_from = None
     if dashboard and (dashboard.get("direct") or {}).get("ratio") is not None:
         # judged by the direct share of the dashboard's and telemetry's threads, which a
@@ -167,12 +173,18 @@ def main(argv=None) -> int:
         print(f"(P7) multiworker: K / M {g['P7 multiworker']['value']:.3f} (per CPU-second "
               f"{g['P7 multiworker per CPU-s']['value']:.3f}); one model on every rank: "
               f"{'yes' if all(multiworker['synced'].values()) else 'NO'}")
+    if sharded:
+        g, r = sharded["median_growth"], sharded["median_rate"]
+        print(f"{'P8':<5} {'MiB/process, %%kdist sharded --np 2 --mesh 1,2':<46} "
+              f"{'MiB/process, multiworker (DataParallel)':<44} {g['A'] / 2**20:>8.0f} {g['B'] / 2**20:>8.0f}")
+        print(f"{'(P8)':<5} {'steps/s, the same sharded run':<46} {'steps/s, the same DataParallel run':<44} "
+              f"{r['A']:>8.2f} {r['B']:>8.2f}")
     if p3_from:
         print(f"P3 from {p3_from}")
     if args.json:
         Path(args.json).write_text(json.dumps({"horovod": horovod, "dashboard": dashboard,
                                                "cold_start": cold, "cnn": cnn,
-                                               "multiworker": multiworker,
+                                               "multiworker": multiworker, "sharded": sharded,
                                                "values": values}, indent=1))
     print()
     for key, goal in GOALS.items():
