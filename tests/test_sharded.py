@@ -233,6 +233,8 @@ def test_sharded_over_two_engine_processes_equals_one_device():
             out[name] = dict(loss=ip.user_ns["kd_loss"], local=ip.user_ns["kd_local"],
                              weights=[w.tolist() for w in model.get_weights()],
                              pred=np.asarray(model.predict(x[:4], verbose=0)).tolist())
+            table = kdist_magics.last_run().layout()
+            out[name]["specs"] = {{row["variable"]: row["spec"] for row in table.rows}} if table else None
             if name == "guide":
                 ip.run_line_magic("kdist", "stop")
         ip.run_line_magic("kdist", "stop")
@@ -252,6 +254,9 @@ def test_sharded_over_two_engine_processes_equals_one_device():
     # the model axis spans the processes: half of d1's kernel on each (2x1: whole on each)
     assert [r[n]["local"]["d1/kernel"] for n in ("guide", "1x2", "2x1")] == [[256, 128], [256, 128], [256, 256]]
     assert r["guide"]["local"]["d1/bias"] == [128] and r["1x2"]["local"]["d1/bias"] == [256]
+    # last_run().layout() after an engine run: the table, read from the engines
+    assert r["1x2"]["specs"]["d1/kernel"] == "(-, model)" and r["2x1"]["specs"]["d1/kernel"] == "replicated"
+    assert r["guide"]["specs"] is None  # a multiworker run keeps no layout table
     # --checkpoint: gathered on both processes, written by rank 0, loads anywhere
     for w, w1 in zip(r["checkpoint"], r["one"]["weights"]):
         np.testing.assert_allclose(w, w1, rtol=1e-4, atol=1e-6)

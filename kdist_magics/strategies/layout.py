@@ -244,6 +244,14 @@ def table(user_ns: Mapping[str, Any], mesh: tuple[int, int]) -> LayoutTable:
     return out
 
 
+def engine_rows(mesh: tuple[int, int]) -> dict:  # runs on an engine
+    """The layout table of this engine's namespace, as plain data for the kernel."""
+    from IPython import get_ipython
+
+    found = table(get_ipython().user_ns, tuple(mesh))
+    return {"rows": found.rows, "optimizer_bytes": found.optimizer_bytes}
+
+
 def engine_distribution(devices, mesh):
     """On an engine (``--strategy sharded --np N``): kdist's ModelParallel over every
     process's devices."""

@@ -215,4 +215,20 @@ def engines_strategy():
         def setup_args(self, ctx):
             return (tuple(self.mesh),)
 
+        def after_cell(self, cluster, ctx, ok):
+            # last_run().layout(): the shardings are global, so one process's view is the table
+            ctx.record.layout_table = engine_table(cluster, self.mesh) if ok else None
+            super().after_cell(cluster, ctx, ok)
+
     return ShardedEngines()
+
+
+def engine_table(cluster, mesh):
+    """The layout table of an engine run, read on the first engine; None when it cannot be."""
+    from .layout import LayoutTable, engine_rows
+
+    try:
+        got = cluster.client[cluster.engines[0].engine_id].apply_async(engine_rows, tuple(mesh)).get(timeout=60)
+    except Exception:  # the table is a view; a run is never failed for it
+        return None
+    return LayoutTable(tuple(mesh), rows=got["rows"], optimizer_bytes=got["optimizer_bytes"])
