@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import subprocess
 import sys
@@ -208,3 +209,53 @@ def test_readme_links_resolve_to_built_pages(built_docs):
     missing = [p for p in pages if not (built_docs / f"{p}.html").is_file()]
     assert not missing, f"README.md links to docs pages that did not build: {missing}"
 
+
+
+CHROMIUM = os.environ.get("KDIST_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.mark.docs
+def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
+    """The built tutorial pages, opened from disk in headless Chromium, show each executed
+    notebook's dashboard as its saved static view (summary and curves): one screenshot per page
+    is kept beside the build (``<test output>/docs/tutorial-NN.png``)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is in the test extra")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (scripts/setup.sh --browser installs Debian's)")
+    if str(DOCS / "_ext") not in sys.path:
+        sys.path.insert(0, str(DOCS / "_ext"))
+    from kdist_sources import _same_cells, executed_dir
+
+    shown = [p.stem for p in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+             if (executed_dir(ROOT) / p.name).is_file() and _same_cells(executed_dir(ROOT) / p.name, p)]
+    if not shown:
+        pytest.skip("no executed notebooks to show: make test runs the notebook tier before the docs")
+    seen = {}
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            for name in shown:
+                page.goto((built_docs / "tutorials" / f"{name}.html").as_uri())
+                views = page.locator(".kdist-static")
+                seen[name] = views.count()
+                if not seen[name]:
+                    continue
+                first = views.first
+                first.scroll_into_view_if_needed()
+                assert first.is_visible(), name
+                assert first.locator("svg").count() >= 1, f"{name}: the static view has no curves"
+                box = first.bounding_box()
+                assert box and box["height"] > 100, f"{name}: the static view is not drawn ({box})"
+                page.screenshot(path=str(built_docs.parent / f"tutorial-{name[:2]}.png"))
+        finally:
+            browser.close()
+    # every page whose notebook runs a %%kdist cell with its dashboard shows at least one
+    def dashboards(name: str) -> bool:
+        cells = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())["cells"]
+        lines = [ln for c in cells if c["cell_type"] == "code" for ln in "".join(c["source"]).splitlines()]
+        return any(ln.startswith("%%kdist") and "--no-dashboard" not in ln for ln in lines)
+
+    missing = [name for name in shown if dashboards(name) and not seen[name]]
+    assert not missing, f"tutorial pages without their dashboards: {missing} (seen: {seen})"
