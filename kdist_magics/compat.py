@@ -118,3 +118,30 @@ def set_keras_name_uids(uids: dict) -> None:
     from keras.src.backend.common import global_state
 
     global_state.set_global_attribute("object_name_uids", collections.defaultdict(int, uids))
+
+
+def layout_key_matches(key: str, path: str) -> bool:
+    """Whether a ``keras.distribution.LayoutMap`` key matches a variable path, by the installed
+    Keras' own rule: Keras 3.15 takes a key as a regex that must match the whole path
+    (``re.fullmatch``), Keras 3.13 (Colab's) one found anywhere in it (``re.search``), so
+    ``"d1/kernel"`` matches a Sequential's ``sequential/d1/kernel`` on 3.13 and not on 3.15.
+    The rule is read from Keras itself (its lookup on a map holding only a key ``b``, asked for
+    ``ab``), not from a version number."""
+    import re
+
+    rule = re.search if _layout_keys_searched() else re.fullmatch
+    return key == path or rule(key, path) is not None
+
+
+def _layout_keys_searched() -> bool:
+    global _SEARCHED
+    if _SEARCHED is None:
+        import keras
+
+        probe = keras.distribution.LayoutMap.__new__(keras.distribution.LayoutMap)
+        probe._layout_map = {"b": "found"}  # the private store both versions look keys up in
+        _SEARCHED = probe["ab"] is not None
+    return _SEARCHED
+
+
+_SEARCHED: bool | None = None

@@ -237,3 +237,44 @@ def test_the_kernels_death_cancels_its_job(slurm):
     while slurm.queue():
         assert time.monotonic() < deadline, f"left in squeue: {slurm.queue()}"
         time.sleep(0.5)
+
+
+def test_engines_of_a_slurm_job_the_user_started_are_attached_by_cluster_id(shell, slurm):
+    """A cluster the user started with ipyparallel's Slurm launcher (its controller here, its
+    engines one job spread over both nodes): ``--cluster-id`` attaches to it, multiworker trains
+    across the nodes with identical weights, and ``%kdist stop`` leaves the user's job running."""
+    import ipyparallel as ipp
+
+    # as a user would: ipyparallel's own Slurm launcher, with a batch script that spreads the
+    # engines (its `options` trait is not read in ipyparallel 9.2)
+    theirs = ipp.Cluster(cluster_id="theirs-on-slurm", n=2, controller_ip=slurm.hosts.bridge_ip,
+                         engines="slurm", log_level=40)
+    theirs.config.SlurmEngineSetLauncher.batch_template = (
+        "#!/bin/sh\n#SBATCH --ntasks={n}\n#SBATCH --ntasks-per-node=1\n"
+        f"#SBATCH --output={slurm.folder}/theirs-%j.out\n#SBATCH --export=ALL\n"
+        "srun {program_and_args}\n")
+    # its batch file (an absolute name: the launcher's folder is always '.', the notebook's)
+    theirs.config.SlurmEngineSetLauncher.batch_file_name = str(slurm.folder / "theirs.sbatch")
+    theirs.start_cluster_sync()
+    try:
+        try:
+            theirs.connect_client_sync().wait_for_engines(2, timeout=120)
+            shell.run_cell_magic("kdist", "--strategy multiworker --np 2 --cluster-id theirs-on-slurm "
+                                          "--no-dashboard", MW_CELL)
+        except Exception:
+            print(slurm.logs())
+            raise
+        facts, weights = engine_values("kd_facts"), engine_values("kd_weights")
+        assert sorted(f["host"] for f in facts) == sorted(NODES)
+        for a, b in zip(*weights):
+            np.testing.assert_array_equal(np.array(a), np.array(b))
+        assert facts[0]["loss"][-1] < facts[0]["loss"][0]
+        shell.run_line_magic("kdist", "stop")
+        assert slurm.queue(), "kdist cancelled a job it did not start"
+        assert len(theirs.connect_client_sync().ids) == 2  # their engines are still there
+    finally:
+        theirs.stop_cluster_sync()
+    deadline = time.monotonic() + 30
+    while slurm.queue():
+        assert time.monotonic() < deadline, f"left in squeue: {slurm.queue()}"
+        time.sleep(0.5)

@@ -2,9 +2,10 @@
 button, --timeout, and faults: a rank dying, an engine killed while Horovod starts) leave the
 kernel tree's process count, the kernel's fds and its RSS flat; so do multiworker runs.
 
-Runs ``benchmarks/soak.py``'s 50 runs (about 1 s each on warm engines, ~1.5 min with the
-cluster start on the shared 2-core machine, so CI can afford all of them; ``KDIST_SOAK_RUNS``
-to change). Asserts counts only:
+Runs 30 of ``benchmarks/soak.py``'s runs for Horovod (its default is 50; ``KDIST_SOAK_RUNS``
+changes the suite's): every outcome and both faults at least once, and a leak of one process or
+fd per run still shows over the runs between. The benchmark keeps the long soaks. Asserts
+counts only:
 the outcome of every run, the process/fd drift and the RSS growth bound; never times.
 """
 
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import soak  # noqa: E402
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.long]
-RUNS = int(os.environ.get("KDIST_SOAK_RUNS", "50"))
+RUNS = int(os.environ.get("KDIST_SOAK_RUNS", "30"))
 
 
 def check(result: dict, runs: int, kinds: set[str]) -> None:
@@ -45,13 +46,13 @@ def check(result: dict, runs: int, kinds: set[str]) -> None:
 @pytest.mark.horovod
 @pytest.mark.timeout(900)
 def test_consecutive_runs_with_faults_leave_processes_fds_and_rss_flat():
-    """Horovod: successes, raising ranks, Stop, timeouts, and a fault every 15th run (a rank
+    """Horovod: successes, raising ranks, Stop, timeouts, and a fault every 11th run (a rank
     dying mid-cell, an engine killed while Horovod starts): flat on the runs between."""
     pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
     out = io.StringIO()
-    result = soak.soak(runs=RUNS, warmup=5, out=out, faults=True)
+    result = soak.soak(runs=RUNS, warmup=5, out=out, faults=True, fault_every=11)
     sys.stderr.write(out.getvalue())  # the table, for whoever reads the log
-    kinds = {"ok", "raise", "interrupt", "timeout"} | ({"die", "held"} if RUNS >= 30 else set())
+    kinds = {"ok", "raise", "interrupt", "timeout"} | ({"die", "held"} if RUNS >= 22 else set())
     check(result, RUNS, kinds)
 
 

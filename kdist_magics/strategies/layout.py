@@ -142,6 +142,8 @@ def models_in(user_ns: Mapping[str, Any]) -> list:
 def unused_keys(user_ns: Mapping[str, Any]) -> tuple[list[str], str | None]:
     """Keys of the namespace's LayoutMaps (alone or in a ModelParallel) that match no variable
     of its models, and one variable path to show what paths look like."""
+    from ..compat import layout_key_matches
+
     keras = sys.modules.get("keras")
     if keras is None:
         return [], None
@@ -157,7 +159,7 @@ def unused_keys(user_ns: Mapping[str, Any]) -> tuple[list[str], str | None]:
     unused = []
     for layout_map in filter(None, maps):
         for key in layout_map:
-            if key not in paths and not any(re.fullmatch(key, p) for p in paths) and key not in unused:
+            if not any(layout_key_matches(key, p) for p in paths) and key not in unused:
                 unused.append(key)
     return unused, paths[0]
 
