@@ -161,6 +161,17 @@ def test_lost_telemetry_is_said_in_the_widget_the_static_summary_and_the_record(
     assert dash.widget.state["lost_note"] == rec.summary().split("; ")[-1]
 
 
+def test_a_sharded_run_shows_its_mesh_in_the_widget_and_the_static_view():
+    rec = RunRecord("sharded", size=4)
+    rec.mesh = (1, 4)
+    dash = Dashboard(rec, interval=None)
+    rec.finish("done")
+    assert dash.widget.state["mesh"] == "1x4"
+    assert "<b>kdist sharded</b>, mesh 1x4 &middot;" in dash.html()
+    other = Dashboard(RunRecord("mirrored", size=2), interval=None)
+    assert other.snapshot()[0]["mesh"] is None and "mesh" not in other.html()
+
+
 def test_in_kernel_replicas_share_the_process_sample():
     rec = RunRecord("mirrored", size=2)
     rec.set_rank(0, state="running", device="GPU:0")

@@ -59,3 +59,11 @@ def test_log_choice_smoothing_and_labels_match_python():
     assert axes.smooth([4.0, 4.0, 4.0]) == pytest.approx([4.0, 4.0, 4.0])  # debiased from step 1
     assert _js(f"{json.dumps(LABELS)}.map(v => d.tickLabel(v))") == [axes.tick_label(v) for v in LABELS]
     assert [axes.tick_label(v) for v in (1500.0, 0.25, 2e5, 1e-4)] == ["1500", "0.25", "2e5", "1e-4"]
+
+
+def test_the_title_names_the_mesh_of_a_sharded_run():
+    states = [{"strategy": "sharded", "mesh": "1x4", "size": 4},
+              {"strategy": "horovod", "size": 3, "world_size": 4},
+              {"strategy": "default", "size": 1, "mesh": None}]
+    assert _js(f"{json.dumps(states)}.map(s => d.titleText(s))") == [
+        "kdist · sharded, mesh 1x4 · 4 ranks", "kdist · horovod · 4 of 3 ranks", "kdist · default · 1 rank"]

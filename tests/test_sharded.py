@@ -148,7 +148,7 @@ def test_sharded_training_equals_one_device():
             value, err = attempt(line + " --no-dashboard --no-telemetry", {TRAIN!r})
             assert err is None, (line, repr(err))
             table = kdist_magics.last_run().layout()
-            runs[name] = dict(loss=ip.user_ns["kd_loss"],
+            runs[name] = dict(mesh=kdist_magics.last_run().mesh, loss=ip.user_ns["kd_loss"],
                               weights=[w.tolist() for w in ip.user_ns["model"].get_weights()],
                               rows=table.rows if table else None, text=repr(table),
                               optimizer=table.optimizer_bytes if table else None,
@@ -180,6 +180,7 @@ def test_sharded_training_equals_one_device():
     assert rows["1x4"]["d1/kernel"] == ("(-, model)", 256 * 256 * 4 // 4)
     assert rows["1x4"]["d2/kernel"] == ("replicated", 256 * 8 * 4) and rows["1x4"]["d1/bias"][0] == "replicated"
     assert [runs[n]["replicas"] for n in ("auto", "2x2", "1x4")] == [4, 2, 1]
+    assert [runs[n]["mesh"] for n in ("auto", "2x2", "1x4")] == [[4, 1], [2, 2], [1, 4]]  # the dashboard's
     # Adam's moments follow their weights: a quarter of d1's on each device under 1x4
     assert runs["1x4"]["optimizer"] < runs["2x2"]["optimizer"] < runs["auto"]["optimizer"]
     assert "d1/kernel" in runs["1x4"]["text"] and "mesh 1x4 (batch x model)" in runs["1x4"]["text"]

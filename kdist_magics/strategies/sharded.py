@@ -143,6 +143,7 @@ class ShardedStrategy(Strategy):
         if on_engines(ctx.spec):
             return self._on_engines(cell, ctx)
         run = self.current = self._plan(ctx)
+        ctx.record.mesh = tuple(run.mesh)  # the dashboard's title shows it
         for rank, device in enumerate(run.devices):
             ctx.record.set_rank(rank, state="running", device=str(device))
         scope = contextlib.ExitStack()
@@ -180,7 +181,7 @@ class ShardedStrategy(Strategy):
             mesh, why, warn = choose_mesh(n, ctx.shell.user_ns, None)
             if not ctx.quiet:
                 say(messages.mesh_chosen(mesh, n, why), warn=warn)
-        self.engines.mesh = tuple(mesh)
+        self.engines.mesh = ctx.record.mesh = tuple(mesh)
         return self.engines.run(cell, ctx)
 
     def status(self) -> dict[str, Any]:

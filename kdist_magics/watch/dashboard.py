@@ -237,6 +237,7 @@ class Dashboard:
         error = rec.error or next((r["error"] for r in failed_ranks if r["error"]), None)
         return {
             "status": rec.status, "strategy": rec.strategy, "size": len(ranks),
+            "mesh": "x".join(map(str, rec.mesh)) if rec.mesh else None,
             "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
             "lost_batches": rec.lost_batches,

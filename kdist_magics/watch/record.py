@@ -56,6 +56,7 @@ class RunRecord:
         # "detail"} ("starting 2 engines", "setting up Horovod", "running the cell", ...)
         self.phases: list[dict[str, Any]] = []
         self.layout_table = None  # --strategy sharded: where the variables live (layout.LayoutTable)
+        self.mesh: tuple[int, int] | None = None  # --strategy sharded: (data axis, model axis)
         self._lock = threading.RLock()
         self._listeners: list[Callable[[str, Any], None]] = []
 

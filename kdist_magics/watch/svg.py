@@ -81,7 +81,8 @@ def static_summary(state: dict, curves: dict) -> str:
     status = state["status"]
     colour = {"done": "#2e7d32", "failed": "#c62828", "running": "#1565c0"}.get(status, "#ef6c00")
     lines = ['<div class="kdist-static" style="font-family:sans-serif;font-size:13px">',
-             f'<b>kdist {esc(state["strategy"])}</b> &middot; '
+             f'<b>kdist {esc(state["strategy"])}</b>'
+             + (f', mesh {esc(state["mesh"])}' if state.get("mesh") else "") + ' &middot; '
              f'<span style="color:{colour};font-weight:bold">{esc(status)}</span> &middot; '
              f'{state["size"]} rank(s) &middot; {state["elapsed"]:.1f} s']
     if state["error"]:

@@ -97,6 +97,12 @@ export function smooth(values, weight = SMOOTHING) {  // TensorBoard's debiased 
   return values.map((v, i) => { last = last * weight + (1 - weight) * v; return last / (1 - Math.pow(weight, i + 1)); });
 }
 
+export function titleText(st) {  // "kdist · sharded, mesh 1x4 · 4 ranks" (svg.py says the same)
+  const world = st.world_size != null && st.world_size !== st.size ? `${st.world_size} of ` : "";
+  const mesh = st.mesh ? `, mesh ${st.mesh}` : "";
+  return `kdist · ${st.strategy || "?"}${mesh} · ${world}${st.size || 0} rank${st.size === 1 ? "" : "s"}`;
+}
+
 export function tickLabel(v) {
   if (v === 0) return "0";
   const a = Math.abs(v);
@@ -313,8 +319,7 @@ function render({ model, el }) {
 
     // header
     const head = h("div", "kdist-head");
-    const world = st.world_size != null && st.world_size !== st.size ? `${st.world_size} of ` : "";
-    head.appendChild(h("span", "kdist-title", `kdist · ${st.strategy || "?"} · ${world}${st.size || 0} rank${st.size === 1 ? "" : "s"}`));
+    head.appendChild(h("span", "kdist-title", titleText(st)));
     head.appendChild(h("span", `kdist-badge kdist-status kdist-${status}`, status));
     const elapsed = st.running ? (st.elapsed || 0) + (Date.now() - received) / 1000 : st.elapsed;
     head.appendChild(h("span", "kdist-elapsed", `elapsed ${fmtTime(elapsed)}`));
