@@ -105,6 +105,14 @@ def test_status_shows_the_queue_and_stop_cancels_a_waiting_start(shell, slurm):
     assert slurm.queue() == []
 
 
+def queue_empties(slurm, within: float) -> None:
+    """Wait until Slurm lists no job (a cancelled job leaves squeue within seconds)."""
+    deadline = time.monotonic() + within
+    while slurm.queue():
+        assert time.monotonic() < deadline, f"left in squeue: {slurm.queue()}"
+        time.sleep(0.5)
+
+
 def test_multiworker_trains_across_the_nodes(shell, slurm):
     try:
         run(shell, f"--strategy multiworker {PAIRS}", MW_CELL)
@@ -233,10 +241,7 @@ def test_the_kernels_death_cancels_its_job(slurm):
         assert slurm.queue()
     finally:
         kernel.kill()
-    deadline = time.monotonic() + 30
-    while slurm.queue():
-        assert time.monotonic() < deadline, f"left in squeue: {slurm.queue()}"
-        time.sleep(0.5)
+    queue_empties(slurm, within=30)
 
 
 def test_engines_of_a_slurm_job_the_user_started_are_attached_by_cluster_id(shell, slurm):
@@ -274,7 +279,4 @@ def test_engines_of_a_slurm_job_the_user_started_are_attached_by_cluster_id(shel
         assert len(theirs.connect_client_sync().ids) == 2  # their engines are still there
     finally:
         theirs.stop_cluster_sync()
-    deadline = time.monotonic() + 30
-    while slurm.queue():
-        assert time.monotonic() < deadline, f"left in squeue: {slurm.queue()}"
-        time.sleep(0.5)
+    queue_empties(slurm, within=30)
