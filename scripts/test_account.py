@@ -20,7 +20,7 @@ def steps(path: Path) -> list[str]:
     for row in path.read_text().splitlines():
         name, seconds, status = (row.split("\t") + ["", ""])[:3]
         mark = "" if status in ("", "0") else f"  (exit {status})"
-        lines.append(f"  {name:<34} {float(seconds) / 60:6.1f} min{mark}")
+        lines.append(f"  {name:<40} {float(seconds) / 60:6.1f} min{mark}")
     return lines
 
 

@@ -86,11 +86,10 @@ def _notebook(source: str) -> dict:
 
 
 @contextlib.contextmanager
-def served(name: str, command, interrupts: int = 1):
+def served(name: str, command):
     """A Jupyter server (loopback, random token, isolated Jupyter/IPython dirs, temp notebook
     dir) and headless Chromium, for one test module. ``command(port, token, home, root)`` is
-    the server's argv; SIGTERM ends it (``interrupts`` > 1: that many SIGINTs, as Notebook 6
-    wants), else a kill of its group."""
+    the server's argv; SIGTERM ends it (by its PID), else a kill of its group."""
     from kernel_driver import isolated_env
 
     home = Path(tempfile.mkdtemp(prefix=f"kdist-{name}-"))
@@ -129,12 +128,10 @@ def served(name: str, command, interrupts: int = 1):
                 browser.close()
     finally:
         if proc.poll() is None:  # stop our server (and the kernels it started) by its PID
-            # SIGTERM: jupyter_server shuts down at once (one SIGINT only asks "Shutdown this
-            # Jupyter server (y/[n])?" and, with no answer, goes on: the wait below ran out)
-            proc.send_signal(signal.SIGTERM if interrupts == 1 else signal.SIGINT)
-            for _ in range(interrupts - 1):
-                time.sleep(0.5)
-                proc.send_signal(signal.SIGINT)
+            # SIGTERM: jupyter_server and Notebook 6 both shut down at once (a SIGINT only asks
+            # "Shutdown this ... server (y/[n])?" and, with no answer, goes on: the wait below
+            # ran out, 30 s a module, in every run)
+            proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:

@@ -43,7 +43,7 @@ def classic():
                 f"--NotebookApp.notebook_dir={root}"]
 
     # the classic server asks to confirm a first ^C: a second one ends it
-    with served("Notebook", command, interrupts=2) as server:
+    with served("Notebook", command) as server:
         yield server
 
 
