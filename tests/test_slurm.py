@@ -280,3 +280,4 @@ def test_engines_of_a_slurm_job_the_user_started_are_attached_by_cluster_id(shel
     finally:
         theirs.stop_cluster_sync()
     queue_empties(slurm, within=30)
+
