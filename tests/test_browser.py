@@ -25,13 +25,11 @@ from pathlib import Path
 
 import pytest
 
+import chromium
 from kdist_magics.cluster.network import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = os.environ.get("KDIST_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 # A run long enough (~10-20 s on 2 shared cores) to watch the curves grow.
 TRAIN = """\
@@ -120,7 +118,7 @@ def served(name: str, command):
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            browser = chromium.launch(pw)
             try:
                 yield {"base": base, "token": token, "root": root, "browser": browser,
                        "log": home / "server.log", "data_dir": env["JUPYTER_DATA_DIR"]}
@@ -143,9 +141,7 @@ def served(name: str, command):
 
 @pytest.fixture(scope="module")
 def lab():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: run scripts/setup.sh --browser (make test does)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    chromium.require()
     pytest.importorskip("jupyterlab", reason="jupyterlab is in the test extra")
 
     def command(port, token, home, root):

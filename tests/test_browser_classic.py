@@ -12,20 +12,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from test_browser import (CHROMIUM, TRAIN, _notebook, assert_phases_and_devices,
+import chromium
+from test_browser import (TRAIN, _notebook, assert_phases_and_devices,
                           assert_readable_curves, check_curves, served)
 
 pytestmark = [pytest.mark.classic, pytest.mark.slow]
 
 
 def _classic_notebook_or_skip():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: run scripts/setup.sh --browser (make test does)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is a test tool of both environments")
+    chromium.require()
     notebook = pytest.importorskip("notebook", reason="the classic Notebook is Colab's front end")
     ipywidgets = pytest.importorskip("ipywidgets")
     if not notebook.__version__.startswith("6.") or not ipywidgets.__version__.startswith("7."):

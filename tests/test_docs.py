@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import subprocess
 import sys
@@ -211,17 +210,15 @@ def test_readme_links_resolve_to_built_pages(built_docs):
 
 
 
-CHROMIUM = os.environ.get("KDIST_CHROMIUM", "/usr/bin/chromium")
-
-
 @pytest.mark.docs
 def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
     """The built tutorial pages, opened from disk in headless Chromium, show each executed
     notebook's dashboard as its saved static view (summary and curves): one screenshot per page
     is kept beside the build (``<test output>/docs/tutorial-NN.png``)."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is in the test extra")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (scripts/setup.sh --browser installs Debian's)")
+    import chromium
+
+    chromium.require()
+    from playwright import sync_api
     if str(DOCS / "_ext") not in sys.path:
         sys.path.insert(0, str(DOCS / "_ext"))
     from kdist_sources import _same_cells, executed_dir
@@ -232,8 +229,7 @@ def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
         pytest.skip("no executed notebooks to show: make test runs the notebook tier before the docs")
     seen = {}
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser = chromium.launch(pw)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1400})
             for name in shown:
