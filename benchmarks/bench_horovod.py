@@ -99,24 +99,22 @@ def main(argv=None) -> dict:
         envs = {"S": kdist_threads, "T": {"TF_NUM_INTRAOP_THREADS": "1"}, "N": {}}
         harness.horovodrun(60, out, "warm-S", envs["S"], np=args.np)
         log(f"bench_horovod: warm in {time.time() - t0:.0f} s; kdist's engine threads: {kdist_threads}")
-        for i in range(args.repeats):
-            order = variants[i % len(variants):] + variants[:i % len(variants)]
-            for v in order:
-                tag = f"{v}{i}"
-                if v in kernels:
-                    run = harness.kdist_run(kernels[v], args.steps, out, tag, KDIST_OPTIONS.get(v, ""), np=args.np)
-                    run["to_first_step"] = run["ranks"][0]["step_ends"][0] - run["submitted"]
-                else:
-                    run = harness.horovodrun(args.steps, out, tag, envs[v], np=args.np)
-                    run["to_first_step"] = run["ranks"][0]["step_ends"][0] - run["started"]
-                run["rate"] = harness.rate(run, args.warmup)
-                run["cpu"] = harness.cpu_rate(run, args.warmup)
-                exposed |= set(run["exposed"])
-                runs[v].append(run)
-                log(f"bench_horovod: repeat {i + 1} {v}: {run['rate']:.2f} steps/s, "
-                    f"{run['cpu']['steps_per_cpu_s']:.2f} steps/CPU-s "
-                    f"({run['cpu']['side_cpu_per_step'] * 1000:.2f} ms CPU/step beside the ranks), "
-                    f"first step {run['to_first_step']:.2f} s after submit/launch")
+        for i, v in harness.in_turn(variants, args.repeats):
+            tag = f"{v}{i}"
+            if v in kernels:
+                run = harness.kdist_run(kernels[v], args.steps, out, tag, KDIST_OPTIONS.get(v, ""), np=args.np)
+                run["to_first_step"] = run["ranks"][0]["step_ends"][0] - run["submitted"]
+            else:
+                run = harness.horovodrun(args.steps, out, tag, envs[v], np=args.np)
+                run["to_first_step"] = run["ranks"][0]["step_ends"][0] - run["started"]
+            run["rate"] = harness.rate(run, args.warmup)
+            run["cpu"] = harness.cpu_rate(run, args.warmup)
+            exposed |= set(run["exposed"])
+            runs[v].append(run)
+            log(f"bench_horovod: repeat {i + 1} {v}: {run['rate']:.2f} steps/s, "
+                f"{run['cpu']['steps_per_cpu_s']:.2f} steps/CPU-s "
+                f"({run['cpu']['side_cpu_per_step'] * 1000:.2f} ms CPU/step beside the ranks), "
+                f"first step {run['to_first_step']:.2f} s after submit/launch")
     finally:
         for k in {id(k): k for k in kernels.values()}.values():
             left = k.close()

@@ -63,20 +63,19 @@ def main(argv=None) -> dict:
         threads = {k: v for k, v in warm["ranks"][0]["threads"].items() if v is not None}
         harness.tf_workers(30, out, "warm-M", threads)
         log(f"bench_multiworker: warm in {time.time() - t0:.0f} s; kdist's engine threads: {threads}")
-        for i in range(args.repeats):
-            for v in ("K", "M") if i % 2 == 0 else ("M", "K"):
-                tag = f"{v}{i}"
-                if v == "K":
-                    run = harness.kdist_run(kernel, args.steps, out, tag, strategy="multiworker")
-                else:
-                    run = harness.tf_workers(args.steps, out, tag, threads)
-                run["rate"] = harness.rate(run, args.warmup)
-                run["cpu"] = harness.cpu_rate(run, args.warmup)
-                run["synced"] = synced(run)
-                exposed[v] |= set(run["exposed"])
-                runs[v].append(run)
-                log(f"bench_multiworker: repeat {i + 1} {v}: {run['rate']:.2f} steps/s, "
-                    f"{run['cpu']['steps_per_cpu_s']:.2f} steps/CPU-s, one model: {run['synced']}")
+        for i, v in harness.in_turn("KM", args.repeats):
+            tag = f"{v}{i}"
+            if v == "K":
+                run = harness.kdist_run(kernel, args.steps, out, tag, strategy="multiworker")
+            else:
+                run = harness.tf_workers(args.steps, out, tag, threads)
+            run["rate"] = harness.rate(run, args.warmup)
+            run["cpu"] = harness.cpu_rate(run, args.warmup)
+            run["synced"] = synced(run)
+            exposed[v] |= set(run["exposed"])
+            runs[v].append(run)
+            log(f"bench_multiworker: repeat {i + 1} {v}: {run['rate']:.2f} steps/s, "
+                f"{run['cpu']['steps_per_cpu_s']:.2f} steps/CPU-s, one model: {run['synced']}")
     finally:
         left = kernel.close()
         if left:

@@ -70,14 +70,12 @@ def main(argv=None) -> dict:
     kernel_run(out, "warm-C", 10, None)  # page cache, not measured
     horovodrun_run(out, "warm-H", 10)
     times: dict[str, list[float]] = {"C": [], "W": [], "H": []}
-    order = ["C", "W", "H"]
-    for i in range(args.repeats):
-        for v in order[i % 3:] + order[:i % 3]:
-            tag = f"{v}{i}"
-            if v == "H":
-                times[v].append(horovodrun_run(out, tag, args.steps))
-            else:
-                times[v].append(kernel_run(out, tag, args.steps, args.think if v == "W" else None))
+    for i, v in harness.in_turn("CWH", args.repeats):
+        tag = f"{v}{i}"
+        if v == "H":
+            times[v].append(horovodrun_run(out, tag, args.steps))
+        else:
+            times[v].append(kernel_run(out, tag, args.steps, args.think if v == "W" else None))
             log(f"cold_start: repeat {i + 1} {v}: {times[v][-1]:.2f} s")
     med = {v: median(t) for v, t in times.items()}
     result = {"machine": harness.machine(), "repeats": args.repeats, "steps": args.steps,

@@ -166,9 +166,7 @@ def main(argv=None) -> dict:
             kernel.run(CELL.format(strategy=args.strategy, options="--no-telemetry" if tag == "A"
                                    else "", batch=args.batch, epochs=epochs, n=n, tag="warm"),
                        timeout=600)
-        order = []
-        for i in range(args.pairs):
-            order += ["A", "B"] if i % 2 == 0 else ["B", "A"]
+        order = [tag for _, tag in harness.in_turn("AB", args.pairs)]
         for i, tag in enumerate(order):
             options = "--no-telemetry" if tag == "A" else ""
             kernel.run(CELL.format(strategy=args.strategy, options=options, batch=args.batch,

@@ -50,6 +50,17 @@ def log(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
+def in_turn(variants, repeats: int):
+    """``(repeat, variant)`` pairs, each repeat's order rotated by one (AB BA AB ..., ABC BCA CAB
+    ...): no variant always runs first, so drift across a benchmark (caches, the page cache,
+    other load) falls on every variant alike."""
+    variants = list(variants)
+    for i in range(repeats):
+        k = i % len(variants)
+        for v in variants[k:] + variants[:k]:
+            yield i, v
+
+
 def median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None

@@ -95,12 +95,11 @@ def main(argv=None) -> dict:
     runs: dict[str, list[dict]] = {"A": [], "B": []}
     try:
         kernel.run("%load_ext kdist_magics")
-        for i in range(args.repeats):
-            for v in ("A", "B") if i % 2 == 0 else ("B", "A"):
-                run = one_run(kernel, v, f"{v}{i}", out, args)
-                runs[v].append(run)
-                log(f"sharded_memory: repeat {i + 1} {v}: growth {run['growth'] / 2**20:.0f} MiB "
-                    f"per process, {fmt(run['rate'])} steps/s")
+        for i, v in harness.in_turn("AB", args.repeats):
+            run = one_run(kernel, v, f"{v}{i}", out, args)
+            runs[v].append(run)
+            log(f"sharded_memory: repeat {i + 1} {v}: growth {run['growth'] / 2**20:.0f} MiB "
+                f"per process, {fmt(run['rate'])} steps/s")
     finally:
         left = kernel.close()
         if left:
