@@ -306,6 +306,10 @@ def slurm_gave_up(job: str, words: str, seconds: float) -> str:
             f"The cell did not run")
 
 
+def slurm_interrupted(job: str, words: str) -> str:
+    return f"interrupted: kdist cancelled Slurm job {job} ({words})"
+
+
 def slurm_ended_early(job: str, how: str, log: str) -> str:
     return f"Slurm job {job} ended before its engines registered: {how}" + (f". Its output:\n{log}" if log else "")
 

@@ -4,8 +4,8 @@ slurmd nodes, ``kd-host-a`` and ``kd-host-b``, in network namespaces on a bridge
 One job of four engines (two per node, through ``--sbatch``) trains multiworker across both
 nodes, ranks grouped by node, and then has its step cancelled from inside the cell (a named
 death); the next cell starts a new job. Horovod and Keras on JAX train on a job of one engine
-per node. The refused and the pending job are cheap (no engine starts); the kernel's death is a
-real kernel killed while its job waits in the queue. After every test ``squeue`` lists nothing
+per node. The refused and the pending job are cheap (no engine starts); Stop (an interrupt) and
+the kernel's death are a real kernel's, while its job waits in the queue. After every test ``squeue`` lists nothing
 of it. Needs root and Debian's slurm-wlm and munge; skipped, saying
 which is missing, elsewhere.
 """
@@ -13,7 +13,6 @@ which is missing, elsewhere.
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import time
 from contextlib import redirect_stdout
@@ -157,12 +156,11 @@ def test_a_cancelled_step_is_a_named_death_and_the_next_cell_starts_a_new_job(sh
     assert slurm.queue() == []
 
 
-@pytest.mark.skipif(os.environ.get("KDIST_SLURM_TIME_LIMIT_TEST") != "1",
-                    reason="about 100 s (Slurm ends a job at its time limit a minute or more after "
-                           "it starts: slurmctld checks limits every ~30 s), too long for CI's budget; "
-                           "KDIST_SLURM_TIME_LIMIT_TEST=1 runs it")
+@pytest.mark.long  # (its own session, beside the Colab part: scripts/test.sh)
 def test_a_job_at_its_time_limit_is_a_named_death(shell, slurm):
-    """``--time 0:10``: Slurm ends the job at its next look at time limits."""
+    """``--time 0:10``: Slurm ends the job at its next look at time limits. About 100 s, nearly
+    all waiting: Slurm keeps time limits in whole minutes and slurmctld looks at them every
+    ~30 s, so it is in the long tier, which runs beside the Colab part."""
     with pytest.raises(KDistError) as info:
         run(shell, f"--strategy multiworker {SPREAD} --time 0:10", "import time\ntime.sleep(300)")
     assert "the Slurm job reached its time limit" in str(info.value), str(info.value)
@@ -227,12 +225,32 @@ def test_keras_on_jax_trains_across_the_nodes(slurm):
     assert slurm.queue() == []
 
 
-def test_the_kernels_death_cancels_its_job(slurm):
+def test_stop_during_the_queue_wait_and_the_kernels_death_cancel_its_job(slurm):
+    """In a real kernel. Stop (the kernel interrupted, as Jupyter's Stop button does) while a
+    cell's job waits in the queue: the cell ends, the job is cancelled and the kernel takes the
+    next cell. Then the kernel is killed while a ``%kdist start``'s job waits: cancelled too."""
     from kernel_driver import Kernel, isolated_env
 
     kernel = Kernel(env=isolated_env())
     try:
         kernel.check(f"%config KDist.bind_address = '{slurm.hosts.bridge_ip}'")
+        msg_id = kernel.kc.execute(f"%%kdist --strategy multiworker --np 2 --launcher slurm "
+                                   f"--no-dashboard --partition {HELD}\nx = 1", store_history=False)
+        deadline = time.monotonic() + 60
+        while not any(line.endswith(" PENDING") for line in slurm.queue()):
+            assert time.monotonic() < deadline, slurm.queue()
+            time.sleep(0.3)
+        time.sleep(1.0)  # into the wait (an interrupt while it submits is caught the same way)
+        kernel.interrupt()
+        res = kernel.wait_for(msg_id, timeout=60)
+        assert res.errors and res.errors[0]["ename"] == "KeyboardInterrupt", res.text[-2000:]
+        said = [ln for ln in res.stdout.splitlines() if "interrupted: kdist cancelled Slurm job" in ln]
+        assert said and said[0].endswith("(PENDING: PartitionDown)"), res.text[-2000:]
+        queue_empties(slurm, within=30)
+        run = "__import__('kdist_magics').last_run()"
+        assert kernel.eval(f"({run}.status, [p['name'] for p in {run}.phases][-1])") == (
+            "interrupted", "waiting in Slurm's queue for 2 engines")  # the phase it ended in
+        assert kernel.check("print(6 * 7)").stdout.strip() == "42"
         kernel.check(f"%kdist start --strategy multiworker --np 2 --launcher slurm --partition {HELD}")
         deadline = time.monotonic() + 60
         while "PENDING: PartitionDown" not in (said := kernel.check("%kdist status").stdout):

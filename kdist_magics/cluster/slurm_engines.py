@@ -28,7 +28,7 @@ from . import slurm
 from .cluster import EngineCluster, _following, heartbeat_args
 from ..errors import ClusterError
 from ..messages import (SLURM_STEP_CANCELLED, phase_engines, phase_queue, slurm_ended, slurm_ended_early,
-                       slurm_gave_up, slurm_loopback, slurm_queued, slurm_refused)
+                       slurm_gave_up, slurm_interrupted, slurm_loopback, slurm_queued, slurm_refused)
 
 #: the engines' batch script (ipyparallel fills in the braces)
 BATCH = """#!/bin/sh
@@ -86,6 +86,7 @@ class SlurmCluster(EngineCluster):
         self._guard: subprocess.Popen | None = None
         self._given_up = False
         self._last_look = 0.0
+        self.news = None  # how kdist tells the user what it does (the run's ``say``)
 
     def start(self) -> "SlurmCluster":
         import ipyparallel as ipp
@@ -111,7 +112,10 @@ class SlurmCluster(EngineCluster):
             self._wait_for_engines()
             self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
         except KeyboardInterrupt:
+            job, state = self.job, self.job_state
             self.stop()
+            if job is not None and self.news is not None:
+                self.news(slurm_interrupted(job, state.words() if state is not None else "submitted"))
             raise
         except Exception as exc:
             self.stop()
@@ -274,5 +278,7 @@ def submit(n: int, ctx, news) -> SlurmCluster:
 
     address = ctx.options.bind_address
     news(slurm_submitting(n, address))
-    return SlurmCluster(n, ctx.spec.slurm, ip=address, queue_timeout=ctx.spec.timeout,
-                        controller_nice=ctx.options.helper_nice)
+    cluster = SlurmCluster(n, ctx.spec.slurm, ip=address, queue_timeout=ctx.spec.timeout,
+                           controller_nice=ctx.options.helper_nice)
+    cluster.news = news
+    return cluster
