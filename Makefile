@@ -23,7 +23,8 @@ lab: setup
 	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # The whole suite on the current stack (.venv, Horovod required), then again on Colab's pins.
-# .venv-colab is set up beside the main suite; the docs are built once, after the main suite
+# .venv-colab is set up beside the main suite, and the long tier (fault matrix, soaks) runs beside
+# the Colab part (scripts/test.sh says why that is safe); the docs are built once, after the main suite
 # has executed the notebooks, so the tutorials show this run's outputs (tests/test_docs.py, marker
 # docs: warnings are errors, every internal reference checked). The account (time per step and
 # tier, slowest tests, clusters started) is printed at the end and kept in test-output/.

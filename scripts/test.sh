@@ -2,9 +2,13 @@
 # `make test`: set-up, the whole suite on the current stack (.venv), then the suite's Colab part on
 # Colab's pins (.venv-colab), then the account (time per step and tier, slowest tests, clusters).
 #
-# .venv-colab is set up while the main suite runs: that set-up is mostly download and unpacking,
-# and the main suite's first half is its fast and kernel tiers (tests/README.md has the
-# measurements this rests on). Its log is test-output/setup-colab.log.
+# Two pairs of steps run side by side, each pair measured safe on 2 cores (tests/README.md):
+# - .venv-colab is set up while the main suite runs: that set-up is mostly download and
+#   unpacking, and the main suite's first half is its fast and kernel tiers. Its log is
+#   test-output/setup-colab.log.
+# - the long tier (the fault matrix and the soaks, which mostly wait for processes to start, die
+#   and be noticed: 42% of 2 cores alone) runs beside the Colab part, in its own pytest session
+#   with its own account; its output follows the Colab part's in the log (test-output/long.log).
 #
 #   PYTEST_ARGS   extra pytest arguments for both suites (CI passes -p no:cacheprovider)
 #   COLAB_TESTS   the marker expression of the Colab part (the Makefile sets it)
@@ -34,21 +38,30 @@ step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser 
 colab_setup=$!
 
 # shellcheck disable=SC2086
-step "suite in .venv" .venv/bin/python -m pytest -m "not classic and not docs" ${PYTEST_ARGS:-} || status=1
+step "suite in .venv" .venv/bin/python -m pytest -m "not classic and not docs and not long" ${PYTEST_ARGS:-} || status=1
 # the docs site, once the suite has executed the notebooks its tutorials show
 # shellcheck disable=SC2086
 step "docs in .venv" env KDIST_ACCOUNT=account-docs .venv/bin/python -m pytest -m docs ${PYTEST_ARGS:-} || status=1
 
+# shellcheck disable=SC2086
+( step "long tier in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
+    .venv/bin/python -m pytest -m long ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
+long=$!
+
 if wait $colab_setup; then
   cat "$OUT/setup-colab.log"
   # shellcheck disable=SC2086
-  step "Colab part in .venv-colab" env KDIST_TEST_OUTPUT="$OUT/colab" \
+  step "Colab part in .venv-colab (beside the long tier)" env KDIST_TEST_OUTPUT="$OUT/colab" \
     .venv-colab/bin/python -m pytest -m "${COLAB_TESTS:?}" ${PYTEST_ARGS:-} || status=1
 else
   cat "$OUT/setup-colab.log"
   echo "make test: setting up .venv-colab failed (log above); its part of the suite did not run" >&2
   status=1
 fi
+wait $long || status=1
+echo "=== the long tier in .venv, which ran beside the Colab part ($OUT/long.log) ==="
+cat "$OUT/long.log"
 
-.venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account.json" "$OUT/account-docs.json" "$OUT/colab/account.json"
+.venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account.json" "$OUT/account-docs.json" \
+  "$OUT/account-long.json" "$OUT/colab/account.json"
 exit $status

@@ -37,9 +37,21 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
     setup = [i for i, ln in enumerate(lines) if "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest" in ln]
     assert setup and runs and setup[0] < runs[0], lines
-    assert '-m "not classic and not docs"' in lines[runs[0]]
+    assert '-m "not classic and not docs and not long"' in lines[runs[0]]
     docs = [i for i, ln in enumerate(lines) if "-m pytest -m docs" in ln]
     assert docs and docs[0] > runs[0]  # the docs show the notebooks the suite just executed
+
+
+def test_make_test_runs_the_long_tier_beside_the_colab_part():
+    """The main suite leaves the long tier out; its own session runs it, started in the
+    background before the Colab part and waited for (its exit status counts) after it."""
+    lines = make_test_steps()
+    long = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest -m long" in ln]
+    colab = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
+    waited = [i for i, ln in enumerate(lines) if ln.startswith("wait $long") and "status=1" in ln]
+    assert long and colab and waited and long[0] < colab[0] < waited[0], lines
+    assert lines[long[0]].endswith(") &") and "KDIST_ACCOUNT=account-long" in lines[long[0] - 1]
+    assert "account-long.json" in " ".join(lines[-3:])  # counted in the account
 
 
 def test_make_test_runs_again_on_colabs_stack():
@@ -52,7 +64,7 @@ def test_make_test_runs_again_on_colabs_stack():
     assert "or classic" in dry_run("test") and "not horovod" in dry_run("test")
     assert "test-output/colab" in lines[runs[0] - 1] + lines[runs[0]] or '$OUT/colab' in lines[runs[0] - 1]
     # and the account comes last
-    assert "scripts/test_account.py" in lines[-2], lines[-2:]
+    assert "scripts/test_account.py" in lines[-3], lines[-3:]  # (its arguments run on a line)
 
 
 def test_make_test_quick_is_the_fast_tier_plus_one_run_per_strategy():
