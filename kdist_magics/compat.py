@@ -145,3 +145,37 @@ def _layout_keys_searched() -> bool:
 
 
 _SEARCHED: bool | None = None
+
+
+def shard_at_init() -> bool:
+    """Keras on JAX (3.13 to 3.15) creates a sharded variable whole and then splits it, unless
+    the variable is at least 250 MB (on 3.15, counted times the mesh's size): the whole copy is
+    the peak a sharded model was meant to avoid (keras-team/keras#21634, out-of-memory at
+    initialisation; the threshold's rule: keras-team/keras#22116). Under kdist's sharded
+    distribution every variable laid out over a mesh axis is created already split (Keras' own
+    path for large ones: its initializer jitted with the sharding as ``out_shardings``);
+    replicated ones are left to Keras. The costs are Keras' own for large variables, now paid
+    by every sharded one: a compilation each when the model is built (kdist's automatic layout
+    shards only variables above a size threshold, so few), and an initializer must be one jit
+    can trace (Keras' own are; one seeded with a ``SeedGenerator`` is not). Process-wide once
+    applied (a later ``ModelParallel`` of the cell's own benefits too). Idempotent; returns
+    whether it is in place (False where Keras has no such hook)."""
+    try:
+        from keras.src.backend.jax import core
+    except ImportError:
+        return False
+    keras_rule = getattr(core, "should_shard_at_init", None)
+    if keras_rule is None:
+        return False
+    if getattr(keras_rule, "kdist", False):
+        return True
+
+    def should_shard_at_init(init_layout, shape):
+        spec = getattr(init_layout, "spec", None)
+        if spec is not None and any(axis is not None for axis in spec):
+            return True
+        return keras_rule(init_layout, shape)
+
+    should_shard_at_init.kdist = True
+    core.should_shard_at_init = should_shard_at_init
+    return True

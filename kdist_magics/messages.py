@@ -306,6 +306,14 @@ def slurm_gave_up(job: str, words: str, seconds: float) -> str:
             f"The cell did not run")
 
 
+def layout_per_device(weight_bytes: int, optimizer_bytes: int) -> str:
+    """A sharded run's share of the model on each device (the dashboard, ``layout()``)."""
+    from .choose.facts import human_bytes
+
+    return (f"per device: weights {human_bytes(weight_bytes)}, "
+            f"optimizer state {human_bytes(optimizer_bytes)}")
+
+
 def slurm_interrupted(job: str, words: str) -> str:
     return f"interrupted: kdist cancelled Slurm job {job} ({words})"
 

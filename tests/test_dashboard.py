@@ -409,3 +409,26 @@ def test_before_training_the_dashboard_says_which_phase_the_run_is_in():
     assert "starting 2 engines" in dash.html()
     js = (Path(kdist_magics.__file__).parent / "watch" / "static" / "dashboard.js").read_text()
     assert "st.phase" in js and "st.phases" in js and "registered" not in js  # words from Python
+
+
+def test_a_sharded_run_shows_what_each_device_holds():
+    """Once the sharded cell's model exists (the layout table), the dashboard says each device's
+    share: the weights and the optimizer state on it (all logical CPU devices share one process,
+    so no memory reading could say it)."""
+    from kdist_magics.strategies.layout import LayoutTable
+
+    rec = RunRecord("sharded", size=2)
+    rec.mesh = (1, 2)
+    dash = Dashboard(rec, interval=None)
+    assert dash.snapshot()[0]["layout_note"] == ""  # no model yet
+    rec.layout_table = LayoutTable((1, 2), rows=[
+        {"variable": "d1/kernel", "shape": [512, 512], "spec": "(-, model)", "bytes_per_device": 512 * 256 * 4},
+        {"variable": "d1/bias", "shape": [512], "spec": "replicated", "bytes_per_device": 512 * 4}],
+        optimizer_bytes=2 * (512 * 256 * 4 + 512 * 4))
+    rec.finish("done")
+    state = dash.snapshot()[0]
+    assert state["layout_note"] == rec.layout_table.per_device_words()
+    assert state["layout_note"].startswith("per device: weights ") and ", optimizer state " in state["layout_note"]
+    assert state["layout_note"] in _unescape(dash.html())  # the saved, static view too
+    js = (Path(kdist_magics.__file__).parent / "watch" / "static" / "dashboard.js").read_text()
+    assert "st.layout_note" in js and "optimizer state" not in js  # the words come from Python

@@ -154,6 +154,13 @@ def test_sharded_training_equals_one_device():
                               optimizer=table.optimizer_bytes if table else None,
                               replicas=ip.user_ns["strategy"].num_replicas_in_sync if name != "one" else 1)
         out["runs"] = runs
+        # sharded variables are created split (Keras would make a 256x256 one whole first)
+        import jax, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from keras.src.backend.jax import core
+        mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(1, 4), ("batch", "model"))
+        out["split_at_init"] = [core.should_shard_at_init(NamedSharding(mesh, spec), (256, 256))
+                                for spec in (P(None, "model"), P(None, None))]
         ip.user_ns.pop("model")
         value, err = attempt("-s sharded --mesh 1,4 --no-dashboard --no-telemetry", {OWN!r})
         assert err is None, repr(err)
@@ -167,6 +174,7 @@ def test_sharded_training_equals_one_device():
     runs, stdout = r["runs"], r["_stdout"]
     one = runs.pop("one")
     assert len(one["loss"]) == 8 and one["loss"][-1] < one["loss"][0]
+    assert r["split_at_init"] == [True, False]  # (and the weights below equal one device's)
     for name, run in runs.items():
         np.testing.assert_allclose(run["loss"], one["loss"], rtol=1e-5, atol=1e-6, err_msg=name)
         for w, w1 in zip(run["weights"], one["weights"]):

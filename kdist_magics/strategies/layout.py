@@ -104,6 +104,9 @@ def distribution(devices, mesh_shape: tuple[int, int]):
     lays variables out as the module says."""
     import keras
 
+    from ..compat import shard_at_init
+
+    shard_at_init()  # sharded variables are created split, never whole first
     dist = keras.distribution
     mesh = dist.DeviceMesh(shape=tuple(mesh_shape), axis_names=AXES, devices=list(devices))
 
@@ -187,11 +190,14 @@ class LayoutTable:
         return [(r["variable"], "x".join(map(str, r["shape"])) or "scalar", r["spec"],
                  human_bytes(r["bytes_per_device"])) for r in self.rows]
 
-    def total_words(self) -> str:
-        from ..choose.facts import human_bytes
+    def per_device_words(self) -> str:
+        """What each device holds: ``per device: weights 12 MB, optimizer state 24 MB``."""
+        from ..messages import layout_per_device
 
-        return (f"mesh {self.mesh[0]}x{self.mesh[1]} (batch x model); per device: weights "
-                f"{human_bytes(self.weight_bytes)}, optimizer state {human_bytes(self.optimizer_bytes)}")
+        return layout_per_device(self.weight_bytes, self.optimizer_bytes)
+
+    def total_words(self) -> str:
+        return f"mesh {self.mesh[0]}x{self.mesh[1]} (batch x model); {self.per_device_words()}"
 
     def __repr__(self) -> str:
         head = ("variable", "shape", "spec", "bytes per device")

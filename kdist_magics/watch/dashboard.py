@@ -238,6 +238,8 @@ class Dashboard:
         return {
             "status": rec.status, "strategy": rec.strategy, "size": len(ranks),
             "mesh": "x".join(map(str, rec.mesh)) if rec.mesh else None,
+            # --strategy sharded, once the cell has built its model: each device's share
+            "layout_note": _layout_note(rec.layout_table),
             "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
             "lost_batches": rec.lost_batches,
@@ -390,6 +392,13 @@ def _add_sample(entry: dict[str, Any], sample: dict[str, Any], st: dict[str, Any
         "gpus": gpus, "tpus": sample.get("tpus") or [],
         "accelerator_note": sample.get("accelerator_note"),
     })
+
+
+def _layout_note(table) -> str:
+    try:
+        return table.per_device_words() if table is not None else ""
+    except Exception:  # the table is a view: never a reason for the dashboard to fail
+        return ""
 
 
 def _fraction_eta(progress: dict[str, Any], status: str, now: float):

@@ -94,6 +94,8 @@ def static_summary(state: dict, curves: dict) -> str:
             f"{name} {seconds:.1f} s" for name, seconds in state["phases"])) + "</div>")
     if state["resize_note"]:
         lines.append(f'<div style="color:#6d4c41">{esc(state["resize_note"])}</div>')
+    if state.get("layout_note"):
+        lines.append(f'<div style="color:#666">{esc(state["layout_note"])}</div>')
     for note in state["stragglers"]:
         lines.append(f'<div style="color:#ef6c00">{esc(note)}</div>')
     name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)

@@ -325,6 +325,7 @@ function render({ model, el }) {
     head.appendChild(h("span", "kdist-elapsed", `elapsed ${fmtTime(elapsed)}`));
     top.appendChild(head);
     if (st.reason) top.appendChild(h("div", "kdist-reason", `auto: ${st.reason}`));
+    if (st.layout_note) top.appendChild(h("div", "kdist-layout", st.layout_note));  // words from messages.layout_per_device
     if (st.resize_note) top.appendChild(h("div", "kdist-resized", st.resize_note));  // words from messages.resized_note
     for (const note of st.stragglers || []) top.appendChild(h("div", "kdist-straggler-note", `straggler: ${note}`));
     if (st.lost_note) {  // the words come from Python (kdist_magics.messages.lost_batches)
