@@ -174,8 +174,8 @@ def validate(spec: RunSpec) -> RunSpec:
         raise UsageError("--tensorboard writes what the telemetry reports; drop --no-telemetry")
     if s == "sharded" and spec.attach:  # engines kdist starts only (no attach tested yet)
         raise UsageError("--cluster-id and --profile apply to horovod and multiworker, not sharded: "
-                         "sharded starts its own engines with --np N")
-    if s == "sharded" and "np" in given:  # across engine processes
+                         "sharded starts its own engines (--np N, or --launcher slurm)")
+    if s == "sharded" and ("np" in given or ("launcher" in given and spec.launcher == "slurm")):  # on engines
         if "devices" in given:
             raise UsageError("--devices applies to sharded in the notebook; across engines give --np N")
     elif s in KERNEL_STRATEGIES:
@@ -214,9 +214,10 @@ def _check_launcher(spec: RunSpec) -> None:
             raise UsageError(f"{', '.join(named)} applies to --launcher slurm (a cluster kdist submits "
                              f"to Slurm); add --launcher slurm")
         return
-    if spec.strategy in KERNEL_STRATEGIES and "launcher" in spec.given:
+    # (sharded runs in the notebook, or across engines: --np N, or a Slurm job's engines)
+    if spec.strategy in KERNEL_STRATEGIES and spec.strategy != "sharded" and "launcher" in spec.given:
         named = " ".join(["--launcher slurm"] + [f"--{n}" for n in SLURM_OPTIONS if n in spec.given])
-        raise UsageError(f"{named} starts engines (horovod, multiworker), not {spec.strategy}")
+        raise UsageError(f"{named} starts engines (horovod, multiworker, sharded), not {spec.strategy}")
     if spec.attach:
         raise UsageError("--launcher slurm starts a cluster kdist owns; --cluster-id/--profile attach "
                          "to one somebody started (give one or the other)")

@@ -14,7 +14,8 @@ and spool folders. ``SLURM_CONF`` points Slurm's commands there; the fixture set
 
 Configuration (Slurm 22.05, Debian's ``slurm-wlm``): ``proctrack/linuxproc``,
 ``task/none``, ``select/cons_tres``, no accounting, root as SlurmUser; two partitions, ``kd``
-(the default, both nodes) and ``kdheld`` (State=DOWN: a job sent there stays PENDING, reason PartitionDown,
+(the default, both nodes, at most 60 minutes a job; a job over a partition's limits is refused
+at submission, ``EnforcePartLimits=ALL``, as many sites do) and ``kdheld`` (State=DOWN: a job sent there stays PENDING, reason PartitionDown,
 for the queue tests). Needs root and the packages; :func:`unavailable` says why not.
 """
 
@@ -81,7 +82,8 @@ KillWait=2
 MinJobAge=60
 SchedulerType=sched/backfill
 {nodes}
-PartitionName=kd Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+EnforcePartLimits=ALL
+PartitionName=kd Nodes={names} Default=YES MaxTime=60 State=UP OverSubscribe=YES
 PartitionName={HELD} Nodes={names} MaxTime=INFINITE State=DOWN
 """
 

@@ -80,6 +80,10 @@ def test_a_job_slurm_refuses_is_one_line_with_slurms_reason(shell, slurm):
     with pytest.raises(ClusterError) as info:
         run(shell, "--strategy multiworker --np 2 --partition nope", "x = 1")
     assert str(info.value) == "Slurm refused the engines' job: invalid partition specified: nope"
+    with pytest.raises(ClusterError) as info:  # over the partition's limit (60 minutes)
+        run(shell, "--strategy multiworker --np 2 --time 2:00:00", "x = 1")
+    assert str(info.value) == ("Slurm refused the engines' job: Requested time limit is invalid "
+                               "(missing or exceeds some limit)")
     assert slurm.queue() == []
 
 
@@ -210,18 +214,41 @@ if err is None:
     out["cls"] = type(kdist_magics._extension._strategies["multiworker"]).__name__
     out["weights"], out["hosts"] = by_rank("kd_weights"), by_rank("kd_host")
 ip.run_line_magic("kdist", "stop")
+# sharded across the nodes: the model axis spans them; the same training on one device here
+value, err = attempt("-s default --no-dashboard --no-telemetry", SHARDED_CELL)
+out["one"] = ip.user_ns["kd_loss"]
+value, err = attempt("--launcher slurm --strategy sharded --mesh 1,2 --no-dashboard --no-telemetry "
+                     "--pull kd_loss,kd_local " + %r, SHARDED_CELL + "\\nimport socket\\nkd_host = socket.gethostname()")
+out["sharded_err"] = None if err is None else f"{type(err).__name__}: {err}"
+if err is None:
+    engines = kdist_magics._extension._strategies["sharded"].engines
+    out["sharded"] = dict(loss=ip.user_ns["kd_loss"], local=ip.user_ns["kd_local"],
+                          hosts=engines.cluster.view().pull("kd_host", block=True))
+ip.run_line_magic("kdist", "stop")
 """
 
 
 def test_keras_on_jax_trains_across_the_nodes(slurm):
+    """Multiworker on JAX (identical weights), then sharded with the model axis across the two
+    nodes (half of the large kernel on each; the losses of one device)."""
     pytest.importorskip("jax", reason="JAX is in the jax extra (make test installs it)")
     from kernel_driver import run_in_fresh_shell
+    from test_sharded import TRAIN
 
-    r = run_in_fresh_shell(JAX_BODY % (slurm.hosts.bridge_ip, SPREAD, JAX_CELL), env={"KERAS_BACKEND": "jax"})
+    sharded_cell = TRAIN + "\nkd_local = {v.path: list(v.value.addressable_data(0).shape) for v in model.weights}\n"
+    # (sharded: no --np; --mesh 1,2 asks for two engines, one on each node)
+    body = f"SHARDED_CELL = {sharded_cell!r}\n" + JAX_BODY % (slurm.hosts.bridge_ip, SPREAD, JAX_CELL,
+                                                               '--sbatch "--ntasks-per-node=1"')
+    r = run_in_fresh_shell(body, env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
     assert r["err"] is None, r["err"] + r["_stderr"][-2000:] + slurm.logs()
     assert r["cls"] == "JaxMultiWorkerStrategy" and sorted(r["hosts"]) == sorted(NODES)
     for a, b in zip(*r["weights"]):
         np.testing.assert_array_equal(np.array(a), np.array(b))
+    assert r["sharded_err"] is None, r["sharded_err"] + r["_stderr"][-2000:] + slurm.logs()
+    sharded = r["sharded"]
+    assert sorted(sharded["hosts"]) == sorted(NODES)
+    assert sharded["local"]["d1/kernel"] == [256, 128]  # this process's half; the other node has the rest
+    np.testing.assert_allclose(sharded["loss"], r["one"], rtol=1e-5, atol=1e-6)
     assert slurm.queue() == []
 
 

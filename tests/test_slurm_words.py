@@ -40,6 +40,10 @@ def test_a_refusal_is_slurms_first_error_line():
               "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
     assert slurm.refusal(stderr) == "invalid partition specified: nope"
     assert slurm.refusal("") == "sbatch failed without saying why"
+    # over a partition's limit, sbatch writes one line
+    assert slurm.refusal("sbatch: error: Batch job submission failed: Requested time limit is invalid "
+                         "(missing or exceeds some limit)\n") == \
+        "Requested time limit is invalid (missing or exceeds some limit)"
 
 
 def test_job_states_read_as_slurm_says_them():

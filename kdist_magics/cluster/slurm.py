@@ -78,10 +78,12 @@ def run(argv: list[str]) -> subprocess.CompletedProcess:
 
 def refusal(stderr: str) -> str:
     """Slurm's own reason from a failed ``sbatch``'s stderr: its first ``error:`` line, as
-    ``sbatch`` wrote it (``invalid partition specified: nope``)."""
+    ``sbatch`` wrote it (``invalid partition specified: nope``), less the words every refusal
+    starts with when it is the only line (``Batch job submission failed: ``)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line.split("error:", 1)[1].strip() for line in lines if "error:" in line]
-    return (errors or lines or ["sbatch failed without saying why"])[0]
+    first = (errors or lines or ["sbatch failed without saying why"])[0]
+    return first.removeprefix("Batch job submission failed: ")
 
 
 def job_state(job: str) -> JobState | None:

@@ -58,15 +58,17 @@ HONOURED: dict[str, dict[str, str]] = {
 SLURM = "test_slurm.py::"
 #: every sbatch option goes to sbatch as given (a real Slurm reads --partition and --time there)
 SBATCH = {name: "test_slurm_words.py::test_slurm_options_go_to_sbatch_named_first_then_the_free_form_words"
-          for name in ("horovod", "multiworker")}
+          for name in ("horovod", "multiworker", "sharded")}
 HONOURED.update({
     "launcher": {"horovod": SLURM + "test_horovod_trains_across_the_nodes_once_every_node_resolves_every_name",
-                 "multiworker": SLURM + "test_multiworker_trains_across_the_nodes"},
+                 "multiworker": SLURM + "test_multiworker_trains_across_the_nodes",
+                 "sharded": SLURM + "test_keras_on_jax_trains_across_the_nodes"},
     "partition": {**SBATCH, "multiworker": SLURM + "test_a_job_slurm_refuses_is_one_line_with_slurms_reason"},
-    "time": dict(SBATCH),  # the job at its limit: test_slurm.py, opt-in (about 100 s)
+    "time": {**SBATCH, "multiworker": SLURM + "test_a_job_at_its_time_limit_is_a_named_death"},
     "account": dict(SBATCH),
     "gres": dict(SBATCH),
-    "sbatch": {**SBATCH, "multiworker": SLURM + "test_multiworker_trains_across_the_nodes"},
+    "sbatch": {**SBATCH, "multiworker": SLURM + "test_multiworker_trains_across_the_nodes",
+               "sharded": SLURM + "test_keras_on_jax_trains_across_the_nodes"},
 })
 
 #: options handled by the magic itself, alike whatever the strategy

@@ -103,9 +103,7 @@ class ShardedStrategy(Strategy):
 
     def size(self, spec) -> int:
         if on_engines(spec):
-            from ..cluster.placement import default_np
-
-            return spec.np or default_np()
+            return engine_count(spec)
         if spec.mesh:
             return spec.mesh[0] * spec.mesh[1]
         if spec.devices:
@@ -198,9 +196,23 @@ class ShardedStrategy(Strategy):
 
 # -- across engine processes (--np N) --------------------------------------------------------
 def on_engines(spec) -> bool:
-    """A sharded cell runs on engines (one JAX process each) when the line gives ``--np`` or a
-    cluster to attach to."""
-    return "np" in spec.given or spec.attach
+    """A sharded cell runs on engines (one JAX process each) when the line gives ``--np``, a
+    launcher (``--launcher slurm``: a Slurm job's engines) or a cluster to attach to."""
+    return "np" in spec.given or slurm_given(spec) or spec.attach
+
+
+def slurm_given(spec) -> bool:
+    """``--launcher slurm`` on the line (a configured launcher does not move a sharded cell)."""
+    return "launcher" in spec.given and spec.launcher == "slurm"
+
+
+def engine_count(spec) -> int:
+    """How many engines: ``--np N``, else ``--mesh D,M``'s D x M, else the default."""
+    from ..cluster.placement import default_np
+
+    if "np" not in spec.given and spec.mesh:
+        return spec.mesh[0] * spec.mesh[1]
+    return spec.np or default_np()
 
 
 def engines_strategy():
@@ -215,6 +227,9 @@ def engines_strategy():
 
         def setup_args(self, ctx):
             return (tuple(self.mesh),)
+
+        def size(self, spec) -> int:
+            return engine_count(spec)
 
         def after_cell(self, cluster, ctx, ok):
             # last_run().layout(): the shardings are global, so one process's view is the table
