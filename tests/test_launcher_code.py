@@ -22,6 +22,11 @@ user has to change.
      saves only to ``.keras`` files, and tests never write to a shared ``/tmp`` path.
    - the tutorial's launch (``TF_CONFIG`` set by hand, ``python main.py &`` per worker) is
      not used: kdist starts the workers and sets ``TF_CONFIG``; the worker code reads it as is.
+   - its section "Fault tolerance" (``BackupAndRestore(backup_dir='/tmp/backup')`` in ``fit``,
+     training resumed when the workers are started again after one died): ``backup_dir`` is a
+     test folder (tests never write to a shared ``/tmp`` path); the test appends one callback of
+     its own after the tutorial's, to end worker 1 after the second epoch (the fault) and to
+     record which epochs the run again trained.
 
 2. A torchrun-style script (written for this test in torchrun's idiom, nothing kdist-specific):
    reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, ``init_process_group(backend="gloo",
@@ -157,6 +162,31 @@ if not _is_chief(task_type, task_id):
 
 def tf_tutorial(model_path: str) -> str:
     return TF_TUTORIAL.replace("MODEL_PATH", repr(model_path))
+
+
+#: the tutorial's section "Fault tolerance": the same worker code, its fit with BackupAndRestore
+TF_TUTORIAL_BACKUP = TF_TUTORIAL.split("multi_worker_model.fit(", 1)[0] + \
+    """# Multi-worker training with `MultiWorkerMirroredStrategy` and `BackupAndRestore`
+callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=BACKUP_DIR)]
+with strategy.scope():
+  multi_worker_model = mnist_setup.build_and_compile_cnn_model()
+multi_worker_model.fit(multi_worker_dataset,
+                       epochs=3,
+                       steps_per_epoch=10,
+                       callbacks=callbacks)
+"""
+
+
+def tf_tutorial_backup(backup_dir: str, extra_callback: str = "") -> str:
+    """The fault-tolerance cell; ``extra_callback``: code defining ``kd_callback``, appended
+    after the tutorial's own callbacks (the test's fault, or its record of the epochs)."""
+    code = TF_TUTORIAL_BACKUP.replace("BACKUP_DIR", repr(backup_dir))
+    if extra_callback:
+        code = code.replace("callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=",
+                            extra_callback + "\ncallbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=")
+        code = code.replace("backup_dir=" + repr(backup_dir) + ")]",
+                            "backup_dir=" + repr(backup_dir) + "), kd_callback]")
+    return code
 
 
 # -- 2. a torchrun-style script -------------------------------------------------------------

@@ -306,6 +306,83 @@ def test_a_worker_failing_mid_training_restarts_the_engines_before_the_next_run(
         np.testing.assert_array_equal(np.array(wa), np.array(wb))
 
 
+@pytest.mark.kernel
+def test_only_the_chief_writes_a_backup_and_restore_backup(tmp_path):
+    """compat_backup: a worker that is not the chief neither writes nor removes the backup
+    (Keras 3's callback would have every worker write the same files); uninstalled, Keras' own
+    behaviour is back."""
+    keras = pytest.importorskip("keras")
+    from kdist_magics.strategies import compat_backup
+
+    x, y = np.ones((8, 2), "float32"), np.zeros((8, 1), "float32")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+
+    def fit(folder):
+        model.fit(x, y, epochs=2, verbose=0,
+                  callbacks=[keras.callbacks.BackupAndRestore(str(folder), delete_checkpoint=False)])
+
+    assert compat_backup.install(chief=False)
+    try:
+        fit(tmp_path / "worker1")
+        assert not (tmp_path / "worker1").exists()
+        assert compat_backup.install(chief=True)  # the next run on the chief
+        fit(tmp_path / "chief")
+        assert (tmp_path / "chief" / "latest.weights.h5").is_file()
+    finally:
+        compat_backup.uninstall()
+    fit(tmp_path / "after")
+    assert (tmp_path / "after" / "latest.weights.h5").is_file()
+
+
+#: the fault: worker 1 ends (as a killed process does) once the second epoch's backup is written
+DIE_AFTER_EPOCH_2 = """import os, json
+class KdDie(tf.keras.callbacks.Callback):
+  def on_epoch_end(self, epoch, logs=None):
+    if strategy.cluster_resolver.task_id == 0:
+      with open(os.path.join(BACKUP_DIR, "..", "first-run.json"), "a") as f:
+        f.write(json.dumps([epoch, float(logs["loss"])]) + "\\n")
+    elif epoch == 1:
+      os._exit(3)
+kd_callback = KdDie()"""
+#: the run again: which epochs it trains, and with what loss
+EPOCHS = """class KdEpochs(tf.keras.callbacks.Callback):
+  def on_train_begin(self, logs=None):
+    self.seen = []
+  def on_epoch_end(self, epoch, logs=None):
+    self.seen.append((epoch, float(logs["loss"])))
+kd_callback = KdEpochs()"""
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_backup_and_restore_resumes_the_tutorials_training_after_a_worker_died(mip, tmp_path, monkeypatch):
+    """TensorFlow's tutorial, section "Fault tolerance": worker 1 dies after the second epoch's
+    backup; the cell run again (on restarted engines) trains the third epoch only, from the
+    backup, and both workers end with identical weights."""
+    from kdist_magics.errors import RankDied
+    from test_launcher_code import MNIST_SETUP, tf_tutorial_backup
+
+    (tmp_path / "mnist_setup.py").write_text(MNIST_SETUP)
+    monkeypatch.chdir(tmp_path)
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    with pytest.raises(RankDied) as info:
+        kdist(mip, "", tf_tutorial_backup(str(backup), DIE_AFTER_EPOCH_2.replace("BACKUP_DIR", repr(str(backup)))))
+    assert "rank 1" in str(info.value)
+    first = [json.loads(line) for line in (tmp_path / "first-run.json").read_text().splitlines()]
+    assert [epoch for epoch, _ in first][:2] == [0, 1], first
+    kdist(mip, "", tf_tutorial_backup(str(backup), EPOCHS) + "\nkd_seen = kd_callback.seen\n"
+                   "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]")
+    seen = engine_values("kd_seen")
+    assert [[epoch for epoch, _ in s] for s in seen] == [[2], [2]], seen  # resumed at the third
+    assert seen[0][0][1] < first[0][1], (seen, first)  # from the trained weights, not new ones
+    for wa, wb in zip(*engine_values("kd_w")):
+        np.testing.assert_array_equal(np.array(wa), np.array(wb))
+    assert not backup.exists()  # the chief removed its backup once fit had finished
+
+
 @pytest.mark.engines
 @pytest.mark.slow
 @pytest.mark.timeout(600)

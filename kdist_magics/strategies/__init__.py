@@ -1,7 +1,8 @@
 """The strategies, looked up by name and imported only when a cell needs one.
 
 Beside them, what one strategy alone needs: :mod:`.keras_mwms` (Keras 3 ``fit`` under
-MultiWorkerMirroredStrategy), :mod:`.horovod_build` (Horovod built against this
+MultiWorkerMirroredStrategy), :mod:`.compat_backup` (its ``BackupAndRestore`` with several
+workers), :mod:`.horovod_build` (Horovod built against this
 TensorFlow: ``python -m kdist_magics.strategies.horovod_build``, patches in ``patches/``),
 :mod:`.mesh`, :mod:`.layout` and :mod:`.positions` (``sharded``); and what they share:
 :mod:`.capabilities` (which strategy honours which option), :mod:`.launcher_env` and

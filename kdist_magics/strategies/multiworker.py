@@ -251,9 +251,11 @@ def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
 
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         _mw.update(strategy=strategy, tf_config=tf_config)
-    from . import keras_mwms
+    from . import compat_backup, keras_mwms
 
     _mw["fix"] = keras_mwms.install()
+    # BackupAndRestore: the chief alone writes the backup (compat_backup says why)
+    _mw["backup"] = compat_backup.install(chief=strategy.cluster_resolver.task_id == 0)
     scope = strategy.scope()
     scope.__enter__()
     _mw["scope"] = scope
@@ -284,3 +286,7 @@ def _leave() -> None:  # runs on an engine
         from . import keras_mwms
 
         keras_mwms.uninstall()
+    if _mw.pop("backup", False):
+        from . import compat_backup
+
+        compat_backup.uninstall()
