@@ -14,6 +14,7 @@
 #   COLAB_TESTS   the marker expression of the Colab part (the Makefile sets it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+: "${COLAB_TESTS:?the marker expression of the Colab part (make test sets it: see the Makefile)}"
 OUT=${KDIST_TEST_OUTPUT:-test-output}
 mkdir -p "$OUT/colab"
 STEPS="$OUT/steps.tsv"
@@ -30,6 +31,14 @@ step() {  # step NAME COMMAND...: run it, record its time and exit status
   return $rc
 }
 
+# Ctrl-C or a CI timeout: end the steps running in the background too, whole process trees
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+  kill "$1" 2>/dev/null
+}
+trap 'for job in $(jobs -p); do kill_tree "$job"; done; exit 130' INT TERM
+
 step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser --torch || {
   python3 scripts/test_account.py "$STEPS"; exit 1; }
 
@@ -45,14 +54,20 @@ step "docs in .venv" env KDIST_ACCOUNT=account-docs .venv/bin/python -m pytest -
 
 # shellcheck disable=SC2086
 ( step "long tier in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
-    .venv/bin/python -m pytest -m long ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
+    .venv/bin/python -m pytest -m "long and not slurm" ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
 long=$!
+# the long tier's Slurm test (a job at its time limit: 100 s, nearly all waiting for slurmctld)
+# in a third session, so that it does not lengthen the long tier's
+# shellcheck disable=SC2086
+( step "Slurm time limit in .venv (beside both)" env KDIST_ACCOUNT=account-slurm-limit \
+    .venv/bin/python -m pytest -m "long and slurm" ${PYTEST_ARGS:-} > "$OUT/slurm-limit.log" 2>&1 ) &
+limit=$!
 
 if wait $colab_setup; then
   cat "$OUT/setup-colab.log"
   # shellcheck disable=SC2086
   step "Colab part in .venv-colab (beside the long tier)" env KDIST_TEST_OUTPUT="$OUT/colab" \
-    .venv-colab/bin/python -m pytest -m "${COLAB_TESTS:?}" ${PYTEST_ARGS:-} || status=1
+    .venv-colab/bin/python -m pytest -m "$COLAB_TESTS" ${PYTEST_ARGS:-} || status=1
 else
   cat "$OUT/setup-colab.log"
   echo "make test: setting up .venv-colab failed (log above); its part of the suite did not run" >&2
@@ -61,7 +76,10 @@ fi
 wait $long || status=1
 echo "=== the long tier in .venv, which ran beside the Colab part ($OUT/long.log) ==="
 cat "$OUT/long.log"
+wait $limit || status=1
+echo "=== the Slurm time-limit test in .venv, which ran beside both ($OUT/slurm-limit.log) ==="
+cat "$OUT/slurm-limit.log"
 
 .venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account.json" "$OUT/account-docs.json" \
-  "$OUT/account-long.json" "$OUT/colab/account.json"
+  "$OUT/account-long.json" "$OUT/account-slurm-limit.json" "$OUT/colab/account.json"
 exit $status

@@ -16,11 +16,12 @@ def steps(path: Path) -> list[str]:
     """Rows ``step<TAB>seconds<TAB>exit status`` -> aligned lines."""
     if not path.exists():
         return [f"(no steps recorded in {path})"]
+    rows = [(row.split("\t") + ["", ""])[:3] for row in path.read_text().splitlines()]
+    width = max([40] + [len(name) for name, _, _ in rows])
     lines = []
-    for row in path.read_text().splitlines():
-        name, seconds, status = (row.split("\t") + ["", ""])[:3]
+    for name, seconds, status in rows:
         mark = "" if status in ("", "0") else f"  (exit {status})"
-        lines.append(f"  {name:<40} {float(seconds) / 60:6.1f} min{mark}")
+        lines.append(f"  {name:<{width}} {float(seconds) / 60:6.1f} min{mark}")
     return lines
 
 

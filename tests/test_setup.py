@@ -43,15 +43,19 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
 
 
 def test_make_test_runs_the_long_tier_beside_the_colab_part():
-    """The main suite leaves the long tier out; its own session runs it, started in the
-    background before the Colab part and waited for (its exit status counts) after it."""
+    """The main suite leaves the long tier out; its own sessions run it (its Slurm test in a
+    third), started in the background before the Colab part and waited for (their exit
+    statuses count) after it. Between them, the long tier's two selections are all of it."""
     lines = make_test_steps()
-    long = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest -m long" in ln]
+    long = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and not slurm"' in ln]
+    limit = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and slurm"' in ln]
     colab = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
-    waited = [i for i, ln in enumerate(lines) if ln.startswith("wait $long") and "status=1" in ln]
-    assert long and colab and waited and long[0] < colab[0] < waited[0], lines
-    assert lines[long[0]].endswith(") &") and "KDIST_ACCOUNT=account-long" in lines[long[0] - 1]
-    assert "account-long.json" in " ".join(lines[-3:])  # counted in the account
+    waited = [i for i, ln in enumerate(lines) if ln.startswith(("wait $long", "wait $limit")) and "status=1" in ln]
+    assert long and limit and colab and len(waited) == 2, lines
+    assert long[0] < colab[0] < waited[0] and limit[0] < colab[0], lines
+    for i, account in ((long[0], "account-long"), (limit[0], "account-slurm-limit")):
+        assert lines[i].endswith(") &") and f"KDIST_ACCOUNT={account}" in lines[i - 1]
+        assert f"{account}.json" in " ".join(lines[-3:])  # counted in the account
 
 
 def test_make_test_runs_again_on_colabs_stack():
