@@ -172,10 +172,7 @@ def validate(spec: RunSpec) -> RunSpec:
             raise UsageError(f"--max-np applies to horovod (an elastic Horovod run), not {s}")
     if spec.tensorboard is not None and not spec.telemetry:
         raise UsageError("--tensorboard writes what the telemetry reports; drop --no-telemetry")
-    if s == "sharded" and spec.attach:  # engines kdist starts only (no attach tested yet)
-        raise UsageError("--cluster-id and --profile apply to horovod and multiworker, not sharded: "
-                         "sharded starts its own engines (--np N, or --launcher slurm)")
-    if s == "sharded" and ("np" in given or ("launcher" in given and spec.launcher == "slurm")):  # on engines
+    if s == "sharded" and ("np" in given or spec.attach or ("launcher" in given and spec.launcher == "slurm")):
         if "devices" in given:
             raise UsageError("--devices applies to sharded in the notebook; across engines give --np N")
     elif s in KERNEL_STRATEGIES:

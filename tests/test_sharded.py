@@ -223,9 +223,9 @@ PAIRS = TRAIN.replace("model.fit(x, y, batch_size=16", "order = np.concatenate([
 @pytest.mark.timeout(600)
 def test_sharded_over_two_engine_processes_equals_one_device():
     """Keras' guide's ModelParallel cell under multiworker (NumPy arrays, its own distribution),
-    and --strategy sharded --np 2 over meshes 1x2 and 2x1 (warm engines): each trains as one
-    device does on the same batches; --pull model gathers an ordinary model that predicts in
-    the kernel."""
+    and --strategy sharded --np 2 over meshes 1x2 and 2x1 (warm engines), then 1x2 on two
+    engines the user started (--cluster-id): each trains as one device does on the same
+    batches; --pull model gathers an ordinary model that predicts in the kernel."""
     pytest.importorskip("jax", reason="JAX is in the jax extra (make test installs it)")
     assert PAIRS != TRAIN
     local = "\nkd_local = {v.path: list(v.value.addressable_data(0).shape) for v in model.weights}\n"
@@ -254,6 +254,20 @@ def test_sharded_over_two_engine_processes_equals_one_device():
             if name == "guide":
                 ip.run_line_magic("kdist", "stop")
         ip.run_line_magic("kdist", "stop")
+        # a cluster the user started: attached by --cluster-id, and left running by %kdist stop
+        import ipyparallel as ipp
+        theirs = ipp.Cluster(n=2, cluster_id="theirs-sharded", controller_ip="127.0.0.1", log_level=40)
+        theirs.start_cluster_sync()
+        theirs.connect_client_sync().wait_for_engines(2, timeout=120)
+        try:
+            value, err = attempt("--strategy sharded --cluster-id theirs-sharded --mesh 1,2" + pulled,
+                                 {TRAIN + local!r})
+            assert err is None, ("attached", repr(err))
+            out["attached"] = dict(loss=ip.user_ns["kd_loss"], local=ip.user_ns["kd_local"])
+            ip.run_line_magic("kdist", "stop")
+            out["theirs_left"] = len(theirs.connect_client_sync().ids)
+        finally:
+            theirs.stop_cluster_sync()
         saved = keras.saving.load_model(os.path.join(ck, "last.keras"))
         out["checkpoint"] = [w.tolist() for w in saved.get_weights()]
     """, env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
@@ -273,6 +287,9 @@ def test_sharded_over_two_engine_processes_equals_one_device():
     # last_run().layout() after an engine run: the table, read from the engines
     assert r["1x2"]["specs"]["d1/kernel"] == "(-, model)" and r["2x1"]["specs"]["d1/kernel"] == "replicated"
     assert r["guide"]["specs"] is None  # a multiworker run keeps no layout table
+    # attached to the user's engines: the same training, half of d1 on each, their engines kept
+    np.testing.assert_allclose(r["attached"]["loss"], r["one"]["loss"], rtol=1e-5, atol=1e-6)
+    assert r["attached"]["local"]["d1/kernel"] == [256, 128] and r["theirs_left"] == 2
     # --checkpoint: gathered on both processes, written by rank 0, loads anywhere
     for w, w1 in zip(r["checkpoint"], r["one"]["weights"]):
         np.testing.assert_allclose(w, w1, rtol=1e-4, atol=1e-6)

@@ -22,7 +22,8 @@ HVD = "test_horovod_engines.py::"
 MW = "test_multiworker.py::"
 MW_OPTIONS = MW + "test_push_out_all_and_checkpoint_on_both_workers"
 ATTACH = {"horovod": HVD + "test_attach_to_a_cluster_the_user_started_and_never_stop_it",
-          "multiworker": MW + "test_attach_to_a_user_started_cluster_by_id_and_never_stop_it"}
+          "multiworker": MW + "test_attach_to_a_user_started_cluster_by_id_and_never_stop_it",
+          "sharded": SHARDED + "test_sharded_over_two_engine_processes_equals_one_device"}
 
 #: option (its ``dest`` in spec.OPTIONS) -> {strategy: the test proving it is honoured there}
 HONOURED: dict[str, dict[str, str]] = {
