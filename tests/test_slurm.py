@@ -97,14 +97,15 @@ def test_a_pending_job_is_a_phase_with_slurms_reason_and_timeout_ends_the_wait(s
     assert slurm.queue() == []
 
 
-def test_status_shows_the_queue_and_stop_cancels_a_waiting_start(shell, slurm):
+@pytest.mark.parametrize("command", ["stop", "restart"])
+def test_status_shows_the_queue_and_stop_or_restart_cancels_a_waiting_start(shell, slurm, command):
     shell.run_line_magic("kdist", f"start --strategy multiworker --np 2 --launcher slurm --partition {HELD}")
     deadline = time.monotonic() + 60
     while "PENDING: PartitionDown, waited" not in (said := status(shell)):
         assert time.monotonic() < deadline, said
         time.sleep(0.5)
     assert slurm.queue() != []
-    shell.run_line_magic("kdist", "stop")
+    shell.run_line_magic("kdist", command)
     assert slurm.queue() == []
 
 
