@@ -25,7 +25,7 @@ from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 from traitlets import List, Unicode
 
 from . import slurm
-from .cluster import EngineCluster, _following, heartbeat_args
+from .cluster import EngineCluster, _following, _log_start, heartbeat_args
 from ..errors import ClusterError
 from ..messages import (SLURM_STEP_CANCELLED, phase_engines, phase_queue, slurm_ended, slurm_ended_early,
                        slurm_gave_up, slurm_interrupted, slurm_loopback, slurm_queued, slurm_refused)
@@ -124,6 +124,7 @@ class SlurmCluster(EngineCluster):
             raise ClusterError(f"could not start {self.n} engines as a Slurm job: "
                                f"{type(exc).__name__}: {exc}") from exc
         self.starts += 1
+        _log_start(self)  # (the test suite's account of clusters started)
         self._identify()
         self._pids_started = set(self._process_tree_pids())  # the engines' pids are the nodes'
         if not getattr(self, "_atexit", False):
