@@ -194,10 +194,11 @@ def line_help() -> str:
 
 
 # -- code written for a launcher (torchrun, TF_CONFIG, jax.distributed), inside a run -------
-def launcher_mismatch(call: str, given: str, run: str, option: str) -> str:
+def launcher_mismatch(call: str, given: str, run: str, option: str,
+                      otherwise: str = "leave the argument out (the run's own group is set up "
+                                       "already and this call joins it)") -> str:
     """A framework's own set-up call asks for something other than the run it is in."""
-    return (f"{call} asks for {given}, but this kdist run has {run}: {option}, or leave the "
-            f"argument out (the run's own group is set up already and this call joins it)")
+    return f"{call} asks for {given}, but this kdist run has {run}: {option}, or {otherwise}"
 
 
 

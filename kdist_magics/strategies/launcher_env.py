@@ -11,7 +11,10 @@ join it instead of failing:
   (``env://``, ``tcp://...``, any backend) returns at once when the run's group exists -- no
   "trying to initialize the default process group twice!" -- and
   ``destroy_process_group()`` of the default group leaves it to kdist, which ends it after
-  the cell (the next cell has a group again).
+  the cell (the next cell has a group again). ``torch.multiprocessing.start_processes()``
+  and ``spawn()`` (how Keras' torch guide starts one process per GPU from a notebook) start
+  nothing: the run's ranks are those processes, so each calls ``fn(LOCAL_RANK, *args)``
+  itself, when ``nprocs`` is the number of ranks on its host.
 * :func:`jax_calls`: while a JAX cell runs, ``jax.distributed.initialize()`` (and so
   ``keras.distribution.initialize()``) without arguments, or with ones matching the run, does
   nothing -- the run's processes are joined already, and a zero-argument call on a Slurm or
@@ -115,12 +118,50 @@ def torch_calls(rank: int, world: int):  # entered on an engine, for the cell
             return None  # kdist ends the run's group after the cell
         return destroy(group)
 
+    import torch.multiprocessing as mp
+
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    hosts = int(os.environ.get("GROUP_WORLD_SIZE", 1))
+    start = _in_this_rank("torch.multiprocessing.start_processes()", mp.start_processes, local, here, world, hosts)
+    spawn = _in_this_rank("torch.multiprocessing.spawn()", mp.spawn, local, here, world, hosts)
     init_process_group.__doc__ = init.__doc__
     destroy_process_group.__doc__ = destroy.__doc__
     return patched((dist, "init_process_group", init_process_group),
                    (c10d, "init_process_group", init_process_group),
                    (dist, "destroy_process_group", destroy_process_group),
-                   (c10d, "destroy_process_group", destroy_process_group))
+                   (c10d, "destroy_process_group", destroy_process_group),
+                   (mp, "start_processes", start), (mp, "spawn", spawn))
+
+
+def _in_this_rank(call: str, original: Callable, local: int, here: int, world: int, hosts: int):
+    """``start_processes``/``spawn`` for a rank of a run: no process is started, this rank is
+    process ``local`` of the ``here`` on its host, so it calls ``fn(local, *args)`` itself."""
+
+    def start_processes(fn, *args, **kwargs):
+        __tracebackhide__ = True
+        given = _bound(original, (fn, *args), kwargs)
+        nprocs = int(given.get("nprocs", 1))
+        if nprocs != here:
+            each = ("start one process per rank of this host: "
+                    "nprocs=int(os.environ['LOCAL_WORLD_SIZE']) (each rank is one of them)")
+            raise LauncherMismatch(launcher_mismatch(
+                call, f"{nprocs} processes on this host", f"{here} ranks here (--np {world})",
+                f"give --np {nprocs * hosts} on the %%kdist line", each) if nprocs > 0 else
+                launcher_mismatch(call, "0 processes", f"{here} ranks here (--np {world})", each,
+                                  "run on a host with GPUs if it counts them"))
+        fn(local, *tuple(given.get("args", ())))
+        return None if given.get("join", True) else _Started()
+
+    start_processes.__doc__ = original.__doc__
+    return start_processes
+
+
+class _Started:
+    """What ``start_processes(..., join=False)`` returns in a run: the work is done already."""
+
+    def join(self, timeout=None, grace_period=None) -> bool:
+        return True
 
 
 def jax_calls(rank: int, world: int):  # entered on an engine, for the cell
