@@ -8,7 +8,10 @@ dashboard, rank-0 output, ``--pull``, failure handling and Stop) as a one-line c
 ``sys.argv`` = ``[path, *script args]``, ``__file__`` set and the script's folder first on
 ``sys.path``; the launcher variables of the run (``TF_CONFIG``, torchrun's, ...) are set as for
 any cell. ``sys.exit(0)`` (or ``sys.exit()``) ends the script as success; another status fails
-that rank.
+that rank. Keras' automatic names ("dense_1") start afresh for the script, as in the new process
+a launcher would start (a warm engine has counted on over earlier cells), so that what is keyed
+by them -- a Keras model's ``state_dict()`` on PyTorch, say -- is the same in every launch;
+later cells go on counting after the script's names.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ under torchrun / a TF_CONFIG launch / horovodrun: as __main__ (its `if __name__ 
 block runs), with sys.argv = [script.py, *script args], __file__ set, and the run's launcher
 variables (TF_CONFIG; RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... under torch). The script's
 own set-up calls join the run: tf.distribute.MultiWorkerMirroredStrategy(),
-torch.distributed.init_process_group(), jax.distributed.initialize(), hvd.init().
+torch.distributed.init_process_group(), torch.multiprocessing.start_processes() and spawn()
+(each rank is one of the processes), jax.distributed.initialize(), hvd.init().
 
 kdist's options come before the script's path, the script's own arguments after it:
 
@@ -138,14 +142,33 @@ def run_main(source: str, path: str, argv: list[str]) -> None:  # runs on a rank
     ns["__name__"], ns["__file__"] = "__main__", path
     sys.argv = [path, *argv]
     sys.path.insert(0, folder)
+    names = _fresh_keras_names()
     try:
         exec(compile(source, path, "exec"), ns)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise ScriptExited(f"{os.path.basename(path)} exited with status {exc.code!r}") from None
     finally:
+        names()
         sys.argv = saved_argv
         if folder in sys.path:
             sys.path.remove(folder)
         ns.pop("__file__", None)
         ns.update(saved)
+
+
+def _fresh_keras_names():
+    """Start Keras' automatic names afresh (module doc); returns what puts the counters back
+    after the script: each the higher of before and after, so no later name repeats one."""
+    from ..compat import keras_name_uids, set_keras_name_uids
+
+    before = keras_name_uids()
+    if before is None:  # Keras not imported yet: the script starts it afresh by itself
+        return lambda: None
+    set_keras_name_uids({})
+
+    def restore() -> None:
+        after = keras_name_uids() or {}
+        set_keras_name_uids({k: max(before.get(k, 0), after.get(k, 0)) for k in {*before, *after}})
+
+    return restore
