@@ -179,3 +179,38 @@ def shard_at_init() -> bool:
     should_shard_at_init.kdist = True
     core.should_shard_at_init = should_shard_at_init
     return True
+
+
+def device_put_takes_keras_variables():
+    """While a JAX cell runs, ``jax.device_put`` takes Keras variables, as Keras' guide
+    "Multi-GPU distributed training with JAX" passes them (``model.trainable_variables``).
+
+    JAX converted such objects through ``__jax_array__``, deprecated and now refused: JAX 0.12.0
+    (tested here) raises "Triggering __jax_array__() during abstractification is no longer
+    supported"; Keras stopped relying on it itself (keras-team/keras#21702), but the guide still
+    does. Inside the cell a ``keras.Variable`` leaf is replaced by its ``.value`` (what the old
+    conversion gave); everything else goes to JAX untouched. Undone after the cell."""
+    import contextlib
+
+    import jax
+    import keras
+
+    original = jax.device_put
+
+    def device_put(x, *args, **kwargs):
+        x = jax.tree_util.tree_map(lambda v: v.value if isinstance(v, keras.Variable) else v, x,
+                                   is_leaf=lambda v: isinstance(v, keras.Variable))
+        return original(x, *args, **kwargs)
+
+    device_put.__doc__ = original.__doc__
+    device_put.__wrapped__ = original
+
+    @contextlib.contextmanager
+    def patched():
+        jax.device_put = device_put
+        try:
+            yield
+        finally:
+            jax.device_put = original
+
+    return patched()

@@ -1,5 +1,7 @@
 """Fast tier: the version shims in kdist_magics.compat work on both sides of each change."""
 
+import pytest
+
 from kdist_magics.compat import net_connections
 
 
@@ -34,3 +36,18 @@ def test_colab_widget_manager_is_enabled_once_and_only_on_colab(monkeypatch):
     monkeypatch.setitem(sys.modules, "google.colab", colab)
     assert compat.colab_widgets_enabled() is True
     assert compat.colab_widgets_enabled() is False and calls == [1]  # once per kernel
+
+
+def test_device_put_takes_keras_variables_only_while_a_cell_runs():
+    jax = pytest.importorskip("jax", reason="JAX is in the core install (make test has it)")
+    import numpy as np
+
+    from kdist_magics.compat import device_put_takes_keras_variables
+
+    original = jax.device_put
+    with device_put_takes_keras_variables():
+        assert jax.device_put is not original and jax.device_put.__wrapped__ is original
+        put = jax.device_put({"a": np.arange(3.0), "b": [np.ones(2)]})  # other leaves: untouched
+        np.testing.assert_array_equal(put["a"], np.arange(3.0))
+        np.testing.assert_array_equal(put["b"][0], np.ones(2))
+    assert jax.device_put is original

@@ -36,6 +36,7 @@ import math
 import os
 from typing import Any, Callable
 
+from ..compat import device_put_takes_keras_variables
 from ..errors import DevicesFixed, StrategyUnavailable, no_tpu
 from .base import RunContext
 from .kernel import run_cell_here
@@ -249,6 +250,7 @@ class JaxDataParallel:
             ctx.record.set_rank(rank, state="running", device=str(device))
         scope = contextlib.ExitStack()
         scope.enter_context(strategy.scope())
+        scope.enter_context(device_put_takes_keras_variables())  # Keras' JAX guide, on JAX 0.12
         if n > 1:
             scope.enter_context(divisible_batches(n))
         value = run_cell_here(cell, ctx, scope=scope, bind={"strategy": strategy})

@@ -53,6 +53,7 @@ from .processes import ProcessGroupStrategy
 from .fit_data import process_shards
 from .jax_dp import DataParallelStrategy
 from .launcher_env import jax_calls
+from ..compat import device_put_takes_keras_variables
 
 SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
 
@@ -213,6 +214,7 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
         position=feeding(distribution, strategy.process_index, strategy.num_processes)))
     # the cell's own jax.distributed.initialize() / keras.distribution.initialize(): the run's
     stack.enter_context(jax_calls(strategy.process_index, strategy.num_processes))
+    stack.enter_context(device_put_takes_keras_variables())  # Keras' JAX guide, on JAX 0.12
     local = jax.local_device_count()
     if local > 1:  # several devices per process: each process's batches must split over them
         from .jax_dp import divisible_batches
