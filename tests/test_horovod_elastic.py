@@ -97,6 +97,50 @@ def test_a_rank_lost_mid_epoch_the_others_go_on_from_the_last_commit(eip, capsys
     assert "restarting the engines (ranks were lost in the previous run)" in capsys.readouterr().out
 
 
+@pytest.mark.timeout(600)
+def test_horovods_keras_examples_run_with_kdist_run(eip, tmp_path, monkeypatch):
+    """The corpus' Horovod examples as scripts, on the module's engines (tests/test_corpus.py
+    lists what differs from the originals): the Keras MNIST example, then the elastic one."""
+    pytest.importorskip("sklearn", reason="scikit-learn provides the MNIST-shaped digits")
+    import json
+    import shutil
+
+    import numpy as np
+    from test_corpus import CORPUS_DIR
+    from test_keras_horovod import WORKERS, write_mnist_like
+
+    for name in ("mnist_local.py", "hvd_keras_mnist_elastic.py"):
+        shutil.copy(CORPUS_DIR / name, tmp_path)
+    mnist = tmp_path / "mnist"  # the MNIST example's folder (its argument): its files go there
+    mnist.mkdir()
+    write_mnist_like(mnist / "mnist.npz")
+    monkeypatch.chdir(tmp_path)
+    example = WORKERS / "hvd_keras_mnist_example.py"
+    eip.run_line_magic("kdist", f"run --strategy horovod --np 4 --no-dashboard {example} {mnist}")
+    ranks = [json.loads((mnist / f"example-rank{r}.json").read_text()) for r in range(4)]
+    weights = [np.load(mnist / f"example-rank{r}.npz") for r in range(4)]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3] and {r["size"] for r in ranks} == {4}
+    for other in weights[1:]:
+        for key in weights[0].files:
+            np.testing.assert_allclose(other[key], weights[0][key], rtol=0, atol=1e-6)
+    loss = ranks[0]["history"]["loss"]
+    assert loss[-1] < loss[0] and all(r["history"]["loss"] == pytest.approx(loss) for r in ranks), loss
+    assert ranks[0]["restored_matches"] and ranks[0]["hvd_module"] == "kdist_magics.keras_horovod"
+
+    eip.run_line_magic("kdist", "run --strategy horovod --np 4 --min-np 2 --no-dashboard "
+                                "hvd_keras_mnist_elastic.py")
+    out = eip.run_cell_magic("kdist", "--strategy horovod --np 4 --min-np 2 --no-dashboard", """
+import numpy as np
+every = hvd.allgather_object(np.concatenate([w.ravel() for w in model.get_weights()]))
+{"spread": float(max(np.abs(w - every[0]).max() for w in every)), "size": hvd.size(),
+ "loss": model.history.history["loss"], "epoch": state.epoch}
+""")
+    assert (out["size"], out["spread"], out["epoch"]) == (4, 0.0, 3), out
+    assert out["loss"][-1] < out["loss"][0], out["loss"]  # three epochs of the elastic fit
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*.keras")) == [
+        f"checkpoint-{e}.keras" for e in (1, 2, 3)]  # rank 0's checkpoints, one per epoch
+
+
 def test_losing_rank_0_makes_the_next_rank_the_new_rank_0(eip):
     eip.user_ns["KILLED"] = 0
     out = eip.run_cell_magic("kdist", "--strategy horovod --np 4 --min-np 3 --push KILLED",

@@ -1,48 +1,24 @@
 """Code written for the standard launchers runs as it is in a kdist cell and with ``%kdist run``.
 
-The corpus (issue 35), and every change from the original code, with its reason. Only data
-loading should differ; anything else listed here is a cost of running in CI, not something a
-user has to change.
+Part of the corpus of issue 35; the whole list, with every change from the original code and
+its reason, is ``CORPUS`` in ``tests/test_corpus.py`` (the README's table comes from it). Here:
 
 1. TensorFlow's tutorial "Multi-worker training with Keras" (tensorflow.org/tutorials/
-   distribute/multi_worker_with_keras, Apache-2.0): its ``mnist_setup.py`` (written next to
-   the notebook, as the tutorial's ``%%writefile`` does) and its worker code (reads
-   ``TF_CONFIG``, creates its own ``tf.distribute.MultiWorkerMirroredStrategy()``, builds and
-   compiles the model in ``strategy.scope()``, ``fit``, chief-only saving from
-   ``strategy.cluster_resolver``) as a ``%%kdist --strategy multiworker --np 2`` cell
-   (``tests/test_multiworker.py``, on that module's warm engines). Changes:
-
-   - data: ``tf.keras.datasets.mnist.load_data()`` becomes ``local_mnist()``, 4096 synthetic
-     uint8 images of MNIST's shape (28x28, labels 0-9, a bar whose height is the label): CI has
-     no network. Everything after the load (scaling, ``from_tensor_slices``, shuffle, repeat,
-     batch) is the tutorial's.
-   - ``fit(..., epochs=3, steps_per_epoch=70)`` becomes ``steps_per_epoch=10``: CI time on
-     two shared cores (the tutorial's 3 epochs are kept).
-   - ``model_path = '/tmp/keras-model'`` becomes ``<a test folder>/keras-model.keras``: Keras 3
-     saves only to ``.keras`` files, and tests never write to a shared ``/tmp`` path.
-   - the tutorial's launch (``TF_CONFIG`` set by hand, ``python main.py &`` per worker) is
-     not used: kdist starts the workers and sets ``TF_CONFIG``; the worker code reads it as is.
-   - its section "Fault tolerance" (``BackupAndRestore(backup_dir='/tmp/backup')`` in ``fit``,
-     training resumed when the workers are started again after one died): ``backup_dir`` is a
-     test folder (tests never write to a shared ``/tmp`` path); the test appends one callback of
-     its own after the tutorial's, to end worker 1 after the second epoch (the fault) and to
-     record which epochs the run again trained.
-
-2. A torchrun-style script (written for this test in torchrun's idiom, nothing kdist-specific):
-   reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, ``init_process_group(backend="gloo",
-   init_method="env://", world_size=..., rank=...)`` (Keras' torch guide's call), a torch model
-   in ``DistributedDataParallel`` fed by a ``DistributedSampler``, ``destroy_process_group()``
-   at the end, an ``if __name__ == "__main__":`` block and ``argparse`` (``parse_known_args``:
-   a notebook's ``sys.argv`` is the kernel's). Run twice in a row as a cell, then with
-   ``%kdist run ... script.py --epochs 4``. Changes: none (its data is made in the script).
-   TensorFlow's tutorial's worker code also runs as its ``main.py`` with ``%kdist run`` (next
-   to its ``mnist_setup.py``; the same changes as above).
+   distribute/multi_worker_with_keras, Apache-2.0): its ``mnist_setup.py`` and its worker code
+   (:data:`MNIST_SETUP`, :data:`TF_TUTORIAL`), and its section "Fault tolerance"
+   (:data:`TF_TUTORIAL_BACKUP`); their tests are in ``tests/test_multiworker.py``, on that
+   module's warm engines.
+2. A torchrun-style script (:data:`TORCH_SCRIPT`, written for this test in torchrun's idiom),
+   twice as a cell, then with ``%kdist run``; on the same engines Keras' guide "Multi-GPU
+   distributed training with PyTorch" as a cell and with ``%kdist run``, and PyTorch's
+   ``multigpu_torchrun.py`` with a Keras model, twice (``tests/corpus/``).
 
 What each run checks: identical final weights on every rank (synchronisation), a falling
 loss, and for the script the launcher variables, ``sys.argv`` and ``--pull``.
 
 Fast tier: the hand-back of a class, argument checks and their one-line errors, torchrun's
-variables, ``%kdist run``'s parsing and UsageErrors, ``run_main`` in the session shell.
+variables, ``start_processes`` in a rank, ``%kdist run``'s parsing and UsageErrors,
+``run_main`` in the session shell.
 """
 
 from __future__ import annotations
@@ -54,10 +30,12 @@ import numpy as np
 import pytest
 from IPython.core.error import UsageError
 
+from test_corpus import CORPUS_DIR
+
 from kdist_magics.strategies.compat_tf_strategy import handing_back, multiworker_check
 from kdist_magics.errors import LauncherMismatch, ScriptExited
 from kdist_magics.strategies.run_script import help_lines, run_main, split_line
-from kdist_magics.strategies.launcher_env import check_world, patched, torchrun_env
+from kdist_magics.strategies.launcher_env import _in_this_rank, check_world, patched, torchrun_env
 
 # -- 1. TensorFlow's multi-worker Keras tutorial -------------------------------------------
 LOCAL_MNIST = '''
@@ -328,6 +306,26 @@ def test_torchrun_variables_for_two_hosts():
     assert all(set(LAUNCHER_VARS) <= set(e) and e["ROLE_RANK"] == e["RANK"] for e in envs)
 
 
+def test_start_processes_in_a_run_calls_fn_as_this_ranks_process():
+    def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+        raise AssertionError("a rank of a run starts no process")
+
+    seen = []
+    start = _in_this_rank("torch.multiprocessing.start_processes()", start_processes,
+                          local=1, here=2, world=4, hosts=2)
+    assert start(lambda i, a, b: seen.append((i, a, b)), args=(7, 8), nprocs=2,
+                 start_method="fork") is None
+    assert start(lambda i: seen.append(i), (), 2, False).join() is True  # join=False: a context
+    assert seen == [(1, 7, 8), 1]
+    with pytest.raises(LauncherMismatch) as info:
+        start(print, nprocs=3)
+    text = str(info.value)
+    assert "3 processes on this host" in text and "give --np 6" in text and "\n" not in text
+    assert "nprocs=int(os.environ['LOCAL_WORLD_SIZE'])" in text  # the other way out
+    with pytest.raises(LauncherMismatch, match=r"nprocs=int\(os.environ\['LOCAL_WORLD_SIZE'\]\)"):
+        start(print, nprocs=0)  # the guide's torch.cuda.device_count() on a host without GPUs
+
+
 def test_patched_restores_attributes():
     holder = type("Holder", (), {"f": staticmethod(len)})
     with patched((holder, "f", abs)):
@@ -383,6 +381,17 @@ def test_run_main_runs_a_script_as_main_with_its_argv(ip, tmp_path):
     assert sys.argv == argv_before and sys.path == path_before
 
 
+@pytest.mark.kernel
+def test_run_main_starts_keras_names_afresh_and_later_cells_count_on(ip, tmp_path):
+    keras = pytest.importorskip("keras", reason="Keras is a core dependency")
+    counted = [keras.layers.Dense(1).name for _ in range(3)]  # a warm engine has counted on
+    run_main("import keras\nkd_names = [keras.layers.Dense(1).name, keras.layers.Dense(1).name]\n",
+             str(tmp_path / "s.py"), [])
+    assert ip.user_ns["kd_names"] == ["dense", "dense_1"]  # as in a launcher's new process
+    later = keras.layers.Dense(1).name
+    assert later not in counted + ["dense", "dense_1"], later  # no later name repeats one
+
+
 # -- engines: the torchrun-style script twice as a cell, then with %kdist run ---------------
 BODY = '''
 import os, tempfile
@@ -419,6 +428,58 @@ value, err = attempt(line, "import os, torch.distributed as dist\\n"
                      "                        rank=int(os.environ['RANK']))\\n"
                      "kd_tcp = (dist.get_rank(), dist.get_world_size())")
 out["tcp"] = by_rank("kd_tcp") if err is None else repr(err)
+'''
+
+#: the corpus' torch examples (tests/test_corpus.py lists what differs), on the same engines:
+#: Keras' torch guide as a cell and with %kdist run, PyTorch's multigpu_torchrun.py twice
+CORPUS_BODY = '''
+import shutil
+for name in ("mnist_local.py", "datautils.py", "keras_torch_guide.py", "multigpu_torchrun.py"):
+    shutil.copy(os.path.join(CORPUS, name), folder)
+os.chdir(folder)  # the notebook's folder: the engines work there too (snapshot.pt, imports)
+# the test's probe, not a change to the examples: every DDP model made on a rank is kept
+value, err = attempt(line, """
+import torch.nn.parallel as _tnp
+if not hasattr(_tnp.DistributedDataParallel, "kd_made"):
+    _tnp.DistributedDataParallel.kd_made = []
+    _kd_init = _tnp.DistributedDataParallel.__init__
+    def _kd_recorded(self, *args, **kwargs):
+        _kd_init(self, *args, **kwargs)
+        _tnp.DistributedDataParallel.kd_made.append(self)
+    _tnp.DistributedDataParallel.__init__ = _kd_recorded
+""")
+assert err is None, repr(err)
+PROBE = """
+import numpy as np, torch, keras, torch.nn.parallel as _tnp
+_m = _tnp.DistributedDataParallel.kd_made[-1].module
+kd_w = [np.asarray(keras.ops.convert_to_numpy(v)).tolist() for v in _m.weights]
+kd_made = len(_tnp.DistributedDataParallel.kd_made)
+_ce = torch.nn.CrossEntropyLoss()
+with torch.no_grad():
+    kd_loss = [float(_ce(_m(_x), _y)), float(_ce(_fresh(_x), _y))]
+"""
+GUIDE_DATA = "_d = get_dataset(); _x, _y = _d.tensors[0][:512], _d.tensors[1][:512].long(); _fresh = get_model()\\n"
+TORCHRUN_DATA = "_d, _fresh, _ = load_train_objs(); _x, _y = _d.x[:512], _d.y[:512]\\n"
+def probe(data):
+    value, err = attempt(line, data + PROBE)
+    return repr(err) if err is not None else [by_rank("kd_w"), by_rank("kd_made"), by_rank("kd_loss")]
+guide = open("keras_torch_guide.py").read()
+value, err = attempt(line, guide)
+out["guide_cell"] = repr(err) if err is not None else probe(GUIDE_DATA)
+try:
+    ip.run_line_magic("kdist", f"run {line} keras_torch_guide.py")
+    out["guide_run"] = probe(GUIDE_DATA)
+except Exception as exc:
+    out["guide_run"] = repr(exc)
+out["torchrun"] = []
+for epochs in ("4", "6"):
+    try:
+        ip.run_line_magic("kdist", f"run {line} multigpu_torchrun.py {epochs} 2")
+        out["torchrun"].append(probe(TORCHRUN_DATA))
+    except Exception as exc:
+        out["torchrun"].append(repr(exc))
+value, err = attempt(line, "import torch.multiprocessing as mp\\nmp.spawn(print, nprocs=3)")
+out["spawn_mismatch"] = str(err)
 ip.run_line_magic("kdist", "stop")
 '''
 
@@ -437,7 +498,8 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
     pytest.importorskip("torch", reason="PyTorch is in the torch extra (make test installs it)")
     from conftest import run_in_fresh_shell
 
-    r = run_in_fresh_shell(BODY.format(script=TORCH_SCRIPT, vars=LAUNCHER_VARS),
+    corpus = CORPUS_BODY.replace("os.path.join(CORPUS,", f"os.path.join({str(CORPUS_DIR)!r},")
+    r = run_in_fresh_shell(BODY.format(script=TORCH_SCRIPT, vars=LAUNCHER_VARS) + corpus,
                            env={"KERAS_BACKEND": "torch"})
     for cell in r["cells"]:  # init_process_group() joined, destroy_process_group() did not break
         assert not isinstance(cell, str), cell + r["_stderr"][-3000:]
@@ -459,3 +521,20 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
     assert "bad.py" in shown and "raise ValueError" in shown, shown
     assert "--np 4" in r["mismatch"] and "4 processes" in r["mismatch"], r["mismatch"]
     assert r["tcp"] == [[0, 2], [1, 2]], r["tcp"]
+    # the corpus: Keras' torch guide (its start_processes ran per_device_launch_fn once on each
+    # rank), then PyTorch's multigpu_torchrun.py, the second launch resuming from its snapshot
+    made = 0
+    for key, run in (("guide_cell", r["guide_cell"]), ("guide_run", r["guide_run"]),
+                     ("torchrun 4", r["torchrun"][0]), ("torchrun 6", r["torchrun"][1])):
+        assert not isinstance(run, str), key + ": " + run + r["_stderr"][-3000:]
+        weights, count, (loss, _) = run
+        same_weights(weights)
+        made += 1
+        assert count == [made, made], (key, count)  # one DDP model per rank per run
+        trained, untrained = loss
+        assert trained < 0.75 * untrained, (key, loss)  # at least a quarter below untrained
+    printed = r["_stdout"]
+    assert "Epoch 2/2, Loss:" in printed  # the guide's loop, printed by rank 0
+    assert "Resuming training from snapshot at Epoch 2" in printed
+    assert "[GPU0] Epoch 5 |" in printed and "[GPU0] Epoch 1 |" in printed
+    assert "give --np 3" in r["spawn_mismatch"] and "3 processes on this host" in r["spawn_mismatch"]
