@@ -9,6 +9,8 @@
 # - the long tier (the fault matrix and the soaks, which mostly wait for processes to start, die
 #   and be noticed: 42% of 2 cores alone) runs beside the Colab part, in its own pytest session
 #   with its own account; its output follows the Colab part's in the log (test-output/long.log).
+#   A third session beside both runs the tiers that hold fixed names (network namespaces, the
+#   Slurm cluster: marker netns, Slurm's tests included), one after the other inside it.
 #
 #   PYTEST_ARGS   extra pytest arguments for both suites (CI passes -p no:cacheprovider)
 #   COLAB_TESTS   the marker expression of the Colab part (the Makefile sets it)
@@ -47,20 +49,20 @@ step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser 
 colab_setup=$!
 
 # shellcheck disable=SC2086
-step "suite in .venv" .venv/bin/python -m pytest -m "not classic and not docs and not long" ${PYTEST_ARGS:-} || status=1
+step "suite in .venv" .venv/bin/python -m pytest -m "not classic and not docs and not long and not netns" ${PYTEST_ARGS:-} || status=1
 # the docs site, once the suite has executed the notebooks its tutorials show
 # shellcheck disable=SC2086
 step "docs in .venv" env KDIST_ACCOUNT=account-docs .venv/bin/python -m pytest -m docs ${PYTEST_ARGS:-} || status=1
 
 # shellcheck disable=SC2086
 ( step "long tier in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
-    .venv/bin/python -m pytest -m "long and not slurm" ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
+    .venv/bin/python -m pytest -m "long and not netns" ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
 long=$!
-# the long tier's Slurm test (a job at its time limit: 100 s, nearly all waiting for slurmctld)
-# in a third session, so that it does not lengthen the long tier's
+# the network-namespace and Slurm tiers (a Slurm job at its time limit among them: 100 s, nearly
+# all waiting for slurmctld) in a third session: they hold fixed names, so only here, in turn
 # shellcheck disable=SC2086
-( step "Slurm time limit in .venv (beside both)" env KDIST_ACCOUNT=account-slurm-limit \
-    .venv/bin/python -m pytest -m "long and slurm" ${PYTEST_ARGS:-} > "$OUT/slurm-limit.log" 2>&1 ) &
+( step "netns and Slurm in .venv (beside both)" env KDIST_ACCOUNT=account-netns \
+    .venv/bin/python -m pytest -m "netns" ${PYTEST_ARGS:-} > "$OUT/netns.log" 2>&1 ) &
 limit=$!
 
 if wait $colab_setup; then
@@ -77,9 +79,9 @@ wait $long || status=1
 echo "=== the long tier in .venv, which ran beside the Colab part ($OUT/long.log) ==="
 cat "$OUT/long.log"
 wait $limit || status=1
-echo "=== the Slurm time-limit test in .venv, which ran beside both ($OUT/slurm-limit.log) ==="
-cat "$OUT/slurm-limit.log"
+echo "=== the netns and Slurm tiers in .venv, which ran beside both ($OUT/netns.log) ==="
+cat "$OUT/netns.log"
 
 .venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account.json" "$OUT/account-docs.json" \
-  "$OUT/account-long.json" "$OUT/account-slurm-limit.json" "$OUT/colab/account.json"
+  "$OUT/account-long.json" "$OUT/account-netns.json" "$OUT/colab/account.json"
 exit $status

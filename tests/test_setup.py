@@ -37,23 +37,24 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
     setup = [i for i, ln in enumerate(lines) if "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest" in ln]
     assert setup and runs and setup[0] < runs[0], lines
-    assert '-m "not classic and not docs and not long"' in lines[runs[0]]
+    assert '-m "not classic and not docs and not long and not netns"' in lines[runs[0]]
     docs = [i for i, ln in enumerate(lines) if "-m pytest -m docs" in ln]
     assert docs and docs[0] > runs[0]  # the docs show the notebooks the suite just executed
 
 
 def test_make_test_runs_the_long_tier_beside_the_colab_part():
-    """The main suite leaves the long tier out; its own sessions run it (its Slurm test in a
-    third), started in the background before the Colab part and waited for (their exit
-    statuses count) after it. Between them, the long tier's two selections are all of it."""
+    """The main suite leaves the long tier and the tiers holding fixed names (netns, Slurm's
+    among them) out; two sessions of their own run them, started in the background before the
+    Colab part and waited for (their exit statuses count) after it. Between the three, every
+    test of .venv runs once: "long and not netns" and "netns" are the rest of the main suite's."""
     lines = make_test_steps()
-    long = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and not slurm"' in ln]
-    limit = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and slurm"' in ln]
+    long = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and not netns"' in ln]
+    limit = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns"' in ln]
     colab = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
     waited = [i for i, ln in enumerate(lines) if ln.startswith(("wait $long", "wait $limit")) and "status=1" in ln]
     assert long and limit and colab and len(waited) == 2, lines
     assert long[0] < colab[0] < waited[0] and limit[0] < colab[0], lines
-    for i, account in ((long[0], "account-long"), (limit[0], "account-slurm-limit")):
+    for i, account in ((long[0], "account-long"), (limit[0], "account-netns")):
         assert lines[i].endswith(") &") and f"KDIST_ACCOUNT={account}" in lines[i - 1]
         assert f"{account}.json" in " ".join(lines[-3:])  # counted in the account
 
