@@ -143,6 +143,17 @@ def _names(option: str, value: str | None) -> tuple[str, ...]:
     return names
 
 
+def slurm_given(spec: RunSpec) -> bool:
+    """``--launcher slurm`` on the line (a configured launcher does not move a sharded cell)."""
+    return "launcher" in spec.given and spec.launcher == "slurm"
+
+
+def sharded_on_engines(spec: RunSpec) -> bool:
+    """A sharded cell runs on engines (one JAX process each) when the line gives ``--np``, a
+    launcher (``--launcher slurm``: a Slurm job's engines) or a cluster to attach to."""
+    return "np" in spec.given or slurm_given(spec) or bool(spec.attach)
+
+
 def validate(spec: RunSpec) -> RunSpec:
     """Check the combinations of options; return ``spec`` or raise UsageError."""
     given = spec.given
@@ -172,7 +183,7 @@ def validate(spec: RunSpec) -> RunSpec:
             raise UsageError(f"--max-np applies to horovod (an elastic Horovod run), not {s}")
     if spec.tensorboard is not None and not spec.telemetry:
         raise UsageError("--tensorboard writes what the telemetry reports; drop --no-telemetry")
-    if s == "sharded" and ("np" in given or spec.attach or ("launcher" in given and spec.launcher == "slurm")):
+    if s == "sharded" and sharded_on_engines(spec):
         if "devices" in given:
             raise UsageError("--devices applies to sharded in the notebook; across engines give --np N")
     elif s in KERNEL_STRATEGIES:

@@ -29,6 +29,7 @@ from typing import Any
 from .. import messages
 from ..errors import StrategyUnavailable
 from ..messages import say
+from ..spec import sharded_on_engines as on_engines
 from .backends import CPU_DEFAULT_DEVICES, keras_backend
 from .base import RunContext, Strategy
 from .kernel import run_cell_here
@@ -195,17 +196,6 @@ class ShardedStrategy(Strategy):
 
 
 # -- across engine processes (--np N) --------------------------------------------------------
-def on_engines(spec) -> bool:
-    """A sharded cell runs on engines (one JAX process each) when the line gives ``--np``, a
-    launcher (``--launcher slurm``: a Slurm job's engines) or a cluster to attach to."""
-    return "np" in spec.given or slurm_given(spec) or spec.attach
-
-
-def slurm_given(spec) -> bool:
-    """``--launcher slurm`` on the line (a configured launcher does not move a sharded cell)."""
-    return "launcher" in spec.given and spec.launcher == "slurm"
-
-
 def engine_count(spec) -> int:
     """How many engines: ``--np N``, else ``--mesh D,M``'s D x M, else the default."""
     from ..cluster.placement import default_np
