@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import threading
 import time
 from pathlib import Path
@@ -33,6 +32,8 @@ import traitlets
 
 from . import stragglers
 from ..messages import lost_batches, resized_note, say, straggler
+from .dashboard_rows import (add_sample, current_phase, fraction_eta, layout_note, rounded,
+                             slowest_progress, thinned)
 from .record import RunRecord
 from .svg import PALETTE, static_summary, svg_curves  # noqa: F401  (the widget's colours too)
 from ..spec import KERNEL_STRATEGIES
@@ -57,24 +58,6 @@ class DashboardWidget(anywidget.AnyWidget):
     #: JSON text of {"series": {name: {rank: [[step, value], ...]}}, "names": [...]}: one
     #: string, because ipywidgets walks nested lists element by element looking for buffers
     curves_json = traitlets.Unicode("{}").tag(sync=True)
-
-
-def _round(v: float | None) -> float | None:
-    if v is None or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(f"{v:.5g}")
-
-
-def _thin(points: list, limit: int) -> list:
-    """At most ``limit`` points, evenly strided, always keeping the last."""
-    n = len(points)
-    if n <= limit:
-        return list(points)
-    stride = math.ceil(n / limit)
-    out = points[::stride]
-    if out[-1] is not points[-1]:
-        out = out[:limit - 1] + [points[-1]]
-    return out
 
 
 class Dashboard:
@@ -144,7 +127,7 @@ class Dashboard:
                     series = self.series[key] = {}
                 pts = series.setdefault(rank, [])
                 # [step, value, epoch]: rounded once, here, not per update; the epoch for hover
-                pts.append([_round(x), _round(value), row.get("epoch")])
+                pts.append([rounded(x), rounded(value), row.get("epoch")])
                 self._curves_version += 1
                 if len(pts) > 8 * self.max_points:  # bound memory on very long runs
                     last = pts[-1]
@@ -197,7 +180,7 @@ class Dashboard:
         cpu = {r: s.get("cpu_percent") for r, s in self.latest_sample.items()}
         slow = {s.rank: straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
                 for s in stragglers.find(recent, cpu)}
-        _slowest_progress(progress, per_rank)
+        slowest_progress(progress, per_rank)
         ranks, throughput = self._rank_entries(rank_states, timed, slow)
         state = self._state(now, phases, progress, ranks, throughput, slow)
         if not with_curves:
@@ -213,14 +196,14 @@ class Dashboard:
             step = self.latest_step.get(r, {})
             entry = {"rank": r, "state": st.get("state"), "host": st.get("host"),
                      "pid": st.get("pid"), "device": st.get("device"), "error": st.get("error"),
-                     "loss": _round(step.get("loss")), "step": step.get("step"),
+                     "loss": rounded(step.get("loss")), "step": step.get("step"),
                      "epoch": step.get("epoch"), "shared": shared,
                      "total_steps": self.progress_by_rank.get(r, {}).get("total_steps"),
-                     "own_step_s": _round(timed[r][0]) if r in timed else None,
-                     "wait_step_s": _round(timed[r][1]) if r in timed else None,
+                     "own_step_s": rounded(timed[r][0]) if r in timed else None,
+                     "wait_step_s": rounded(timed[r][1]) if r in timed else None,
                      "straggler": slow.get(r)}
             if sample:
-                _add_sample(entry, sample, st, shared)
+                add_sample(entry, sample, st, shared)
             sps = step.get("samples_per_s") or None
             if isinstance(sps, (int, float)) and not shared:
                 throughput = (throughput or 0.0) + sps
@@ -232,31 +215,31 @@ class Dashboard:
         rec = self.record
         total = progress.get("total_steps")
         done = progress.get("step")
-        fraction, eta = _fraction_eta(progress, rec.status, now)
+        fraction, eta = fraction_eta(progress, rec.status, now)
         failed_ranks = [r for r in ranks if r["state"] == "failed"]
         error = rec.error or next((r["error"] for r in failed_ranks if r["error"]), None)
         return {
             "status": rec.status, "strategy": rec.strategy, "size": len(ranks),
             "mesh": "x".join(map(str, rec.mesh)) if rec.mesh else None,
             # --strategy sharded, once the cell has built its model: each device's share
-            "layout_note": _layout_note(rec.layout_table),
+            "layout_note": layout_note(rec.layout_table),
             "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
             "lost_batches": rec.lost_batches,
             "world_size": rec.world_size,
             # the current phase, with its time so far; and every phase's time (the summary)
-            "phase": _current_phase(phases, now if rec.status == "running" else None),
-            "phases": [[p["name"], _round((p["ended"] or now) - p["started"])] for p in phases],
+            "phase": current_phase(phases, now if rec.status == "running" else None),
+            "phases": [[p["name"], rounded((p["ended"] or now) - p["started"])] for p in phases],
             "resize_note": resized_note(rec.first_size, rec.resizes) if rec.resizes else "",
             "lost_note": lost_batches(rec.lost_batches) if rec.lost_batches else "",
             "stragglers": [slow[r] for r in sorted(slow)],
-            "progress": {"fraction": _round(fraction), "step": done, "total_steps": total,
+            "progress": {"fraction": rounded(fraction), "step": done, "total_steps": total,
                          "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
                          "steps_per_epoch": progress.get("steps_per_epoch"),
-                         "eta_s": _round(eta),
-                         "samples_per_s": _round(throughput) if throughput is not None else
-                         _round(progress.get("samples_per_s")),
-                         "steps_per_s": _round(progress.get("steps_per_s"))},
+                         "eta_s": rounded(eta),
+                         "samples_per_s": rounded(throughput) if throughput is not None else
+                         rounded(progress.get("samples_per_s")),
+                         "steps_per_s": rounded(progress.get("steps_per_s"))},
             "ranks": ranks,
         }
 
@@ -264,7 +247,7 @@ class Dashboard:
         """The curves, thinned to ``max_points`` per rank: loss first, validation last."""
         with self._lock:
             names = sorted(self.series, key=lambda k: (k != "loss", k.startswith("val_"), k))
-            series = {name: {str(r): _thin(pts, self.max_points)
+            series = {name: {str(r): thinned(pts, self.max_points)
                              for r, pts in sorted(self.series[name].items())}
                       for name in names}
         return {"names": names, "series": series}
@@ -344,14 +327,6 @@ class Dashboard:
         return static_summary(*self.snapshot())
 
 
-def _current_phase(phases: list[dict[str, Any]], now: float | None) -> dict[str, Any] | None:
-    """The phase a running run is in: name, detail ("1 of 2 registered") and seconds so far."""
-    if now is None or not phases or phases[-1]["ended"] is not None:
-        return None
-    p = phases[-1]
-    return {"name": p["name"], "detail": p.get("detail"), "elapsed": _round(now - p["started"])}
-
-
 def show(record: RunRecord, **kwargs: Any) -> Dashboard:  # kwargs: Dashboard's (nice, interval)
     """Create and display a dashboard for ``record`` (what ``%%kdist`` does). On Colab, the
     first one turns on Colab's custom widget manager, which third-party widgets need there."""
@@ -360,59 +335,3 @@ def show(record: RunRecord, **kwargs: Any) -> Dashboard:  # kwargs: Dashboard's 
     if colab_widgets_enabled():
         say("enabled Colab's custom widget manager (the dashboard is a third-party widget)")
     return Dashboard(record, **kwargs).display()
-
-
-def _slowest_progress(progress: dict[str, Any], per_rank: list[dict[str, Any]]) -> None:
-    """Where ranks report their own progress, the slowest one bounds the run's (in place)."""
-    if not per_rank:
-        return
-    slowest = min(per_rank, key=lambda p: p.get("step") or 0)
-    progress.update({k: v for k, v in slowest.items() if v is not None})
-    for key in ("total_steps", "epochs", "steps_per_epoch"):
-        values = [p[key] for p in per_rank if p.get(key)]
-        progress[key] = max(values) if values else progress.get(key)
-    starts = [p["fit_started"] for p in per_rank if p.get("fit_started")]
-    progress["fit_started"] = min(starts) if starts else None
-
-
-def _add_sample(entry: dict[str, Any], sample: dict[str, Any], st: dict[str, Any],
-                shared: bool) -> None:
-    """A rank's table entry with its utilisation sample (in-kernel replicas: their own GPU)."""
-    gpus = list(sample.get("gpus") or [])
-    dev = str(st.get("device") or "")
-    if shared and gpus and dev.rsplit(":", 1)[-1].isdigit():
-        idx = int(dev.rsplit(":", 1)[-1])
-        gpus = [g for g in gpus if g.get("index") == idx] or gpus
-    entry.update({
-        "host": entry["host"] or sample.get("host"),
-        "pid": entry["pid"] or sample.get("pid"),
-        "cpu_percent": _round(sample.get("cpu_percent")),
-        "cpu_count": sample.get("cpu_count"),
-        "rss_bytes": sample.get("rss_bytes"),
-        "gpus": gpus, "tpus": sample.get("tpus") or [],
-        "accelerator_note": sample.get("accelerator_note"),
-    })
-
-
-def _layout_note(table) -> str:
-    try:
-        return table.per_device_words() if table is not None else ""
-    except Exception:  # the table is a view: never a reason for the dashboard to fail
-        return ""
-
-
-def _fraction_eta(progress: dict[str, Any], status: str, now: float):
-    """(fraction done, seconds left) of the run's steps; None where not known."""
-    total = progress.get("total_steps")
-    done = progress.get("step")
-    fraction = eta = None
-    if isinstance(total, (int, float)) and total and isinstance(done, (int, float)):
-        fraction = min(1.0, done / total)
-        started = progress.get("fit_started")
-        t = progress.get("time")
-        if started and t and t > started and done:
-            rate = done / (t - started)
-            eta = max(0.0, (total - done) / rate - (now - t if status == "running" else 0))
-    if status == "done" and fraction is not None:
-        eta = 0.0
-    return fraction, eta
