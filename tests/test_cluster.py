@@ -17,7 +17,8 @@ from kdist_magics.cluster.exits import describe_exit, exiting
 from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
 from kdist_magics.watch.record import RunRecord
 from kdist_magics.strategies.engines import EngineStrategy
-from kdist_magics.strategies.supervisor import Printer as _Printer, RunSupervisor
+from kdist_magics.strategies.printer import Printer as _Printer
+from kdist_magics.strategies.supervisor import RunSupervisor
 
 from conftest import ROOT, python_without
 

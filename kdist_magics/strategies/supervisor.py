@@ -6,7 +6,7 @@ While the cell runs on every engine, the supervisor
 * **listens** to each rank's IOPub messages (:meth:`RunSupervisor.listen`, on the client's IO
   thread) and queues them in its inbox, so the kernel's main thread does all writing (stdout,
   record) and the dashboard's listeners run where widgets expect them;
-* **prints** the ranks' output (:class:`Printer`: rank 0's, every rank's prefixed, or none);
+* **prints** the ranks' output (:class:`~.printer.Printer`: rank 0's, every rank's prefixed, or none);
 * **takes in telemetry** (:meth:`RunSupervisor.feed`): numbered batches into the RunRecord, each
   once, gaps counted (:attr:`RunSupervisor.lost_batches`);
 * **supervises** (:meth:`RunSupervisor.watch`): a rank raising, an engine process dying, the
@@ -21,9 +21,7 @@ otherwise it wakes for the next death check.
 from __future__ import annotations
 
 import queue
-import re
 import signal
-import sys
 import threading
 import time
 from typing import Any, Callable
@@ -32,56 +30,12 @@ from ..cluster.compat_ipyparallel import children as list_children
 from ..engine.feed import FEED_MIME, FeedIntake
 from ..errors import ControllerDied, RankDied, RankFailed, RunTimedOut
 from ..messages import say
+from .printer import Printer
 from .waiting import DEATH_SHOWS_WITHIN, engine_died
 
 POLL = 0.05  # seconds between looks while stopping ranks (SIGINT sent, waiting for them)
 DEATH_CHECK = 0.25  # seconds between looks at the engines' processes (cheap, but not free)
 VANISHED_GRACE = DEATH_SHOWS_WITHIN  # seconds an "engine died" reply waits for the death check to confirm it
-
-
-class Printer:
-    """Writes engine output in the kernel: rank 0 only, all ranks prefixed, or nothing.
-
-    With ``all``, output is written a whole line at a time (a line ends at ``\n``
-    or at a progress bar's ``\r``), each prefixed ``[rank N]``, so ranks never
-    interleave inside a line; :meth:`flush` writes what is left at the end. A progress
-    bar's redraw (text after a ``\r``) is shown at once, not held until the next redraw:
-    the next one starts with ``\r`` and overwrites it anyway.
-    """
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.lead = 0  # whose output "rank0" shows: rank 0, or the first left after losing it
-        self.pending: dict[tuple[int, str], str] = {}
-
-    def write(self, rank: int, name: str, text: str) -> None:
-        if self.mode == "none" or (self.mode == "rank0" and rank != self.lead):
-            return
-        if self.mode == "all":
-            text = self._lines(rank, name, text)
-        if text:
-            stream = sys.stderr if name == "stderr" else sys.stdout
-            stream.write(text)
-            stream.flush()
-
-    def _lines(self, rank: int, name: str, text: str, final: bool = False) -> str:
-        buf = self.pending.pop((rank, name), "") + text
-        pieces = re.split(r"(?<=[\r\n])", buf)
-        rest = "" if final else pieces.pop()
-        if rest and pieces and pieces[-1].endswith("\r"):  # a progress bar's redraw: show it now
-            pieces.append(rest)
-            rest = ""
-        if rest:
-            self.pending[(rank, name)] = rest
-        tag = f"[rank {rank}] "
-        return "".join(p if p in ("\r", "\n") else tag + p for p in pieces if p)
-
-    def flush(self) -> None:
-        for rank, name in list(self.pending):
-            text = self._lines(rank, name, "", final=True)
-            stream = sys.stderr if name == "stderr" else sys.stdout
-            stream.write(text + ("" if text.endswith(("\n", "\r")) else "\n"))
-            stream.flush()
 
 
 class RunSupervisor:
