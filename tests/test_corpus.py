@@ -22,6 +22,7 @@ holds the kernel-tier ones (TensorFlow's and JAX's guides run in the notebook's 
 from __future__ import annotations
 
 import shutil
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,34 +196,38 @@ def test_the_tables_of_what_runs_unchanged_come_from_the_corpus():
 
 
 # -- kernel tier: the guides that run in the notebook's process -----------------------------------
-def in_a_folder(tmp_path: Path) -> str:
-    """The notebook's folder, with the corpus' local data next to it (as a newcomer puts it)."""
+def run_guide(tmp_path: Path, name: str, probe: str, env: dict, unset: tuple = ()) -> dict:
+    """The corpus file ``name`` as one ``%%kdist --strategy mirrored --devices 2`` cell in a
+    fresh Python whose folder holds the corpus' local data (as a newcomer puts it), then
+    ``probe`` (filling ``out``) where it passed; ``out["err"]``: what it raised, or None."""
+    from conftest import run_in_fresh_shell
+
     shutil.copy(CORPUS_DIR / "mnist_local.py", tmp_path)
-    return f"import os\nos.chdir({str(tmp_path)!r})\n"
+    r = run_in_fresh_shell(
+        f"import os\nos.chdir({str(tmp_path)!r})\n"
+        f"value, err = attempt('--strategy mirrored --devices 2 --no-dashboard', {corpus_source(name)!r})\n"
+        "out['err'] = None if err is None else repr(err)\n"
+        "if err is None:\n" + textwrap.indent(textwrap.dedent(probe), "    "), env, unset=unset)
+    assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-3000:]
+    return r
 
 
 @pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_keras_tensorflow_guide_as_a_mirrored_cell(tmp_path):
-    from conftest import run_in_fresh_shell
-
-    r = run_in_fresh_shell(in_a_folder(tmp_path) + f"""
-value, err = attempt("--strategy mirrored --devices 2 --no-dashboard", {corpus_source("keras_tf_guide.py")!r})
-out["err"] = None if err is None else repr(err)
-if err is None:
-    import numpy as np, tensorflow as tf
-    ns = ip.user_ns
-    s = ns["strategy"]
-    out["strategy"] = [type(s).__name__, s.num_replicas_in_sync]
-    out["spread"] = [float(max(np.abs(v.numpy() - w.value.values[0].numpy()).max() for v in w.value.values))
-                     for w in ns["model"].weights]
-    out["copies"] = sorted({{len(w.value.values) for w in ns["model"].weights}})
-    rec = kdist_magics.last_run()
-    out["losses"] = [m["loss"] for m in rec.metrics if m.get("kind") == "epoch" and "loss" in m]
-    out["status"] = rec.status
-""", dict(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2"))
-    assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-3000:]
+    r = run_guide(tmp_path, "keras_tf_guide.py", """
+        import numpy as np, tensorflow as tf
+        ns = ip.user_ns
+        s = ns["strategy"]
+        out["strategy"] = [type(s).__name__, s.num_replicas_in_sync]
+        out["spread"] = [float(max(np.abs(v.numpy() - w.value.values[0].numpy()).max() for v in w.value.values))
+                         for w in ns["model"].weights]
+        out["copies"] = sorted({len(w.value.values) for w in ns["model"].weights})
+        rec = kdist_magics.last_run()
+        out["losses"] = [m["loss"] for m in rec.metrics if m.get("kind") == "epoch" and "loss" in m]
+        out["status"] = rec.status
+    """, dict(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2"))
     assert r["strategy"] == ["MirroredStrategy", 2] and r["copies"] == [2] and r["status"] == "done"
     assert max(r["spread"]) == 0.0  # the two replicas of every variable are the same
     losses = r["losses"]
@@ -237,25 +242,19 @@ if err is None:
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_keras_jax_guide_as_a_mirrored_cell(tmp_path):
-    from conftest import run_in_fresh_shell
-
-    r = run_in_fresh_shell(in_a_folder(tmp_path) + f"""
-value, err = attempt("--strategy mirrored --devices 2 --no-dashboard", {corpus_source("keras_jax_guide.py")!r})
-out["err"] = None if err is None else repr(err)
-if err is None:
-    import numpy as np, jax, keras
-    ns = ip.user_ns
-    state = jax.tree_util.tree_leaves(ns["train_state"])
-    out["devices"] = sorted({{len(a.sharding.device_set) for a in state}})
-    out["spread"] = max(float(np.abs(np.asarray(s.data) - np.asarray(a.addressable_shards[0].data)).max())
-                        for a in state for s in a.addressable_shards)
-    (x, y), _ = __import__("mnist_local").load_data()
-    x = np.expand_dims(x.astype("float32"), -1)[:512]
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    out["trained"] = float(loss(y[:512], ns["model"].predict(x, verbose=0)))
-    out["untrained"] = float(loss(y[:512], ns["get_model"]().predict(x, verbose=0)))
-""", dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"), unset=("XLA_FLAGS",))
-    assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-3000:]
+    r = run_guide(tmp_path, "keras_jax_guide.py", """
+        import numpy as np, jax, keras
+        ns = ip.user_ns
+        state = jax.tree_util.tree_leaves(ns["train_state"])
+        out["devices"] = sorted({len(a.sharding.device_set) for a in state})
+        out["spread"] = max(float(np.abs(np.asarray(s.data) - np.asarray(a.addressable_shards[0].data)).max())
+                            for a in state for s in a.addressable_shards)
+        (x, y), _ = __import__("mnist_local").load_data()
+        x = np.expand_dims(x.astype("float32"), -1)[:512]
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        out["trained"] = float(loss(y[:512], ns["model"].predict(x, verbose=0)))
+        out["untrained"] = float(loss(y[:512], ns["get_model"]().predict(x, verbose=0)))
+    """, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"), unset=("XLA_FLAGS",))
     assert r["devices"] == [2] and r["spread"] == 0.0  # replicated on both devices, identical
     assert r["trained"] < r["untrained"] / 2, (r["trained"], r["untrained"])
     assert "Running on 2 devices" in r["_stdout"] and "Epoch 1 loss:" in r["_stdout"]

@@ -249,6 +249,24 @@ def test_kernel_interrupt_stops_all_ranks_keeps_history_and_checkpoint(kern, tmp
     assert kern.eval("type(model).__name__") == "Sequential"
 
 
+def test_stop_during_kdist_run_stops_every_rank_of_the_script(kern, tmp_path):
+    """``%kdist run`` takes a cell's path: Stop stops every rank of a script as of a cell."""
+    script = tmp_path / "train.py"
+    script.write_text("import horovod.tensorflow.keras as hvd\n\nhvd.init()\n" + INTERRUPTED_FIT)
+    asked = {}
+
+    def on_message(msg, res):
+        if "at" not in asked and msg["header"]["msg_type"] == "stream" and "kd-epoch 2" in msg["content"]["text"]:
+            asked["at"] = True
+            kern.interrupt()
+
+    res = kern.execute(f"%kdist run --strategy horovod --np 2 --no-dashboard {script}", timeout=300,
+                       on_message=on_message)
+    assert "at" in asked, res.text[-2000:]
+    assert_interrupted(kern, res, epochs=1)
+    assert kern.check(f"{HVD}\nhvd.size()").value() == "2"  # the next cell runs
+
+
 MW = "%%kdist --strategy multiworker --np 2 --no-dashboard"
 MW_INTERRUPTED_FIT = """
 import numpy as np, keras
