@@ -68,4 +68,17 @@ def test_the_batch_script_runs_one_srun_task_per_engine(tmp_path):
     assert "#SBATCH --ntasks=4\n" in script and "#SBATCH --export=ALL\n" in script
     assert script.rstrip().splitlines()[-1].startswith("srun --kill-on-bad-exit=0 ")
     assert script.rstrip().endswith("-m ipyparallel.engine")
+    # TensorFlow's C++ INFO lines off on the engines, unless the kernel's environment sets them
+    assert 'export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-1}"\n' in script
     assert launcher.find_args() == ["sbatch", "--partition=gpu", launcher.batch_file]
+
+
+def test_engines_start_with_tensorflows_cpp_info_lines_off_unless_the_kernel_sets_them():
+    from kdist_magics.cluster.follow import quiet_tf_cpp
+
+    env = {}
+    quiet_tf_cpp(env)
+    assert env == {"TF_CPP_MIN_LOG_LEVEL": "1"}  # INFO off; warnings and errors still show
+    env = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    quiet_tf_cpp(env)
+    assert env == {"TF_CPP_MIN_LOG_LEVEL": "0"}  # the user's own choice stands

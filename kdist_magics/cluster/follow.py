@@ -13,6 +13,12 @@ waking only when the kernel ends; elsewhere it looks every half second. A small 
 (``--guard``) does the same from outside, since a thread cannot run while the process's
 interpreter lock is held for seconds (TensorFlow's import does that). ``--netns HOLDER`` first joins a cluster's
 private network (:mod:`.namespace`).
+
+An engine starts with TensorFlow's C++ INFO lines off (:data:`QUIET_TF_CPP`) unless the
+kernel's environment says otherwise: the engine forwards its process's stderr into the cell's
+output, where with ``--out all`` every rank's copy of each line ("oneDNN custom operations are
+on", "Memory patch applied", gRPC and collective set-up lines) would crowd out the cell's own.
+Warnings and errors still show.
 """
 
 from __future__ import annotations
@@ -22,6 +28,16 @@ import sys
 import threading
 
 from .lifetime import alive, descendants, end_with
+
+#: TensorFlow's C++ log level on the engines kdist starts: 1 hides INFO, keeps WARNING and ERROR;
+#: TensorFlow reads it once, at its first log line, so it is set before anything imports it
+QUIET_TF_CPP = {"TF_CPP_MIN_LOG_LEVEL": "1"}
+
+
+def quiet_tf_cpp(env) -> None:
+    """Set :data:`QUIET_TF_CPP` in ``env`` where the kernel's environment has not set it."""
+    for name, value in QUIET_TF_CPP.items():
+        env.setdefault(name, value)
 
 
 def command(module: str, pid: int | None = None, started: float | None = None,
@@ -134,6 +150,8 @@ def main(argv: list[str]) -> None:
         from .compat_ipyparallel import ipc_urls_as_read
 
         ipc_urls_as_read()
+    if module == "ipyparallel.engine":
+        quiet_tf_cpp(os.environ)
     if modules:  # after the guard: an import holds this process's lock for seconds
         os.environ["KDIST_PRELOADED"] = preload(modules, threads, ranks)
     sys.argv = [module, *rest]

@@ -30,12 +30,14 @@ from ..errors import ClusterError
 from ..messages import (SLURM_STEP_CANCELLED, phase_engines, phase_queue, slurm_ended, slurm_ended_early,
                        slurm_gave_up, slurm_interrupted, slurm_loopback, slurm_queued, slurm_refused)
 
-#: the engines' batch script (ipyparallel fills in the braces)
+#: the engines' batch script (ipyparallel fills in the braces); TensorFlow's C++ INFO lines off
+#: unless the kernel's environment sets them (as for local engines: cluster/follow.py)
 BATCH = """#!/bin/sh
 #SBATCH --job-name=kdist-engines
 #SBATCH --ntasks={n}
 #SBATCH --output={output_file}
 #SBATCH --export=ALL
+export TF_CPP_MIN_LOG_LEVEL="${{TF_CPP_MIN_LOG_LEVEL:-1}}"
 srun --kill-on-bad-exit=0 {program_and_args}
 """
 #: what slurmstepd writes to the job's output when ``scancel JOB.STEP`` ends the engines' step
