@@ -169,8 +169,15 @@ kd_got = float(kd_in.sum())
 print("worker", strategy.cluster_resolver.task_id, "saw", kd_got)
 """)
     assert engine_values("kd_got") == [6.0, 6.0]
-    out = capsys.readouterr().out
+    printed = capsys.readouterr()
+    out = printed.out
     assert "[rank 0] worker 0 saw 6.0" in out and "[rank 1] worker 1 saw 6.0" in out, out
+    # the engines run with TensorFlow's C++ INFO lines off, or as the kernel's environment says
+    # (ipykernel forwards an engine's stderr into the cell: --out all showed every rank's copy)
+    import os
+
+    kdist(mip, "", "import os\nkd_cpp = os.environ.get('TF_CPP_MIN_LOG_LEVEL')")
+    assert engine_values("kd_cpp") == [os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1")] * 2
     saved = keras.saving.load_model(tmp_path / "last.keras").get_weights()
     for got, want in zip(saved, engine_values("kd_weights")[0]):
         np.testing.assert_allclose(got, np.array(want))
