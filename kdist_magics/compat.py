@@ -190,7 +190,7 @@ def device_put_takes_keras_variables():
     supported"; Keras stopped relying on it itself (keras-team/keras#21702), but the guide still
     does. Inside the cell a ``keras.Variable`` leaf is replaced by its ``.value`` (what the old
     conversion gave); everything else goes to JAX untouched. Undone after the cell."""
-    import contextlib
+    from unittest import mock
 
     import jax
     import keras
@@ -204,13 +204,4 @@ def device_put_takes_keras_variables():
 
     device_put.__doc__ = original.__doc__
     device_put.__wrapped__ = original
-
-    @contextlib.contextmanager
-    def patched():
-        jax.device_put = device_put
-        try:
-            yield
-        finally:
-            jax.device_put = original
-
-    return patched()
+    return mock.patch.object(jax, "device_put", device_put)

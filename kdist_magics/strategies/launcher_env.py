@@ -143,13 +143,16 @@ def _in_this_rank(call: str, original: Callable, local: int, here: int, world: i
         given = _bound(original, (fn, *args), kwargs)
         nprocs = int(given.get("nprocs", 1))
         if nprocs != here:
+            run = f"{here} ranks here (--np {world})"
             each = ("start one process per rank of this host: "
                     "nprocs=int(os.environ['LOCAL_WORLD_SIZE']) (each rank is one of them)")
-            raise LauncherMismatch(launcher_mismatch(
-                call, f"{nprocs} processes on this host", f"{here} ranks here (--np {world})",
-                f"give --np {nprocs * hosts} on the %%kdist line", each) if nprocs > 0 else
-                launcher_mismatch(call, "0 processes", f"{here} ranks here (--np {world})", each,
-                                  "run on a host with GPUs if it counts them"))
+            if nprocs > 0:
+                words = launcher_mismatch(call, f"{nprocs} processes on this host", run,
+                                          f"give --np {nprocs * hosts} on the %%kdist line", each)
+            else:  # the guide's torch.cuda.device_count() on a host without GPUs
+                words = launcher_mismatch(call, "0 processes", run, each,
+                                          "run on a host with GPUs if it counts them")
+            raise LauncherMismatch(words)
         fn(local, *tuple(given.get("args", ())))
         return None if given.get("join", True) else _Started()
 
