@@ -11,6 +11,7 @@ fails when either is stale.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import sys
@@ -22,6 +23,7 @@ END = "<!-- /corpus-table -->"
 TARGETS = {"README.md": "short", "docs/guide/launcher-code.md": "whole"}
 
 
+@functools.cache
 def corpus():
     spec = importlib.util.spec_from_file_location("kdist_corpus_list", ROOT / "tests" / "test_corpus.py")
     module = importlib.util.module_from_spec(spec)
@@ -57,23 +59,22 @@ def _replaced(text: str, table: str, path: str) -> str:
     return pattern.sub(lambda _: f"{BEGIN}\n{table}\n{END}", text)
 
 
-def stale() -> list[str]:
-    """The files whose table differs from the corpus' list."""
-    out = []
+def _rewritten():
+    """(path, its text, its text with the table of the corpus' list) of each target."""
     for path, kind in TARGETS.items():
         text = (ROOT / path).read_text()
-        if _replaced(text, render(kind), path) != text:
-            out.append(path)
-    return out
+        yield path, text, _replaced(text, render(kind), path)
+
+
+def stale() -> list[str]:
+    """The files whose table differs from the corpus' list."""
+    return [path for path, text, new in _rewritten() if new != text]
 
 
 def main() -> int:
-    for path, kind in TARGETS.items():
-        file = ROOT / path
-        text = file.read_text()
-        new = _replaced(text, render(kind), path)
+    for path, text, new in _rewritten():
         if new != text:
-            file.write_text(new)
+            (ROOT / path).write_text(new)
             print(f"corpus_table: wrote {path}")
     return 0
 

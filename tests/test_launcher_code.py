@@ -498,8 +498,8 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
     pytest.importorskip("torch", reason="PyTorch is in the torch extra (make test installs it)")
     from conftest import run_in_fresh_shell
 
-    corpus = CORPUS_BODY.replace("os.path.join(CORPUS,", f"os.path.join({str(CORPUS_DIR)!r},")
-    r = run_in_fresh_shell(BODY.format(script=TORCH_SCRIPT, vars=LAUNCHER_VARS) + corpus,
+    r = run_in_fresh_shell(BODY.format(script=TORCH_SCRIPT, vars=LAUNCHER_VARS)
+                           + f"CORPUS = {str(CORPUS_DIR)!r}\n" + CORPUS_BODY,
                            env={"KERAS_BACKEND": "torch"})
     for cell in r["cells"]:  # init_process_group() joined, destroy_process_group() did not break
         assert not isinstance(cell, str), cell + r["_stderr"][-3000:]
