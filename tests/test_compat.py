@@ -2,7 +2,7 @@
 
 import pytest
 
-from kdist_magics.compat import net_connections
+from kdist_magics.strategies.compat_keras import net_connections
 
 
 class NewPsutil:  # psutil >= 6.0
@@ -26,7 +26,7 @@ def test_colab_widget_manager_is_enabled_once_and_only_on_colab(monkeypatch):
     import sys
     import types
 
-    from kdist_magics import compat
+    from kdist_magics.strategies import compat_keras as compat
 
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
     assert compat.colab_widgets_enabled() is False  # not on Colab: nothing
@@ -42,7 +42,7 @@ def test_device_put_takes_keras_variables_only_while_a_cell_runs():
     jax = pytest.importorskip("jax", reason="JAX is in the core install (make test has it)")
     import numpy as np
 
-    from kdist_magics.compat import device_put_takes_keras_variables
+    from kdist_magics.strategies.compat_keras import device_put_takes_keras_variables
 
     original = jax.device_put
     with device_put_takes_keras_variables():

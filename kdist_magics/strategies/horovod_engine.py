@@ -69,7 +69,7 @@ def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[
     shell = get_ipython()
     if shell is not None:
         shell.user_ns["hvd"] = hvd
-    from ..compat import keras_name_uids
+    from .compat_keras import keras_name_uids
 
     return {"rank": core.rank(), "size": core.size(), "local_rank": core.local_rank(),
             "binding": hvd.__name__, "keras_names": keras_name_uids()}
@@ -98,7 +98,7 @@ def hvd_join(env: dict[str, str], store: tuple[str, int], key: str,
     if keras_names is not None:
         import keras  # noqa: F401
 
-        from ..compat import set_keras_name_uids
+        from .compat_keras import set_keras_name_uids
 
         set_keras_name_uids(keras_names)
     url = f"http://{store[0]}:{store[1]}/rank_and_size/{key}"

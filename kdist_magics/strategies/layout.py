@@ -104,7 +104,7 @@ def distribution(devices, mesh_shape: tuple[int, int]):
     lays variables out as the module says."""
     import keras
 
-    from ..compat import shard_at_init
+    from .compat_keras import shard_at_init
 
     shard_at_init()  # sharded variables are created split, never whole first
     dist = keras.distribution
@@ -145,7 +145,7 @@ def models_in(user_ns: Mapping[str, Any]) -> list:
 def unused_keys(user_ns: Mapping[str, Any]) -> tuple[list[str], str | None]:
     """Keys of the namespace's LayoutMaps (alone or in a ModelParallel) that match no variable
     of its models, and one variable path to show what paths look like."""
-    from ..compat import layout_key_matches
+    from .compat_keras import layout_key_matches
 
     keras = sys.modules.get("keras")
     if keras is None:

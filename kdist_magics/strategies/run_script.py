@@ -160,7 +160,7 @@ def run_main(source: str, path: str, argv: list[str]) -> None:  # runs on a rank
 def _fresh_keras_names():
     """Start Keras' automatic names afresh (module doc); returns what puts the counters back
     after the script: each the higher of before and after, so no later name repeats one."""
-    from ..compat import keras_name_uids, set_keras_name_uids
+    from .compat_keras import keras_name_uids, set_keras_name_uids
 
     before = keras_name_uids()
     if before is None:  # Keras not imported yet: the script starts it afresh by itself
