@@ -102,7 +102,7 @@ class Listeners:
     def sample(self) -> None:
         import psutil
 
-        from kdist_magics.strategies.compat_keras import net_connections
+        from kdist_magics.cluster.compat_psutil import net_connections
 
         try:
             root = psutil.Process(self.pid)

@@ -1,8 +1,9 @@
-"""Fast tier: the version shims in kdist_magics.compat work on both sides of each change."""
+"""Fast tier: the version shims (the `compat_*` modules of each component) work on both sides
+of each change."""
 
 import pytest
 
-from kdist_magics.strategies.compat_keras import net_connections
+from kdist_magics.cluster.compat_psutil import net_connections
 
 
 class NewPsutil:  # psutil >= 6.0
@@ -26,7 +27,7 @@ def test_colab_widget_manager_is_enabled_once_and_only_on_colab(monkeypatch):
     import sys
     import types
 
-    from kdist_magics.strategies import compat_keras as compat
+    from kdist_magics.watch import compat_colab as compat
 
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
     assert compat.colab_widgets_enabled() is False  # not on Colab: nothing
@@ -42,7 +43,7 @@ def test_device_put_takes_keras_variables_only_while_a_cell_runs():
     jax = pytest.importorskip("jax", reason="JAX is in the core install (make test has it)")
     import numpy as np
 
-    from kdist_magics.strategies.compat_keras import device_put_takes_keras_variables
+    from kdist_magics.strategies.compat_jax import device_put_takes_keras_variables
 
     original = jax.device_put
     with device_put_takes_keras_variables():

@@ -2,7 +2,7 @@
 
 Fast tier: every ``%%kdist`` option, ``%kdist`` line command and ``%config KDist`` setting has
 help text, and that text is what ``%%kdist?`` / ``%kdist?`` show (one source for the magic's
-help, its errors and the docs' reference: ``kdist_magics.reference``); every ``%%kdist`` line
+help, its errors and the docs' reference: ``docs/_ext/kdist_tables.py``); every ``%%kdist`` line
 the pages and notebooks show parses, and every ``KDist.<name>`` they name exists.
 
 Docs tier (``-m docs``; ``make test`` runs it once, after the notebook tier): ``make docs``'s
@@ -23,6 +23,8 @@ import pytest
 
 from conftest import ROOT
 
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))  # kdist_tables: the reference pages' reader
+
 DOCS = ROOT / "docs"
 
 
@@ -31,7 +33,7 @@ def _words(text: str) -> str:
 
 
 def test_every_cell_option_has_help_text():
-    from kdist_magics.reference import cell_options
+    from kdist_tables import cell_options
     from kdist_magics.spec import OPTIONS
 
     rows = cell_options()
@@ -41,7 +43,7 @@ def test_every_cell_option_has_help_text():
 
 
 def test_cell_help_is_the_options_own_text():
-    from kdist_magics.reference import cell_help, cell_options
+    from kdist_tables import cell_help, cell_options
 
     shown = _words(cell_help())
     for row in cell_options():
@@ -51,7 +53,7 @@ def test_cell_help_is_the_options_own_text():
 
 def test_every_line_command_has_help_text_and_is_dispatched():
     from kdist_magics.magics import KDist
-    from kdist_magics.reference import line_commands, line_help
+    from kdist_tables import line_commands, line_help
 
     commands = line_commands()
     assert set(commands) == {"start", "run", "status", "stop", "restart", "advise"}
@@ -73,7 +75,7 @@ def test_a_wrong_line_command_names_the_commands():
 
 def test_every_setting_has_help_text():
     from kdist_magics.magics import KDist
-    from kdist_magics.reference import config_settings
+    from kdist_tables import config_settings
 
     rows = config_settings()
     assert {row["name"] for row in rows} == set(KDist.class_traits(config=True))
@@ -165,7 +167,7 @@ def built_docs(test_output):
 
 @pytest.mark.docs
 def test_reference_pages_list_every_option_and_setting(built_docs):
-    from kdist_magics.reference import cell_options, config_settings, line_commands
+    from kdist_tables import cell_options, config_settings, line_commands
 
     magics = _page_text(built_docs / "reference" / "magics.html")
     for row in cell_options():

@@ -21,7 +21,7 @@ pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
 
 import kdist_magics  # noqa: E402
 import kernel_driver  # noqa: E402
-from kdist_magics.strategies.compat_keras import net_connections  # noqa: E402
+from kdist_magics.cluster.compat_psutil import net_connections  # noqa: E402
 from conftest import run_cell  # noqa: E402
 from kdist_magics.errors import CellFailed, KDistError, RankDied, RankFailed, RunTimedOut  # noqa: E402
 
@@ -100,7 +100,7 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
     assert listening or strategy().cluster.namespace is not None
     # and so does every socket of the ranks while Horovod (Gloo) is initialised and talking
     kdist(hip, "", "import psutil, tensorflow as tf, horovod.tensorflow as hcore\n"
-                   "from kdist_magics.strategies.compat_keras import net_connections\n"
+                   "from kdist_magics.cluster.compat_psutil import net_connections\n"
                    "hcore.allreduce(tf.ones(2))\n"
                    "kd_listen = [c.laddr.ip for c in net_connections(psutil.Process(), 'inet')\n"
                    "             if c.status == psutil.CONN_LISTEN]\n"

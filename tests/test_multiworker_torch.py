@@ -21,7 +21,7 @@ pytestmark = pytest.mark.torch
 # Keras' guide, as a cell: the process group is kdist's, so no setup_device()/cleanup()
 GUIDE = """
 import numpy as np, psutil, torch, keras
-from kdist_magics.strategies.compat_keras import net_connections
+from kdist_magics.cluster.compat_psutil import net_connections
 rng = np.random.default_rng(0)
 x = rng.normal(size=(256, 6)).astype("float32")
 y = (x[:, :3].sum(axis=1) > 0).astype("int64")

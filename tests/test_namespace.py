@@ -89,7 +89,7 @@ def test_an_owned_cluster_in_a_private_network_listens_on_no_host_socket(holder,
     import psutil
 
     from kdist_magics.cluster.cluster import EngineCluster
-    from kdist_magics.strategies.compat_keras import net_connections
+    from kdist_magics.cluster.compat_psutil import net_connections
 
     holder.stop()  # (the fixture's probe said yes; the cluster makes its own)
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))

@@ -1,6 +1,6 @@
 """The package's shape: no import cycle among its modules (imports inside functions count),
 no function over 60 lines, every package says what it owns, and ARCHITECTURE.md names only
-files and modules that exist.
+files and modules that exist, and its tree lists exactly the package's top level.
 
 Read with ``ast`` from the files alone (nothing is imported), wherever the modules live, so
 the check holds in any layout of ``kdist_magics/``.
@@ -177,3 +177,21 @@ def test_the_architecture_page_names_only_what_exists():
                 if not (PACKAGE.parent / dotted.replace(".", "/")).with_suffix(".py").exists()
                 and not (PACKAGE.parent / dotted.replace(".", "/") / "__init__.py").exists()]
     assert not missing, "ARCHITECTURE.md names what is not there: " + ", ".join(missing)
+
+
+def _top_level() -> set[str]:
+    """The package's own entries: its modules and subpackages, by name."""
+    return {p.name for p in PACKAGE.iterdir()
+            if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
+
+
+def test_the_top_level_is_what_the_architecture_page_lists():
+    """A new module at the package's top level is a decision: the page's tree names it."""
+    page = PACKAGE.parent / "ARCHITECTURE.md"
+    if not page.exists():
+        pytest.skip("this tree has no ARCHITECTURE.md")
+    tree = page.read_text().split("```")[1].splitlines()
+    listed = {line.split()[0].rstrip("/") for line in tree[2:] if line.strip()}
+    present = _top_level()
+    assert present == listed, (f"not on the page: {sorted(present - listed)}; "
+                               f"on the page, not in the package: {sorted(listed - present)}")

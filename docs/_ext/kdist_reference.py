@@ -1,4 +1,4 @@
-"""Sphinx directives that write the reference from the code (``kdist_magics.reference``).
+"""Sphinx directives that write the reference from the code (``kdist_tables.py``).
 
 ``{kdist-cell-options}``  every ``%%kdist`` option, as a cross-referenceable ``{option}``
 ``{kdist-cell-help}``     the text ``%%kdist?`` shows, verbatim
@@ -37,7 +37,7 @@ class _Generated(SphinxDirective):
 
     def run(self):
         box = nodes.container()
-        self.state.nested_parse(StringList(self.lines(), source="kdist_magics.reference"),
+        self.state.nested_parse(StringList(self.lines(), source="kdist_tables"),
                                 self.content_offset, box)
         return box.children
 
@@ -52,7 +52,7 @@ def _option_lines(row: dict) -> list[str]:
 
 class CellOptions(_Generated):
     def lines(self):
-        from kdist_magics.reference import cell_options
+        from kdist_tables import cell_options
 
         out = ["```{program} %%kdist", "```", ""]
         for row in cell_options():
@@ -62,14 +62,14 @@ class CellOptions(_Generated):
 
 class CellHelp(SphinxDirective):
     def run(self):
-        from kdist_magics.reference import cell_help
+        from kdist_tables import cell_help
 
         return [nodes.literal_block(text=cell_help().strip("\n"), language="text")]
 
 
 class LineCommands(_Generated):
     def lines(self):
-        from kdist_magics.reference import line_commands, line_help
+        from kdist_tables import line_commands, line_help
 
         out = ["| command | what it does |", "| --- | --- |"]
         out += [f"| `%kdist {name}` | {escape(text)} |" for name, text in line_commands().items()]
@@ -78,7 +78,7 @@ class LineCommands(_Generated):
 
 class Config(_Generated):
     def lines(self):
-        from kdist_magics.reference import config_settings
+        from kdist_tables import config_settings
 
         out = []
         for row in config_settings():

@@ -4,7 +4,7 @@ that carries an address. Runs on engines; plain functions over psutil and socket
 
 from __future__ import annotations
 
-from ..strategies.compat_keras import net_connections
+from .compat_psutil import net_connections
 
 
 def join(address: str, port: int) -> str:

@@ -7,7 +7,8 @@ TensorFlow: ``python -m kdist_magics.strategies.horovod_build``, patches in ``pa
 :mod:`.mesh`, :mod:`.layout` and :mod:`.positions` (``sharded``); and what they share:
 :mod:`.capabilities` (which strategy honours which option), :mod:`.launcher_env` and
 :mod:`.compat_tf_strategy` (code written for a launcher, unchanged), :mod:`.run_script`
-(``%kdist run``).
+(``%kdist run``), and the version shims for Keras, JAX and TensorFlow (:mod:`.compat_keras`,
+:mod:`.compat_jax`, :mod:`.compat_tf`).
 """
 
 from __future__ import annotations

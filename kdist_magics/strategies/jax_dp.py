@@ -36,7 +36,7 @@ import math
 import os
 from typing import Any, Callable
 
-from .compat_keras import device_put_takes_keras_variables
+from .compat_jax import device_put_takes_keras_variables
 from ..errors import DevicesFixed, StrategyUnavailable, no_tpu
 from .base import RunContext
 from .kernel import run_cell_here

@@ -44,7 +44,7 @@ import sys
 from typing import Any
 
 from ..cluster.cluster import EngineCluster
-from .compat_keras import tf_started
+from .compat_tf import tf_started
 from ..errors import KDistError
 from ..messages import say
 from ..cluster.network import engine_address, free_port, join

@@ -53,7 +53,7 @@ from .processes import ProcessGroupStrategy
 from .fit_data import process_shards
 from .jax_dp import DataParallelStrategy
 from .launcher_env import jax_calls
-from .compat_keras import device_put_takes_keras_variables
+from .compat_jax import device_put_takes_keras_variables
 
 SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
 
@@ -155,7 +155,7 @@ def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
     import importlib.util
     import socket
 
-    from .compat_keras import jax_state
+    from .compat_jax import jax_state
 
     keras = sys.modules.get("keras")
     out: dict[str, Any] = {"host": socket.gethostname(), "jax": importlib.util.find_spec("jax") is not None,
@@ -178,7 +178,7 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
 
     from IPython import get_ipython
 
-    from .compat_keras import jax_state
+    from .compat_jax import jax_state
 
     _leave()  # a previous run interrupted before its end
     os.environ["KERAS_BACKEND"] = "jax"

@@ -4,5 +4,6 @@
 and :mod:`.sampling` (utilisation) produce its rows, :mod:`.stragglers` reads them;
 :mod:`.dashboard` is the live widget (front end in ``static/``), :mod:`.svg` its static view,
 :mod:`.plot` the matplotlib view after the run, :mod:`.axes` their shared chart rules;
-:mod:`.tensorboard` writes event files and :mod:`.tf_logs` quiets TensorFlow's INFO lines.
+:mod:`.tensorboard` writes event files and :mod:`.tf_logs` quiets TensorFlow's INFO lines;
+:mod:`.compat_jax` and :mod:`.compat_colab` bridge JAX's and Colab's versions.
 """

@@ -330,7 +330,7 @@ class Dashboard:
 def show(record: RunRecord, **kwargs: Any) -> Dashboard:  # kwargs: Dashboard's (nice, interval)
     """Create and display a dashboard for ``record`` (what ``%%kdist`` does). On Colab, the
     first one turns on Colab's custom widget manager, which third-party widgets need there."""
-    from ..strategies.compat_keras import colab_widgets_enabled
+    from .compat_colab import colab_widgets_enabled
 
     if colab_widgets_enabled():
         say("enabled Colab's custom widget manager (the dashboard is a third-party widget)")

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..strategies.compat_keras import jax_backend_ready
+from .compat_jax import jax_backend_ready
 
 Sink = Callable[[str, dict[str, Any]], None]
 

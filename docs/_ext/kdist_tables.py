@@ -1,10 +1,10 @@
-"""The user-facing reference, read from the definitions the magics themselves use.
+"""The reference pages' tables, read from the definitions the magics themselves use.
 
 ``%%kdist?`` shows the parser built from :data:`kdist_magics.spec.OPTIONS`, ``%kdist?`` the
 table :data:`kdist_magics.messages.LINE_COMMANDS`, ``%config KDist`` the traits' help. The
 documentation's reference pages (``docs/reference/``) and the test that every option and
-setting has help text read them through these functions, so the words cannot drift apart.
-Importing this module imports no framework.
+setting has help text (``tests/test_docs.py``) read them through these functions, so the words
+cannot drift apart. Importing this module imports no framework (nor Sphinx).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 def cell_options() -> list[dict[str, Any]]:
     """Every ``%%kdist`` option as argparse shows it: ``flags`` (long first), ``metavar``,
     ``choices``, ``help`` (with ``%%`` expanded, exactly the text of ``%%kdist?``)."""
-    from .spec import _kdist
+    from kdist_magics.spec import _kdist
 
     parser = _kdist.parser
     formatter = parser._get_formatter()
@@ -35,21 +35,21 @@ def cell_options() -> list[dict[str, Any]]:
 
 def cell_help() -> str:
     """What ``%%kdist?`` shows: the magic's docstring, which IPython builds from the parser."""
-    from .magics import KDist
+    from kdist_magics.magics import KDist
 
     return KDist.kdist.__doc__ or ""
 
 
 def line_commands() -> dict[str, str]:
     """The ``%kdist`` line commands and what each does."""
-    from .messages import LINE_COMMANDS
+    from kdist_magics.messages import LINE_COMMANDS
 
     return dict(LINE_COMMANDS)
 
 
 def line_help() -> str:
     """What ``%kdist?`` shows."""
-    from .magics import KDist
+    from kdist_magics.magics import KDist
 
     return KDist.kdist_line.__doc__ or ""
 
@@ -57,7 +57,7 @@ def line_help() -> str:
 def config_settings() -> list[dict[str, Any]]:
     """Every ``%config KDist.<name>`` setting, by name: ``name``, ``type`` (the trait's class),
     ``default`` (repr), ``choices`` (enums) and ``help`` (what ``%config KDist`` shows)."""
-    from .magics import KDist
+    from kdist_magics.magics import KDist
 
     rows = []
     for name, trait in sorted(KDist.class_traits(config=True).items()):
