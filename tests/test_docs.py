@@ -33,8 +33,8 @@ def _words(text: str) -> str:
 
 
 def test_every_cell_option_has_help_text():
-    from kdist_tables import cell_options
     from kdist_magics.spec import OPTIONS
+    from kdist_tables import cell_options
 
     rows = cell_options()
     assert [row["flags"] for row in rows] == [list(flags) for flags, _ in OPTIONS]

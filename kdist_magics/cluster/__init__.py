@@ -6,7 +6,8 @@ the kernel; :mod:`.namespace` and :mod:`.peers` keep its loopback private to thi
 :mod:`.placement` says which engine is which rank and sees which GPU, :mod:`.priority` keeps
 kdist's helpers below the ranks, :mod:`.network` picks addresses and ports,
 :mod:`.rendezvous` is Horovod's rendezvous, and :mod:`.compat_ipyparallel` and
-:mod:`.compat_psutil` hold the workarounds for ipyparallel's internals and psutil's versions. A new way to start engines (a launcher) goes here:
+:mod:`.compat_psutil` hold the workarounds for ipyparallel's internals and psutil's
+versions. A new way to start engines (a launcher) goes here:
 :mod:`.slurm_engines` (``--launcher slurm``: the engines as one Slurm job) over :mod:`.slurm`
 (``sbatch``, ``squeue``, ``scancel``), and :mod:`.hostnames` (every node resolves every node).
 """

@@ -1,8 +1,7 @@
-"""Keras 3.13-3.15: its automatic-name counters, ``LayoutMap``'s key rule, and when Keras on JAX
-creates a sharded variable, as the strategies need them.
+"""Keras 3: its automatic-name counters, ``LayoutMap``'s key rule, and when Keras on JAX creates
+a sharded variable, as the strategies need them.
 
-Each function names the versions it bridges and the upstream change, so an upgrade that drops
-an old version touches this file only."""
+Each function names the Keras versions it was checked against and the upstream change."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ def keras_name_uids() -> dict | None:
 
 
 def set_keras_name_uids(uids: dict) -> None:
+    """Set Keras' automatic-name counters to ``uids`` (as :func:`keras_name_uids` read them)."""
     import collections
 
     from keras.src.backend.common import global_state

@@ -36,9 +36,9 @@ import math
 import os
 from typing import Any, Callable
 
-from .compat_jax import device_put_takes_keras_variables
 from ..errors import DevicesFixed, StrategyUnavailable, no_tpu
 from .base import RunContext
+from .compat_jax import device_put_takes_keras_variables
 from .kernel import run_cell_here
 from .fit_data import _arrays, _map, _rows, patched_data_methods, said_once
 from .backends import CPU_DEFAULT_DEVICES
