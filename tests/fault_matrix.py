@@ -210,7 +210,7 @@ def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None 
         k, holds = new_kernel(tmp, strategy)
     cell = STOP if phase == "stopping" else CELLS[strategy]
     holds.arm(phase)
-    msg_id = k.kc.execute(cell, store_history=False)
+    msg_id = k.send(cell)
     facts = holds.wait(phase)
     before = started(k)  # (the kernel remembers every process seen so far)
     t_fault = time.time()

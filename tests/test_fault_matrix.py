@@ -132,7 +132,7 @@ def test_faults_on_an_attached_cluster_never_end_its_engines(tmp_path):
 
     def faulted(phase, harm, code=cell):
         holds.arm(phase)
-        msg_id = k.kc.execute(code, store_history=False)
+        msg_id = k.send(code)
         facts = holds.wait(phase)
         harm(facts)
         holds.release(phase)

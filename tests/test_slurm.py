@@ -262,8 +262,8 @@ def test_stop_during_the_queue_wait_and_the_kernels_death_cancel_its_job(slurm):
     kernel = Kernel(env=isolated_env())
     try:
         kernel.check(f"%config KDist.bind_address = '{slurm.hosts.bridge_ip}'")
-        msg_id = kernel.kc.execute(f"%%kdist --strategy multiworker --np 2 --launcher slurm "
-                                   f"--no-dashboard --partition {HELD}\nx = 1", store_history=False)
+        msg_id = kernel.send(f"%%kdist --strategy multiworker --np 2 --launcher slurm "
+                             f"--no-dashboard --partition {HELD}\nx = 1")
         deadline = time.monotonic() + 60
         while not any(line.endswith(" PENDING") for line in slurm.queue()):
             assert time.monotonic() < deadline, slurm.queue()
