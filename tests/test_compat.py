@@ -27,16 +27,16 @@ def test_colab_widget_manager_is_enabled_once_and_only_on_colab(monkeypatch):
     import sys
     import types
 
-    from kdist_magics.watch import compat_colab as compat
+    from kdist_magics.watch import compat_colab
 
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
-    assert compat.colab_widgets_enabled() is False  # not on Colab: nothing
+    assert compat_colab.colab_widgets_enabled() is False  # not on Colab: nothing
     calls = []
     colab = types.ModuleType("google.colab")
     colab.output = types.SimpleNamespace(enable_custom_widget_manager=lambda: calls.append(1))
     monkeypatch.setitem(sys.modules, "google.colab", colab)
-    assert compat.colab_widgets_enabled() is True
-    assert compat.colab_widgets_enabled() is False and calls == [1]  # once per kernel
+    assert compat_colab.colab_widgets_enabled() is True
+    assert compat_colab.colab_widgets_enabled() is False and calls == [1]  # once per kernel
 
 
 def test_device_put_takes_keras_variables_only_while_a_cell_runs():

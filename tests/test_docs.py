@@ -23,7 +23,7 @@ import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "docs" / "_ext"))  # kdist_tables: the reference pages' reader
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))  # the docs' extensions: kdist_tables, kdist_sources
 
 DOCS = ROOT / "docs"
 
@@ -185,8 +185,6 @@ def test_reference_pages_list_every_option_and_setting(built_docs):
 
 @pytest.mark.docs
 def test_every_notebook_has_a_tutorial_page_that_says_where_its_outputs_come_from(built_docs):
-    if str(DOCS / "_ext") not in sys.path:
-        sys.path.insert(0, str(DOCS / "_ext"))
     from kdist_sources import _same_cells, executed_dir
 
     for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
@@ -221,8 +219,6 @@ def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
 
     chromium.require()
     from playwright import sync_api
-    if str(DOCS / "_ext") not in sys.path:
-        sys.path.insert(0, str(DOCS / "_ext"))
     from kdist_sources import _same_cells, executed_dir
 
     shown = [p.stem for p in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))

@@ -163,11 +163,17 @@ def test_every_package_says_what_it_owns():
     assert not bare, "packages without a docstring: " + ", ".join(bare)
 
 
-def test_the_architecture_page_names_only_what_exists():
+@pytest.fixture
+def architecture() -> str:
+    """ARCHITECTURE.md's text (the test skips in a tree without it)."""
     page = PACKAGE.parent / "ARCHITECTURE.md"
     if not page.exists():
         pytest.skip("this tree has no ARCHITECTURE.md")
-    text = page.read_text()
+    return page.read_text()
+
+
+def test_the_architecture_page_names_only_what_exists(architecture):
+    text = architecture
     names = {p.name for p in PACKAGE.rglob("*") if "__pycache__" not in p.parts}
     missing = [path for path in re.findall(r"kdist_magics/[\w/.]*\w", text)
                if not (PACKAGE.parent / path).exists()]
@@ -185,12 +191,9 @@ def _top_level() -> set[str]:
             if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
 
 
-def test_the_top_level_is_what_the_architecture_page_lists():
+def test_the_top_level_is_what_the_architecture_page_lists(architecture):
     """A new module at the package's top level is a decision: the page's tree names it."""
-    page = PACKAGE.parent / "ARCHITECTURE.md"
-    if not page.exists():
-        pytest.skip("this tree has no ARCHITECTURE.md")
-    tree = page.read_text().split("```")[1].splitlines()
+    tree = architecture.split("```")[1].splitlines()
     listed = {line.split()[0].rstrip("/") for line in tree[2:] if line.strip()}
     present = _top_level()
     assert present == listed, (f"not on the page: {sorted(present - listed)}; "
