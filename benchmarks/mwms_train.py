@@ -7,7 +7,7 @@ status is the first failing worker's. A worker runs ``workload.train_multiworker
 ``tf.distribute.MultiWorkerMirroredStrategy``. The thread variables come from the environment
 (the benchmark passes the ones kdist's engines had). Stock Keras 3 cannot ``fit`` under that
 strategy with two workers (keras-team/keras#20585), so each worker applies kdist's fix
-(``kdist_magics.strategies.keras_mwms``), as a ``multiworker`` cell does: both sides run the same code.
+(``kdist_magics.strategies.multiworker.keras_mwms``), as a ``multiworker`` cell does: both sides run the same code.
 """
 
 import argparse
@@ -40,7 +40,7 @@ def work(args) -> None:
     import tensorflow as tf
 
     import workload
-    from kdist_magics.strategies import keras_mwms
+    from kdist_magics.strategies.multiworker import keras_mwms
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with keras_mwms.applied():

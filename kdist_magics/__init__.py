@@ -22,7 +22,7 @@ def load_ipython_extension(ipython):
         return
     _extension = KDist(shell=ipython)
     ipython.register_magics(_extension)
-    from .strategies.run_script import help_lines
+    from .strategies.multiworker.run_script import help_lines
 
     if help_lines not in ipython.input_transformers_cleanup:  # %kdist run? shows its usage
         ipython.input_transformers_cleanup.append(help_lines)
@@ -37,7 +37,7 @@ def unload_ipython_extension(ipython):
     from .magics import _quiet_cell_failed
 
     _quiet_cell_failed(ipython, install=False)
-    from .strategies.run_script import help_lines
+    from .strategies.multiworker.run_script import help_lines
 
     if help_lines in ipython.input_transformers_cleanup:
         ipython.input_transformers_cleanup.remove(help_lines)

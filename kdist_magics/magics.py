@@ -222,7 +222,7 @@ class KDist(Magics):
 
     def _cmd_start(self, rest: str):
         from .strategies import RunContext
-        from .strategies import warm
+        from .strategies.engines import warm
 
         spec = self.parse(rest)
         if spec.strategy == "auto":
@@ -238,9 +238,9 @@ class KDist(Magics):
         say(warm_started(warming.n, spec.strategy, strategy.warm_modules))
 
     def _cmd_run(self, rest: str):
-        """``%kdist run [kdist options] script.py [script args]`` (:mod:`.strategies.run_script`): the
+        """``%kdist run [kdist options] script.py [script args]`` (:mod:`.strategies.multiworker.run_script`): the
         script as a cell, through the one execute path."""
-        from .strategies.run_script import script_cell
+        from .strategies.multiworker.run_script import script_cell
 
         found = script_cell(rest, parse=self.parse)
         if found is not None:

@@ -202,7 +202,7 @@ def launcher_mismatch(call: str, given: str, run: str, option: str,
 
 
 
-# -- --strategy sharded (strategies/sharded.py, mesh.py, strategies/layout.py) -----------
+# -- --strategy sharded (strategies/sharded/strategy.py, mesh.py, strategies/sharded/layout.py) -----------
 def _mesh(mesh) -> str:
     return f"{mesh[0]},{mesh[1]}"
 

@@ -40,7 +40,7 @@ def _fixes() -> dict[str, tuple[str, str]]:
         "torch": ("PyTorch is not installed",
                   f"{py} -m pip install torch --index-url https://download.pytorch.org/whl/cpu"),
         "horovod": ("Horovod is not built (its TensorFlow part)",
-                    f"{py} -m kdist_magics.strategies.horovod_build   (6-11 minutes; make lab does it too)"),
+                    f"{py} -m kdist_magics.strategies.horovod.build   (6-11 minutes; make lab does it too)"),
     }
 
 

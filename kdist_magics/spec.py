@@ -199,7 +199,7 @@ def validate(spec: RunSpec) -> RunSpec:
         if "out" in given and spec.out != "rank0":
             raise UsageError(f"--out applies to engine strategies (horovod, multiworker), not {s}")
     if spec.mesh is not None:
-        from .strategies.mesh import check_mesh
+        from .strategies.sharded.mesh import check_mesh
 
         if s not in ("auto", "sharded"):
             raise UsageError(f"--mesh applies to sharded, not {s}")
@@ -245,7 +245,7 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
         if v is not None:
             values[key] = v
     if args.mesh is not None:
-        from .strategies.mesh import parse_mesh
+        from .strategies.sharded.mesh import parse_mesh
 
         given.add("mesh")
         values["mesh"] = parse_mesh(args.mesh)

@@ -168,10 +168,10 @@ if ! "$PY" -c 'import keras_hub' >/dev/null 2>&1; then
 fi
 
 # 4. Horovod 0.28.1 with Gloo, built against the TensorFlow just installed (patched: see
-#    kdist_magics/strategies/patches/); the wheel is cached under ~/.cache/kdist_magics, so a fresh .venv
+#    kdist_magics/strategies/horovod/patches/); the wheel is cached under ~/.cache/kdist_magics, so a fresh .venv
 #    reuses it in seconds.
 if ! "$PY" -c 'import horovod.tensorflow' >/dev/null 2>&1; then
-  if ! "$PY" -m kdist_magics.strategies.horovod_build; then
+  if ! "$PY" -m kdist_magics.strategies.horovod.build; then
     [ "${KDIST_REQUIRE_HOROVOD:-0}" = 1 ] && die "Horovod is required here (KDIST_REQUIRE_HOROVOD=1) but could not be built"
     say "going on without Horovod: every strategy but horovod works"
   fi

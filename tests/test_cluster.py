@@ -16,9 +16,9 @@ from kdist_magics.cluster.cluster import EngineCluster, EngineInfo
 from kdist_magics.cluster.exits import describe_exit, exiting
 from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
 from kdist_magics.watch.record import RunRecord
-from kdist_magics.strategies.engines import EngineStrategy
-from kdist_magics.strategies.printer import Printer as _Printer
-from kdist_magics.strategies.supervisor import RunSupervisor
+from kdist_magics.strategies.engines.strategy import EngineStrategy
+from kdist_magics.strategies.engines.printer import Printer as _Printer
+from kdist_magics.strategies.engines.supervisor import RunSupervisor
 
 from conftest import ROOT, python_without
 
@@ -33,7 +33,7 @@ def test_exit_status_words():
 def test_engine_module_imports_without_tensorflow():
     out = subprocess.run([sys.executable, "-c",
                           "import kdist_magics.engine.engine, kdist_magics.cluster.cluster, "
-                          "kdist_magics.strategies.engines; "
+                          "kdist_magics.strategies.engines.strategy; "
                           + python_without("tensorflow", "keras", "horovod", "ipyparallel")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -355,7 +355,7 @@ class _FakeEngineCluster:
 
 
 def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch, capsys):
-    import kdist_magics.strategies.engines as engines_mod
+    import kdist_magics.strategies.engines.strategy as engines_mod
     from kdist_magics.spec import RunSpec
 
     _FakeEngineCluster.made = []
@@ -552,7 +552,7 @@ def test_a_run_sets_the_thread_rule_for_the_ranks_on_its_host(monkeypatch):
     monkeypatch.setattr(engine, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if "THREADS" not in k})
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)  # not yet started on this "engine"
-    from kdist_magics.strategies.engines import _prepare_remote
+    from kdist_magics.strategies.engines.strategy import _prepare_remote
 
     assert _prepare_remote({}, None, 4)["threads"] == "1"  # 4 ranks on 2 cores
     assert (os.environ["OMP_NUM_THREADS"], os.environ["TF_NUM_INTEROP_THREADS"]) == ("1", "2")

@@ -43,7 +43,7 @@ def test_device_put_takes_keras_variables_only_while_a_cell_runs():
     jax = pytest.importorskip("jax", reason="JAX is in the core install (make test has it)")
     import numpy as np
 
-    from kdist_magics.strategies.compat_jax import device_put_takes_keras_variables
+    from kdist_magics.strategies.frameworks.compat_jax import device_put_takes_keras_variables
 
     original = jax.device_put
     with device_put_takes_keras_variables():

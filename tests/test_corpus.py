@@ -91,7 +91,7 @@ CORPUS: tuple[Example, ...] = (
         "its own mesh spans the run's devices; both device copies of every variable identical; "
         "the trained model's loss under half an untrained one's. (Its `jax.device_put` of Keras "
         "variables, which JAX 0.12 refuses, works inside kdist's cells: "
-        "`kdist_magics.strategies.compat_jax.device_put_takes_keras_variables`)",
+        "`kdist_magics.strategies.frameworks.compat_jax.device_put_takes_keras_variables`)",
         "tests/test_corpus.py::test_keras_jax_guide_as_a_mirrored_cell"),
     Example(
         "Keras' guide \"Multi-GPU distributed training with PyTorch\"",

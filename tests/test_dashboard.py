@@ -415,7 +415,7 @@ def test_a_sharded_run_shows_what_each_device_holds():
     """Once the sharded cell's model exists (the layout table), the dashboard says each device's
     share: the weights and the optimizer state on it (all logical CPU devices share one process,
     so no memory reading could say it)."""
-    from kdist_magics.strategies.layout import LayoutTable
+    from kdist_magics.strategies.sharded.layout import LayoutTable
 
     rec = RunRecord("sharded", size=2)
     rec.mesh = (1, 2)

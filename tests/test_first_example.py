@@ -98,7 +98,7 @@ def test_readme_horovod_example_trains_on_two_ranks():
     import importlib.util
 
     if importlib.util.find_spec("horovod") is None:
-        pytest.skip("Horovod is not built in this environment (python -m kdist_magics.strategies.horovod_build)")
+        pytest.skip("Horovod is not built in this environment (python -m kdist_magics.strategies.horovod.build)")
     blocks = FIRST[:2] + HOROVOD[:-1]  # the data, then the Horovod cell; stop after the check
     check = ("out['weights'] = [[w.tolist() for w in v] for v in "
              "by_rank_weights()]; ip.run_line_magic('kdist', 'stop')")

@@ -1,7 +1,7 @@
 """Fast tier: the Horovod builder's decisions (cache key, reuse, missing tools, the patch file).
 
 The build itself (fetch the sdist, patch, compile with Gloo) runs in every `make test` set-up:
-scripts/setup.sh calls `python -m kdist_magics.strategies.horovod_build`, and the Horovod tiers use it.
+scripts/setup.sh calls `python -m kdist_magics.strategies.horovod.build`, and the Horovod tiers use it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from kdist_magics.strategies import horovod_build as hb
+from kdist_magics.strategies.horovod import build as hb
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_without_horovod_the_strategy_says_how_in_one_line(monkeypatch):
     with pytest.raises(StrategyUnavailable) as info:
         create("horovod")
     message = str(info.value)
-    assert "\n" not in message and "python -m kdist_magics.strategies.horovod_build" in message
+    assert "\n" not in message and "python -m kdist_magics.strategies.horovod.build" in message
     assert "every other strategy works without it" in message
 
 

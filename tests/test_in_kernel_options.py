@@ -14,7 +14,7 @@ import time
 import pytest
 
 import kdist_magics
-from kdist_magics.strategies.kernel_limits import CellTimeout, KernelRunTimedOut, time_limit
+from kdist_magics.strategies.kernel.limits import CellTimeout, KernelRunTimedOut, time_limit
 
 LOOP_20_S = "import time\nfor kd_i in range(40):\n    time.sleep(0.5)\n"
 FIT_2_EPOCHS = """
@@ -81,7 +81,7 @@ def test_timeout_and_checkpoint_under_tpu(ip, tmp_path):
     from test_tpu import FakeRuntime  # a fake TPU connection: the cell runs in its scope
 
     from kdist_magics.choose.hardware import tpu_from_kind
-    from kdist_magics.strategies.tpu import TPUStrategy
+    from kdist_magics.strategies.kernel.tpu import TPUStrategy
 
     ext = kdist_magics._extension
     found = tpu_from_kind("v2-8", target="local", found_by="/dev/accel0")

@@ -4,7 +4,7 @@ Two real TensorFlow workers (subprocesses, TF_CONFIG with two loopback ports)
 train a tiny model with ``fit``; each seeds its initial weights differently.
 With the fix both end with identical weights and the same falling loss. Stock
 Keras must still fail the way the issue says: when that test fails, Keras has
-fixed the bug, and ``kdist_magics/strategies/keras_mwms.py`` should get ``FIXED_IN`` and go.
+fixed the bug, and ``kdist_magics/strategies/multiworker/keras_mwms.py`` should get ``FIXED_IN`` and go.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ import json, os
 os.environ["KERAS_BACKEND"] = "tensorflow"
 import numpy as np, keras, tensorflow as tf
 from keras.src.backend.tensorflow import trainer
-from kdist_magics.strategies import keras_mwms
+from kdist_magics.strategies.multiworker import keras_mwms
 build, logs = trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica
 out = {"needed": keras_mwms.needed()[0]}
 x = np.ones((8, 2), "float32"); y = np.ones((8, 1), "float32")
@@ -119,7 +119,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_version_parsing_and_the_issue_link():
-    from kdist_magics.strategies import keras_mwms
+    from kdist_magics.strategies.multiworker import keras_mwms
 
     assert keras_mwms._version("3.15.1") == (3, 15, 1)
     assert keras_mwms._version("3.16.0.dev2026") == (3, 16, 0)

@@ -32,10 +32,10 @@ from IPython.core.error import UsageError
 
 from test_corpus import CORPUS_DIR
 
-from kdist_magics.strategies.compat_tf_strategy import handing_back, multiworker_check
+from kdist_magics.strategies.multiworker.compat_tf_strategy import handing_back, multiworker_check
 from kdist_magics.errors import LauncherMismatch, ScriptExited
-from kdist_magics.strategies.run_script import help_lines, run_main, split_line
-from kdist_magics.strategies.launcher_env import _in_this_rank, check_world, patched, torchrun_env
+from kdist_magics.strategies.multiworker.run_script import help_lines, run_main, split_line
+from kdist_magics.strategies.multiworker.launcher_env import _in_this_rank, check_world, patched, torchrun_env
 
 # -- 1. TensorFlow's multi-worker Keras tutorial -------------------------------------------
 LOCAL_MNIST = '''

@@ -142,7 +142,7 @@ def test_plan_devices_on_gpus_with_a_fake_tf():
     from types import SimpleNamespace
 
     from kdist_magics.errors import StrategyUnavailable
-    from kdist_magics.strategies.mirrored import plan_devices
+    from kdist_magics.strategies.kernel.mirrored import plan_devices
 
     tf = SimpleNamespace(config=SimpleNamespace(
         list_physical_devices=lambda kind: ["GPU"] * 4 if kind == "GPU" else ["CPU"]))

@@ -26,7 +26,7 @@ from kdist_magics.cluster.placement import host_grouped_ranks
 
 TRAIN = """
 import os, numpy as np, keras
-from kdist_magics.strategies import keras_mwms
+from kdist_magics.strategies.multiworker import keras_mwms
 kd_tf_config = os.environ["TF_CONFIG"]
 rng = np.random.default_rng(0)
 x = rng.normal(size=(128, 4)).astype("float32")
@@ -81,9 +81,9 @@ def test_worker_addresses_by_mode():
 def test_multiworker_is_registered_and_imports_without_tensorflow():
     from kdist_magics.strategies import REGISTRY
 
-    assert REGISTRY["multiworker"] == ".multiworker:for_backend"  # TF or JAX, by the Keras backend
+    assert REGISTRY["multiworker"] == ".multiworker.tf_workers:for_backend"  # TF or JAX, by the Keras backend
     out = subprocess.run([sys.executable, "-c",
-                          "import sys, kdist_magics.strategies.multiworker, kdist_magics.strategies.keras_mwms\n"
+                          "import sys, kdist_magics.strategies.multiworker.tf_workers, kdist_magics.strategies.multiworker.keras_mwms\n"
                           "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -197,7 +197,7 @@ def test_warm_engines_keep_the_strategy_bound_and_the_fix_only_inside_runs(mip):
     assert pids() == before  # same processes: the strategy was reused, not rebuilt
     # outside a kdist run: no scope, Keras unpatched, `strategy` still bound
     view = strategy().cluster.view()
-    view.execute("import tensorflow as tf\nfrom kdist_magics.strategies import keras_mwms\n"
+    view.execute("import tensorflow as tf\nfrom kdist_magics.strategies.multiworker import keras_mwms\n"
                  "kd_after = (keras_mwms.active(), tf.distribute.has_strategy(), "
                  "type(strategy).__name__)", block=True)
     assert engine_values("kd_after") == [(False, False, "CollectiveAllReduceStrategy")] * 2
@@ -319,7 +319,7 @@ def test_only_the_chief_writes_a_backup_and_restore_backup(tmp_path):
     (Keras 3's callback would have every worker write the same files); uninstalled, Keras' own
     behaviour is back."""
     keras = pytest.importorskip("keras")
-    from kdist_magics.strategies import compat_backup
+    from kdist_magics.strategies.multiworker import compat_backup
 
     x, y = np.ones((8, 2), "float32"), np.zeros((8, 1), "float32")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
@@ -415,7 +415,7 @@ def test_engines_where_tensorflow_already_started_are_restarted_and_kdist_says_w
     kdist(mip, "", "kd_x = 1")
     view = strategy().cluster.view()
     # an engine whose TensorFlow started outside kdist's strategy (simulated: forget it)
-    view.execute("from kdist_magics.strategies import multiworker as _m\n_m._mw.clear()\n"
+    view.execute("from kdist_magics.strategies.multiworker import tf_workers as _m\n_m._mw.clear()\n"
                  "import tensorflow as tf\n_ = tf.constant(1) + 1", block=True)
     before = pids()
     capsys.readouterr()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import PROCESS_FIT, run_in_fresh_shell
-from kdist_magics.strategies.fit_data import shard as _shard
+from kdist_magics.strategies.frameworks.fit_data import shard as _shard
 
 
 def test_each_process_gets_an_equal_contiguous_part():
@@ -37,7 +37,7 @@ def test_each_process_gets_an_equal_contiguous_part():
 def test_multiworker_follows_the_keras_backend(monkeypatch):
     import sys
 
-    from kdist_magics.strategies import multiworker
+    from kdist_magics.strategies.multiworker import tf_workers as multiworker
 
     monkeypatch.delitem(sys.modules, "keras", raising=False)
     monkeypatch.setenv("KERAS_BACKEND", "jax")

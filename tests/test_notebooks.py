@@ -267,8 +267,8 @@ def test_binder_postbuild_is_executable_and_stops_on_errors():
     body = [ln.strip() for ln in lines[1:] if ln.strip() and not ln.strip().startswith("#")]
     assert body and re.match(r"set -[a-z]*e", body[0]), "postBuild must start with set -e"
     # the same builder as scripts/setup.sh (patched sdist, Gloo, no MPI), in the kernel's Python
-    assert '-m kdist_magics.strategies.horovod_build --python "$PY"' in post.read_text()
-    assert "-m kdist_magics.strategies.horovod_build" in (ROOT / "scripts" / "setup.sh").read_text()
+    assert '-m kdist_magics.strategies.horovod.build --python "$PY"' in post.read_text()
+    assert "-m kdist_magics.strategies.horovod.build" in (ROOT / "scripts" / "setup.sh").read_text()
 
 
 def test_binder_apt_has_build_tools():
@@ -382,7 +382,7 @@ def test_binder_installs_what_each_notebook_imports(path):
     for module in _notebook_imports(path):
         dist = canonicalize_name(MODULE_DIST[module])
         if dist == "horovod":
-            assert "-m kdist_magics.strategies.horovod_build" in (BINDER / "postBuild").read_text()
+            assert "-m kdist_magics.strategies.horovod.build" in (BINDER / "postBuild").read_text()
             continue
         assert dist == "kdist-magics" or dist in pinned or dist in shipped, \
             f"{path.name} imports {module}, which binder/requirements.txt does not install"

@@ -74,7 +74,7 @@ def test_one_rule_for_the_keras_backend(tmp_path, monkeypatch):
     """Without importing Keras: KERAS_BACKEND, else keras.json under KERAS_HOME, else tensorflow."""
     import sys
 
-    from kdist_magics.strategies.backends import keras_backend
+    from kdist_magics.strategies.frameworks.backends import keras_backend
 
     monkeypatch.delitem(sys.modules, "keras", raising=False)
     assert keras_backend({"KERAS_BACKEND": "jax"}) == "jax"

@@ -31,7 +31,7 @@ def test_horovod_counts_as_built_only_with_its_tensorflow_library(monkeypatch, t
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "horovod", raising=False)
     assert not prerequisites.horovod_built()  # installed, but its TensorFlow part not built
-    assert "kdist_magics.strategies.horovod_build" in missing("horovod")["Horovod is not built (its TensorFlow part)"]
+    assert "kdist_magics.strategies.horovod.build" in missing("horovod")["Horovod is not built (its TensorFlow part)"]
     (package / "tensorflow" / "mpi_lib.cpython-313-x86_64-linux-gnu.so").write_bytes(b"")
     assert prerequisites.horovod_built() and missing("horovod") == {}
 

@@ -48,7 +48,7 @@ def _watching(monkeypatch, line):
     """Start the rank's abort watcher on ``line``, with Horovod's shutdown replaced by an event."""
     import threading
 
-    from kdist_magics.strategies import horovod_engine as engine  # Horovod's engine side
+    from kdist_magics.strategies.horovod import on_engine as engine  # Horovod's engine side
 
     called = threading.Event()
     monkeypatch.setattr(engine, "hvd_shutdown", lambda _from_watch=False: called.set())

@@ -13,7 +13,7 @@ import pytest
 import kdist_magics
 from kdist_magics.errors import StrategyUnavailable
 from kdist_magics.choose.hardware import TPU, tpu_from_kind
-from kdist_magics.strategies.tpu import TPUStrategy
+from kdist_magics.strategies.kernel.tpu import TPUStrategy
 
 
 def test_no_tpu_fails_fast_and_clearly_in_a_fresh_kernel():
@@ -167,7 +167,7 @@ def test_the_users_error_is_theirs(ip, fake_tpu, capsys):
 
 def test_a_backend_kdist_cannot_drive_is_refused(ip, fake_tpu, monkeypatch):
     ext, runtime, cache = fake_tpu
-    monkeypatch.setattr("kdist_magics.strategies.backends.keras_backend", lambda env=None: "torch")
+    monkeypatch.setattr("kdist_magics.strategies.frameworks.backends.keras_backend", lambda env=None: "torch")
     ip.user_ns["marker"] = "before"
     for name in ("tpu", "mirrored"):
         with pytest.raises(StrategyUnavailable) as info:
@@ -186,7 +186,7 @@ def test_an_address_that_does_not_answer_fails_fast_without_tensorflow():
     code = (
         "import sys\n"
         "from kdist_magics.choose.hardware import TPU\n"
-        "from kdist_magics.strategies.tpu import TPURuntime, connect\n"
+        "from kdist_magics.strategies.kernel.tpu import TPURuntime, connect\n"
         f"node = TPU(kind='v2-8', target='grpc://127.0.0.1:{port}', found_by='COLAB_TPU_ADDR')\n"
         "try:\n"
         "    connect(node, TPURuntime(), {})\n"
@@ -211,7 +211,7 @@ def test_real_tensorflow_on_a_machine_without_tpu_fails_short():
     code = (
         "from IPython.core.interactiveshell import InteractiveShell\n"
         "from kdist_magics.choose.hardware import tpu_from_kind\n"
-        "from kdist_magics.strategies.tpu import TPUStrategy\n"
+        "from kdist_magics.strategies.kernel.tpu import TPUStrategy\n"
         "import kdist_magics\n"
         "ip = InteractiveShell.instance()\n"
         "ip.run_line_magic('load_ext', 'kdist_magics')\n"

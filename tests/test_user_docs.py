@@ -25,7 +25,7 @@ def test_faq_answers_what_newcomers_ask():
     for heading in ("The dashboard does not show", "Horovod is missing", "Why is my laptop not faster?",
                     "DevicesFixed", "Supported platforms", "Uninstall and clean up"):
         assert f"## {heading}" in faq, heading
-    for what in ("python -m kdist_magics.strategies.horovod_build", "~/.cache/kdist_magics", "/tmp/kdist-*",
+    for what in ("python -m kdist_magics.strategies.horovod.build", "~/.cache/kdist_magics", "/tmp/kdist-*",
                  "macOS", "Linux"):
         assert what in faq, what
 

@@ -1,4 +1,4 @@
-"""Fast tier: the waits outside the cell (strategies/waiting.py) and the phase barrier (faults.py),
+"""Fast tier: the waits outside the cell (strategies/engines/waiting.py) and the phase barrier (faults.py),
 with fake results and a fake cluster (no engines, no TensorFlow)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from kdist_magics.engine import faults
 from kdist_magics.cluster.cluster import EngineInfo
 from kdist_magics.errors import ControllerDied, KDistError, RankDied
-from kdist_magics.strategies import waiting
+from kdist_magics.strategies.engines import waiting
 
 
 class FakeResult:
@@ -190,7 +190,7 @@ def test_the_phase_barrier_holds_only_when_armed_and_says_where(tmp_path, monkey
 
 
 def test_a_death_while_the_value_comes_back_is_named_not_replaced_by_a_stale_rendering(monkeypatch):
-    from kdist_magics.strategies import results
+    from kdist_magics.strategies.engines import results
 
     cluster = FakeCluster()
     never = FakeResult(time.monotonic() + 60)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .facts import human_bytes
 from .hardware import gib
-from ..strategies.mesh import pick_model_axis
+from ..strategies.sharded.mesh import pick_model_axis
 
 #: strategies that keep a full copy of the model per device (what a model too big rules out)
 REPLICATING = ("mirrored", "tpu", "horovod", "multiworker")
@@ -60,7 +60,7 @@ def planned(user_ns, mesh: tuple[int, int]):
     read from their variables' shapes without JAX; None when there is no built model."""
     import math
 
-    from ..strategies.layout import LayoutTable, _itemsize, auto_spec, models_in
+    from ..strategies.sharded.layout import LayoutTable, _itemsize, auto_spec, models_in
 
     table = LayoutTable(tuple(mesh))
     for model in models_in(user_ns):

@@ -13,7 +13,7 @@ import sys
 from typing import Any, Mapping
 
 from .hardware import Hardware, gib
-from ..strategies.backends import keras_backend
+from ..strategies.frameworks.backends import keras_backend
 
 #: optimizer-state multiplier: weights + gradients + two Adam moments
 TRAIN_STATE_FACTOR = 4

@@ -280,7 +280,7 @@ class AbortLine:
     """A one-way line from the kernel to every rank of a run, for "abort your collectives".
 
     A rank blocked in a collective whose peer failed never returns to Python; a thread
-    on each rank (``strategies.horovod_engine._watch_abort``) connects here before the cell starts and
+    on each rank (``strategies.on_engine._watch_abort``) connects here before the cell starts and
     blocks reading: it costs nothing while training runs (no polling, no wake-ups).
     :meth:`abort` writes one byte to every rank; :meth:`close` hangs up, which ends
     the watchers. The kernel side has no thread: connections wait in the listen

@@ -1,14 +1,20 @@
 """The strategies, looked up by name and imported only when a cell needs one.
 
-Beside them, what one strategy alone needs: :mod:`.keras_mwms` (Keras 3 ``fit`` under
-MultiWorkerMirroredStrategy), :mod:`.compat_backup` (its ``BackupAndRestore`` with several
-workers), :mod:`.horovod_build` (Horovod built against this
-TensorFlow: ``python -m kdist_magics.strategies.horovod_build``, patches in ``patches/``),
-:mod:`.mesh`, :mod:`.layout` and :mod:`.positions` (``sharded``); and what they share:
-:mod:`.capabilities` (which strategy honours which option), :mod:`.launcher_env` and
-:mod:`.compat_tf_strategy` (code written for a launcher, unchanged), :mod:`.run_script`
-(``%kdist run``), and the version shims for Keras, JAX and TensorFlow (:mod:`.compat_keras`,
-:mod:`.compat_jax`, :mod:`.compat_tf`).
+One folder per family, each with what only it needs beside it:
+
+- :mod:`.kernel`: the strategies that run the cell in the notebook (``default``, ``mirrored``,
+  ``tpu``; Keras on JAX's ``DataParallel``) and their ``--timeout``/``--checkpoint``;
+- :mod:`.engines`: what every strategy whose cell runs on ipyparallel engines shares (the run's
+  steps, its supervisor, waiting, results, the ranks' output, ``%kdist start``);
+- :mod:`.horovod`: ``--strategy horovod`` (and elastic growth; Horovod's build and patches);
+- :mod:`.multiworker`: ``--strategy multiworker`` on TensorFlow, JAX and PyTorch, code written for
+  a launcher, and ``%kdist run``;
+- :mod:`.sharded`: ``--strategy sharded`` (the mesh, where each variable lives, data positions);
+- :mod:`.frameworks`: what several families need of Keras' backends (which backend, in-memory
+  data fitted to a run) and the version shims for Keras, JAX and TensorFlow.
+
+Here: :mod:`.base` (what every strategy provides) and :mod:`.capabilities` (which strategy
+honours which option).
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ __all__ = ["RunContext", "Strategy", "create", "REGISTRY"]
 
 #: name -> "module:Class", relative to this package
 REGISTRY: dict[str, str] = {
-    "default": ".default:DefaultStrategy",
-    "mirrored": ".mirrored:MirroredStrategy",
-    "tpu": ".tpu:TPUStrategy",
-    "horovod": ".horovod:HorovodStrategy",
-    "multiworker": ".multiworker:for_backend",  # TF or JAX, by the Keras backend
-    "sharded": ".sharded:ShardedStrategy",  # Keras on JAX: ModelParallel over a mesh
+    "default": ".kernel.default:DefaultStrategy",
+    "mirrored": ".kernel.mirrored:MirroredStrategy",
+    "tpu": ".kernel.tpu:TPUStrategy",
+    "horovod": ".horovod.strategy:HorovodStrategy",
+    "multiworker": ".multiworker.tf_workers:for_backend",  # TF or JAX, by the Keras backend
+    "sharded": ".sharded.strategy:ShardedStrategy",  # Keras on JAX: ModelParallel over a mesh
 }
 
 

@@ -33,7 +33,7 @@ import keras  # noqa: E402
 
 keras.config.disable_traceback_filtering()
 
-from kdist_magics.strategies import keras_mwms  # noqa: E402
+from kdist_magics.strategies.multiworker import keras_mwms  # noqa: E402
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 rng = np.random.default_rng(0)
