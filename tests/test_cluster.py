@@ -19,6 +19,8 @@ from kdist_magics.watch.record import RunRecord
 from kdist_magics.strategies.engines.strategy import EngineStrategy
 from kdist_magics.strategies.engines.printer import Printer as _Printer
 from kdist_magics.strategies.engines.supervisor import RunSupervisor
+from kdist_magics.strategies.engines.finish import finish_engines
+from kdist_magics.strategies.engines.start import check_syntax
 
 from conftest import ROOT, python_without
 
@@ -154,12 +156,12 @@ def test_syntax_error_is_reported_before_any_engine(shell, capsys):
     ctx = Ctx()
     ctx.shell = shell
     with pytest.raises(CellFailed) as info:
-        strategy._check_syntax("x = (1,\nprint(x)", ctx)
+        check_syntax("x = (1,\nprint(x)", ctx)
     assert isinstance(info.value.original, SyntaxError)
     assert strategy.cluster is None  # nothing was started
     out = capsys.readouterr()
     assert "SyntaxError" in out.out + out.err
-    strategy._check_syntax("%time x = 1\n!echo ok", ctx)  # IPython syntax is fine
+    check_syntax("%time x = 1\n!echo ok", ctx)  # IPython syntax is fine
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -355,7 +357,7 @@ class _FakeEngineCluster:
 
 
 def test_engines_are_reused_and_restarted_when_n_changes_or_one_died(monkeypatch, capsys):
-    import kdist_magics.strategies.engines.strategy as engines_mod
+    import kdist_magics.strategies.engines.start as engines_mod
     from kdist_magics.spec import RunSpec
 
     _FakeEngineCluster.made = []
@@ -442,8 +444,8 @@ def test_lost_batches_reach_the_run_record_when_the_engines_finish():
     strategy.supervisor = sup = RunSupervisor(record)  # the run in progress
     sup.feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1}]]))
     sup.feed(0, _batch(0, 4, [["metric", {"rank": 0, "step": 9}]]))
-    strategy._finish_engines(SimpleNamespace(running=False), SimpleNamespace(record=record),
-                             [0, 1], ok=True)
+    finish_engines(strategy, SimpleNamespace(running=False), SimpleNamespace(record=record),
+                   [0, 1], ok=True)
     assert record.lost_batches == 2 and strategy.supervisor is None  # per run: dropped after it
     assert "2 telemetry batches lost" in record.summary()
 
@@ -552,7 +554,7 @@ def test_a_run_sets_the_thread_rule_for_the_ranks_on_its_host(monkeypatch):
     monkeypatch.setattr(engine, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if "THREADS" not in k})
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)  # not yet started on this "engine"
-    from kdist_magics.strategies.engines.strategy import _prepare_remote
+    from kdist_magics.strategies.engines.prepare import prepare_remote as _prepare_remote
 
     assert _prepare_remote({}, None, 4)["threads"] == "1"  # 4 ranks on 2 cores
     assert (os.environ["OMP_NUM_THREADS"], os.environ["TF_NUM_INTEROP_THREADS"]) == ("1", "2")

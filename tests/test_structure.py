@@ -1,6 +1,9 @@
 """The package's shape: no import cycle among its modules (imports inside functions count),
-no function over 60 lines, every package says what it owns, and ARCHITECTURE.md names only
-files and modules that exist, and its tree lists exactly the package's top level.
+no function over 60 lines and no module over 400, no folder of ``strategies/`` over 15
+modules, every package
+says what it owns, ``strategies/`` holds families (folders), and ARCHITECTURE.md names only
+files and modules that exist, and its trees list exactly the package's top level and
+``strategies/``.
 
 Read with ``ast`` from the files alone (nothing is imported), wherever the modules live, so
 the check holds in any layout of ``kdist_magics/``.
@@ -16,6 +19,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kdist_magics"
 MAX_LINES = 60
+MAX_MODULE_LINES = 400
+MAX_FOLDER_MODULES = 15
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -177,24 +182,53 @@ def test_the_architecture_page_names_only_what_exists(architecture):
     names = {p.name for p in PACKAGE.rglob("*") if "__pycache__" not in p.parts}
     missing = [path for path in re.findall(r"kdist_magics/[\w/.]*\w", text)
                if not (PACKAGE.parent / path).exists()]
+    paths = {"/".join(p.relative_to(PACKAGE).parts) for p in PACKAGE.rglob("*")}
     missing += [f"`{name}`" for name in re.findall(r"`([\w/]+\.(?:py|js|css))`", text)
-                if name.rsplit("/", 1)[-1] not in names and not (PACKAGE.parent / name).exists()]
+                if ("/" not in name and name not in names)
+                or ("/" in name and not (PACKAGE.parent / name).exists()
+                    and not any(p == name or p.endswith("/" + name) for p in paths))]
     missing += [dotted for dotted in re.findall(r"kdist_magics(?:\.\w+)+", text)
                 if not (PACKAGE.parent / dotted.replace(".", "/")).with_suffix(".py").exists()
                 and not (PACKAGE.parent / dotted.replace(".", "/") / "__init__.py").exists()]
     assert not missing, "ARCHITECTURE.md names what is not there: " + ", ".join(missing)
 
 
-def _top_level() -> set[str]:
-    """The package's own entries: its modules and subpackages, by name."""
-    return {p.name for p in PACKAGE.iterdir()
+def _top_level(folder: Path = PACKAGE) -> set[str]:
+    """A package's own entries: its modules and subpackages, by name."""
+    return {p.name for p in folder.iterdir()
             if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
+
+
+def _tree(architecture: str, root: str) -> set[str]:
+    """The entries of the page's tree whose first line is ``root``."""
+    for block in architecture.split("```")[1::2]:
+        lines = block.splitlines()
+        if len(lines) > 1 and lines[1].strip() == root:
+            return {line.split()[0].rstrip("/") for line in lines[2:] if line.strip()}
+    pytest.fail(f"ARCHITECTURE.md has no tree of {root}")
 
 
 def test_the_top_level_is_what_the_architecture_page_lists(architecture):
     """A new module at the package's top level is a decision: the page's tree names it."""
-    tree = architecture.split("```")[1].splitlines()
-    listed = {line.split()[0].rstrip("/") for line in tree[2:] if line.strip()}
-    present = _top_level()
+    listed, present = _tree(architecture, "kdist_magics/"), _top_level()
     assert present == listed, (f"not on the page: {sorted(present - listed)}; "
                                f"on the page, not in the package: {sorted(listed - present)}")
+
+
+def test_strategies_holds_families_and_the_page_draws_them(architecture):
+    """``ls kdist_magics/strategies/`` shows families: folders, beside the registry, what every
+    strategy provides and the option table; the page's tree of it is exact."""
+    folder = PACKAGE / "strategies"
+    present = _top_level(folder)
+    assert {p for p in present if p.endswith(".py")} == {"__init__.py", "base.py", "capabilities.py"}
+    assert present == _tree(architecture, "strategies/")
+
+
+def test_no_module_over_400_lines_and_no_strategies_folder_over_15_modules():
+    long = [f"{p.relative_to(PACKAGE.parent)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: " + ", ".join(long)
+    strategies = PACKAGE / "strategies"  # (cluster/ holds 16, its launchers among them)
+    crowded = [f"{d.relative_to(PACKAGE.parent)}: {n}" for d in [strategies, *strategies.rglob("*")]
+               if d.is_dir() and (n := len(list(d.glob("*.py")))) > MAX_FOLDER_MODULES]
+    assert not crowded, f"folders over {MAX_FOLDER_MODULES} modules: " + ", ".join(crowded)

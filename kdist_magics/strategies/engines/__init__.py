@@ -1,7 +1,9 @@
 """What every strategy whose cell runs on ipyparallel engines shares.
 
-:mod:`.strategy` is ``EngineStrategy``: start the cluster, prepare the ranks (:mod:`.prepare`),
-run the cell on every engine and watch it (:mod:`.supervisor`, the ranks' output through
-:mod:`.printer`), finish and gather the results (:mod:`.results`); :mod:`.waiting` waits on
+:mod:`.strategy` is ``EngineStrategy``: the hooks a strategy overrides and the run as steps.
+The steps: the cell checked and the cluster started or reused (:mod:`.start`), every engine
+prepared and ``--push`` sent (:mod:`.prepare`), the cell executed and watched
+(:mod:`.execute`, :mod:`.supervisor`, the ranks' output through :mod:`.printer`), the engines
+finished (:mod:`.finish`) and the results gathered (:mod:`.results`); :mod:`.waiting` waits on
 every engine outside the cell, naming a death; :mod:`.warm` is ``%kdist start``.
 """

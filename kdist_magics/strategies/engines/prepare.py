@@ -1,11 +1,19 @@
-"""An engine prepared for a run, on the engine: thread variables, the strategy's environment,
-the working folder and the rank's GPU.
+"""An engine prepared for a run: thread variables, the strategy's environment, the working
+folder and the rank's GPU (:func:`prepare_remote`, on the engine), asked of every engine from
+the kernel (:func:`prepare_engines`), and ``--push``'s values sent (:func:`push_values`).
 
-Shared by a run (:mod:`~kdist_magics.strategies.engines.strategy`, :mod:`.grow`) and ``%kdist start`` (:mod:`.warm`,
-which warms engines exactly as a run prepares them), so neither imports the other for it.
+:func:`prepare_remote` is shared by a run (:mod:`.strategy`, :mod:`.grow`) and ``%kdist
+start`` (:mod:`.warm`, which warms engines exactly as a run prepares them), so neither imports
+the other for it.
 """
 
 from __future__ import annotations
+
+import os
+from typing import Any
+
+from ...errors import KDistError
+from . import waiting
 
 
 def prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine
@@ -13,3 +21,33 @@ def prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an 
     from kdist_magics.engine import engine
 
     return engine.prepare(env, engine.threads_per_rank(local_size, threads), cwd, gpu, local_size)
+
+
+def prepare_engines(strategy, cluster, ctx, ranks: list[int]) -> None:
+    """Thread variables, the strategy's environment and each rank's GPU, on every engine
+    before the cell (and before a framework starts there); too few GPUs is an error here,
+    before any engine runs the cell."""
+    from ...cluster.placement import local_ranks
+
+    threads, policy = ctx.options.threads_per_rank, ctx.options.rank_gpus
+    extra = strategy.engine_env(cluster, ctx)
+    hosts = [e.hostname for e in cluster.engines]
+    ars = []
+    during = "while the engines were prepared"
+    # an engine that died just before: ipyparallel raises at the send once its controller
+    # has noticed, and gather names it otherwise; the same words either way (a test saw both)
+    with waiting.named_deaths(strategy, ranks, during):
+        for eng, env, (local, size) in zip(cluster.engines, extra, local_ranks(hosts, ranks)):
+            cwd = os.getcwd() if cluster.owned else None
+            ars.append(cluster.client[eng.engine_id].apply_async(
+                prepare_remote, dict(env), threads, size, cwd, (local, size, policy)))
+    infos = waiting.gather(strategy, ars, ranks, 60, during)
+    errors = [info["gpu_error"] for info in infos if info.get("gpu_error")]
+    if errors:
+        raise KDistError(errors[0] + ". The cell did not run.")
+
+
+def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> None:
+    """``--push``: the named values into every engine's namespace."""
+    waiting.gather(strategy, [cluster.view().push(pushed, block=False)], ranks, 600,
+                   "while --push sent its values")

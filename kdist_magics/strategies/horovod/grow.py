@@ -94,7 +94,8 @@ class Growth:
 
     def _warm(self, eid: int) -> None:
         from ...engine import engine
-        from ..engines.strategy import FEED_INTERVAL, _prepare_remote
+        from ..engines.execute import FEED_INTERVAL
+        from ..engines.prepare import prepare_remote
         from .on_engine import warm_imports
 
         ctx, client = self.ctx, self.cluster.client[eid]
@@ -103,7 +104,7 @@ class Growth:
         threads = ctx.options.threads_per_rank
         cwd = None if self.cluster.attached else os.getcwd()
         local_size = 1 + sum(1 for e in self.cluster.engines if e.hostname == host)
-        client.apply_sync(_prepare_remote, {}, threads, local_size, cwd, None)
+        client.apply_sync(prepare_remote, {}, threads, local_size, cwd, None)
         if self.strategy.pushed:  # what --push gave the others
             client.push(self.strategy.pushed, block=True)
         spec = ctx.spec

@@ -1,0 +1,84 @@
+"""The run's first step on engines: the cell checked once in the kernel, then a warm cluster
+reused, restarted (N changed, an engine died, the strategy asked) or started (on this machine,
+in a Slurm job, or attached to a user's cluster)."""
+
+from __future__ import annotations
+
+from ...cluster.cluster import EngineCluster
+from ...cluster.namespace import wanted
+from ...errors import CellFailed
+from ...messages import phase_engines, registered, say
+from ..base import RunContext
+
+
+def check_syntax(cell: str, ctx: RunContext) -> None:
+    """Compile once in the kernel: a syntax error is shown once and no engine runs."""
+    shell = ctx.shell
+    try:
+        source = shell.transform_cell(cell) if shell is not None else cell
+        compile(source, "<kdist cell>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        if shell is not None:
+            shell.showsyntaxerror()
+        raise CellFailed(exc) from exc
+
+
+def cluster_for(strategy, ctx: RunContext) -> EngineCluster:
+    """``strategy``'s cluster for this run (``EngineStrategy._cluster``'s default)."""
+    spec = ctx.spec
+    n = strategy.size(spec)
+    news = (lambda text: None) if ctx.quiet else say  # %kdist start's thread prints nothing
+    cluster = strategy.cluster
+    if cluster is not None and cluster.running:
+        cluster = _reuse(strategy, cluster, ctx, n, news)
+    if (cluster is None or not cluster.running) and spec.slurm is not None:
+        from ...cluster.slurm_engines import submit
+
+        cluster = strategy.cluster = submit(n, ctx, news)
+        start_phase(cluster, ctx, cluster.start)
+    elif cluster is None or not cluster.running:
+        address = ctx.options.bind_address if spec.attach else "127.0.0.1"
+        cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
+                                controller_nice=ctx.options.helper_nice,
+                                private=not spec.attach and wanted(ctx.options.private_network),
+                                preload=strategy.warm_modules if ctx.options.preload else (),
+                                threads=ctx.options.threads_per_rank or 0)
+        if not spec.attach:
+            news(f"starting {n} engines on this machine (loopback only)...")
+        strategy.cluster = cluster
+        start_phase(cluster, ctx, cluster.start)
+    strategy.needs_restart = None
+    return cluster
+
+
+def _reuse(strategy, cluster: EngineCluster, ctx: RunContext, n: int, news) -> EngineCluster | None:
+    """The running cluster, restarted if it must be; None once it was stopped (another N or
+    place): a new one starts."""
+    spec = ctx.spec
+    key = (n, spec.cluster_id, spec.profile, spec.slurm)
+    current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile,
+               getattr(cluster, "options", None))
+    if current != key:
+        news(f"{n} ranks requested; restarting the engines (had {cluster.n})")
+        strategy.teardown()
+        return None
+    if why := strategy.needs_restart or cluster.why_restart():
+        news(f"restarting the engines ({why})")
+        if cluster.owned:
+            start_phase(cluster, ctx, cluster.restart)
+        else:
+            cluster.stop()
+            start_phase(cluster, ctx, cluster.start)
+    return cluster
+
+
+def start_phase(cluster: EngineCluster, ctx: RunContext, start) -> None:
+    """``start()`` the cluster as the run's first phase, counting the engines as they come."""
+    record, n = ctx.record, cluster.n
+    record.phase(phase_engines(n))
+    cluster.on_registered = lambda k: record.phase_detail(registered(k, n))
+    cluster.on_phase, cluster.on_detail = record.phase, record.phase_detail
+    try:
+        start()
+    finally:
+        cluster.on_registered = cluster.on_phase = cluster.on_detail = None
