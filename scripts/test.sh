@@ -82,6 +82,16 @@ wait $limit || status=1
 echo "=== the netns and Slurm tiers in .venv, which ran beside both ($OUT/netns.log) ==="
 cat "$OUT/netns.log"
 
+# Nothing kdist started outlives the suite: each session checked its own (tests/leftovers.py);
+# this looks once more, from outside, after every session has ended.
+if left=$(pgrep -af 'kdist_magics[.]cluster[.](follow|namespace)'); then
+  echo "make test: processes kdist started are still running after the suite:" >&2
+  echo "$left" >&2
+  status=1
+else
+  echo "make test: no process kdist started is left"
+fi
+
 .venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account.json" "$OUT/account-docs.json" \
   "$OUT/account-long.json" "$OUT/account-netns.json" "$OUT/colab/account.json"
 exit $status

@@ -21,11 +21,15 @@ OUTPUT = Path(os.environ.get("KDIST_TEST_OUTPUT", ROOT / "test-output"))
 
 
 def pytest_configure(config):
-    """The suite's account of its time and clusters (tests/account.py), in OUTPUT/account.json."""
+    """The suite's account of its time and clusters (tests/account.py), in OUTPUT/account.json;
+    the check that nothing kdist started outlives the session (tests/leftovers.py)."""
     from account import Account
+
+    from leftovers import Leftovers
 
     config.pluginmanager.register(Account(OUTPUT, os.environ.get("KDIST_ACCOUNT", "account")),
                                   "kdist-account")
+    config.pluginmanager.register(Leftovers(), "kdist-leftovers")  # nothing kdist started is left
 
 
 @pytest.fixture(scope="session")

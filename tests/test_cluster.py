@@ -539,6 +539,57 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
                 p.wait(timeout=10)
 
 
+FORKER = ("import multiprocessing as mp, os, sys, time\n"
+          "def child():\n"
+          "    time.sleep(120)\n"
+          "if __name__ == '__main__':\n"
+          "    kids = [mp.get_context('fork').Process(target=child, daemon=True) for _ in range(2)]\n"
+          "    for kid in kids:\n"
+          "        kid.start()\n"
+          "    open(sys.argv[1], 'w').write(' '.join(str(kid.pid) for kid in kids))\n"
+          "    time.sleep(1 if sys.argv[2] == 'exits' else 120)\n"
+          "    os._exit(0)  # no atexit: multiprocessing does not end its daemonic children\n")
+
+
+@pytest.mark.parametrize("ended", ["killed", "exits"])
+def test_what_a_following_process_forked_ends_with_it_however_it_ends(tmp_path, ended):
+    """Issue 50: the controller forks its schedulers (multiprocessing, fork); killed while they
+    ran (or gone without ending them), its children were left with init as their parent and
+    nothing to end them. The guard ends the follower's process group, which forked children
+    stay in, once the follower is gone."""
+    import os
+
+    import psutil
+
+    from kdist_magics.cluster.follow import command
+    from kernel_driver import wait_gone
+
+    (tmp_path / "kd_forker.py").write_text(FORKER)
+    out = tmp_path / "kids.txt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    # as ipyparallel's launchers start the controller: a session of its own
+    follower = subprocess.Popen(command("kd_forker") + [str(out), ended], env=env,
+                                start_new_session=True)
+    kids = []
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists() or not out.read_text():
+            assert time.monotonic() < deadline and follower.poll() is None
+            time.sleep(0.05)
+        kids = [int(pid) for pid in out.read_text().split()]
+        if ended == "killed":
+            follower.kill()  # as a stop that gives up, or the OOM killer, would
+        follower.wait(timeout=30)
+        left, _ = wait_gone(kids, 10)
+        assert not left, f"forked children left after their parent {ended}: {left}"
+    finally:
+        for pid in [follower.pid, *kids]:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+
 def test_thread_variables_share_the_cores_and_give_ranks_that_outnumber_them_two_inter_op(monkeypatch):
     monkeypatch.setattr(engine, "cpu_count", lambda: 4)
     assert engine.threads_per_rank(2) == 2 and engine.threads_per_rank(8) == 1

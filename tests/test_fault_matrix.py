@@ -196,3 +196,66 @@ def test_faults_on_an_attached_cluster_never_end_its_engines(tmp_path):
         finally:
             k.shutdown()
             k.cleanup()
+
+
+@pytest.mark.parametrize("moment", ["as it starts", "after its first scheduler", "once it listens"])
+def test_a_controller_ended_while_it_forks_its_schedulers_takes_them_along(moment, tmp_path):
+    """Issue 50: an owned controller ended at any moment of its start (a refused or cancelled
+    Slurm job, Stop or ``%kdist stop`` during a start) left the schedulers it had forked
+    running, parent 1, following nobody. The real controller, started as kdist starts it
+    (``kdist_magics.cluster.follow``, a session of its own as ipyparallel's launcher gives it),
+    is killed at one moment of its start; every process of its group is gone within
+    ``fm.GONE_WITHIN``."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from kdist_magics.cluster.follow import command
+    from kernel_driver import wait_gone
+
+    cmd = command("ipyparallel.controller") + [f"--profile-dir={tmp_path / 'profile'}",
+                                               "--ip=127.0.0.1", "--cluster-id=kdleak"]
+    controller = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, cwd=tmp_path)
+
+    def group() -> list[int]:
+        found = []
+        for proc in psutil.process_iter(["pid", "status"]):
+            try:
+                if (os.getpgid(proc.pid) == controller.pid
+                        and proc.info["status"] != psutil.STATUS_ZOMBIE):  # killed, not reaped
+                    found.append(proc.pid)
+            except OSError:
+                pass
+        return found
+
+    def schedulers() -> list[int]:
+        return [p for p in group() if p != controller.pid]
+
+    deadline = time.monotonic() + 120
+    if moment == "as it starts":
+        time.sleep(0.3)
+    elif moment == "after its first scheduler":
+        while not schedulers():
+            assert time.monotonic() < deadline and controller.poll() is None, "no scheduler forked"
+            time.sleep(0.01)
+    else:
+        files = tmp_path / "profile" / "security"
+        while not list(files.glob("ipcontroller-kdleak-client.json")):
+            assert time.monotonic() < deadline and controller.poll() is None, "it never listened"
+            time.sleep(0.1)
+        assert schedulers(), "a listening controller has forked its schedulers"
+    seen = group()
+    controller.kill()
+    controller.wait(timeout=30)
+    left, _ = wait_gone(seen, fm.GONE_WITHIN)
+    left += [p for p in group() if p not in left]
+    for pid in left:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    assert not left, f"left after the controller was killed {moment}: {left} ({sys.platform})"

@@ -84,40 +84,72 @@ def preload(modules: list[str], threads: int, ranks: int = 1) -> str:
     return "imported " + ", ".join(modules)
 
 
-def guard(pid: int, started: float, target: int) -> None:
-    """``python -m kdist_magics.cluster.follow --guard PID STARTED TARGET``: a small process of its own
-    that ends process TARGET and its children once PID is gone, and ends itself when TARGET
-    does. A thread inside TARGET is not enough: while TARGET imports TensorFlow, the import
-    holds its interpreter lock for seconds, and a thread there cannot run."""
+def guard(pid: int, started: float, target: int, group: bool = False) -> None:
+    """``python -m kdist_magics.cluster.follow --guard PID STARTED TARGET [--group]``: a small
+    process of its own that ends process TARGET and every process it started once PID is gone,
+    and what TARGET started once TARGET ends first. A thread inside TARGET is not enough: while
+    TARGET imports TensorFlow, the import holds its interpreter lock for seconds, and a thread
+    there cannot run; and a process TARGET forked (the controller's schedulers) outlives TARGET
+    when TARGET is killed, its parent then being init. So where TARGET leads a process group of
+    its own (``group``: :func:`main` made it so), which forked children stay in wherever their
+    parent is, the guard ends that group too, even when TARGET was gone before it looked."""
     import select
 
     import psutil
 
-    try:
-        kernel_fd, target_fd = os.pidfd_open(pid), os.pidfd_open(target)
-    except (AttributeError, OSError):  # no pidfds here: the thread in TARGET does the work
+    if not hasattr(os, "pidfd_open"):  # no pidfds here: the thread in TARGET does the work
         return
-    if alive(pid, started):
-        ready, _, _ = select.select([kernel_fd, target_fd], [], [])
-        if target_fd in ready and kernel_fd not in ready:
-            return  # TARGET ended first, as it should
     try:
-        proc = psutil.Process(target)
+        target_fd = os.pidfd_open(target)
+    except OSError:
+        target_fd = None  # gone already (killed as it started): its group may not be
+    if target_fd is not None and alive(pid, started):
+        try:
+            select.select([os.pidfd_open(pid), target_fd], [], [])
+        except OSError:
+            pass
+    try:
+        proc = psutil.Process(target) if target_fd is not None else None
     except psutil.Error:
-        return
+        proc = None
     me = os.getpid()
     for _ in range(3):  # TARGET may be starting a child (an engine its nanny) just now
-        for child in descendants(proc):
+        for child in descendants(proc) if proc is not None else ():
             if child.pid != me:
                 try:
                     child.kill()
                 except psutil.Error:
                     pass
         try:
-            proc.kill()
+            if proc is not None:
+                proc.kill()
         except psutil.Error:
             pass
+        if group:
+            end_group(target)
         threading.Event().wait(0.05)
+
+
+def end_group(pgid: int) -> None:
+    """Kill every process left in process group ``pgid`` (its leader's forked children)."""
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:  # none left (or none of ours)
+        pass
+
+
+def lead_own_group() -> bool:
+    """Make this process lead a process group of its own (ipyparallel's launchers start it as a
+    session leader already), so that what it forks can be found and ended after it; whether
+    it does."""
+    try:
+        if os.getpgid(0) != os.getpid():
+            os.setpgid(0, 0)
+        return os.getpgid(0) == os.getpid()
+    except OSError:
+        return False
 
 
 def main(argv: list[str]) -> None:
@@ -125,7 +157,7 @@ def main(argv: list[str]) -> None:
     import subprocess
 
     if argv[0] == "--guard":
-        guard(int(argv[1]), float(argv[2]), int(argv[3]))
+        guard(int(argv[1]), float(argv[2]), int(argv[3]), argv[4:] == ["--group"])
         return
     if argv[0] == "--netns":  # first, while this process has one thread (setns needs that)
         from .namespace import enter
@@ -142,10 +174,12 @@ def main(argv: list[str]) -> None:
     if argv[0] == "--preload":  # --preload a,b --threads N --ranks M
         modules, threads, ranks, argv = argv[1].split(","), int(argv[3]), int(argv[5]), argv[6:]
     pid, started, module, *rest = argv
+    group = lead_own_group()
     end_with(int(pid), float(started))
-    # the guard: started before the module (and its heavy imports) runs
+    # the guard: started before the module (and its heavy imports) runs, outside this group
     subprocess.Popen([sys.executable, "-m", "kdist_magics.cluster.follow", "--guard", pid, started,
-                      str(os.getpid())], stdin=subprocess.DEVNULL, close_fds=True)
+                      str(os.getpid()), *(["--group"] if group else [])],
+                     stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
     if module == "ipyparallel.controller":
         from .compat_ipyparallel import ipc_urls_as_read
 
