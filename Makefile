@@ -54,4 +54,4 @@ bench: setup
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) $(COLAB_VENV) .pytest_cache test-output demo-output
+	rm -rf $(VENV) $(COLAB_VENV) .venv-colab-tpu .pytest_cache test-output demo-output

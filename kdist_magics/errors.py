@@ -40,6 +40,17 @@ def no_tpu(looked: str, detail: str = "") -> StrategyUnavailable:
     return StrategyUnavailable(f"{first}\n{HOW_TO_GET_A_TPU}\nThe cell did not run.")
 
 
+def no_tensorflow(what: str, backend: str) -> StrategyUnavailable:
+    """A TensorFlow path (``what``: "--strategy horovod") asked for where TensorFlow is not
+    installed (Colab's TPU runtime has none): one line, naming what to set or install."""
+    fix = ("Keras is on its default backend, tensorflow, too: set KERAS_BACKEND=jax (or torch) "
+           "before importing keras, or pip install tensorflow" if backend == "tensorflow"
+           else "pip install tensorflow, or choose a strategy that runs on Keras' "
+                f"{backend} backend")
+    return StrategyUnavailable(f"{what} needs TensorFlow, which is not installed here (as on "
+                               f"Colab's TPU runtime); {fix}. The cell did not run.")
+
+
 class CellFailed(KDistError):
     """The cell's own code raised; its traceback has already been shown.
 

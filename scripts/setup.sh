@@ -10,6 +10,8 @@
 #   scripts/setup.sh --env colab     .venv-colab: Colab's published stack (envs/colab-2026-08.txt as pip
 #                                    constraints: Python 3.13, TF 2.20, IPython 7.34, ipywidgets 7.7,
 #                                    ipyparallel 8.8, Notebook 6.5), no Horovod
+#   scripts/setup.sh --env colab-tpu .venv-colab-tpu: Colab's TPU runtime (envs/colab-tpu-2026-08.txt:
+#                                    Python 3.13, JAX 0.7.2, Keras 3.13.2, IPython 7.34), no TensorFlow
 #
 # --browser also makes sure Debian's chromium is present (the widget tests drive it), and as root
 # iproute2 and Debian's slurm-wlm and munge (the netns and Slurm tests). Set
@@ -26,7 +28,7 @@ while [ $# -gt 0 ]; do
     --browser) want_browser=1 ;;
     --torch) want_torch=1 ;;
     --env) env_name=$2; shift ;;
-    *) echo "usage: scripts/setup.sh [--browser] [--torch] [--env main|colab]" >&2; exit 2 ;;
+    *) echo "usage: scripts/setup.sh [--browser] [--torch] [--env main|colab|colab-tpu]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -115,7 +117,30 @@ if [ "$env_name" = colab ]; then
   exit 0
 fi
 
-[ "$env_name" = main ] || die "unknown environment '$env_name' (main or colab)"
+if [ "$env_name" = colab-tpu ]; then
+  # Colab's TPU runtime: Python 3.13, JAX 0.7.2, Keras 3.13.2 and no TensorFlow
+  # (envs/colab-tpu-2026-08.txt); JAX's CPU jaxlib of that version stands in for the TPU build.
+  VENV=${VENV:-.venv-colab-tpu}
+  PYTHON=${PYTHON:-$(find_python 3.13 || true)}
+  [ -n "$PYTHON" ] || die "the TPU-runtime environment needs Python 3.13 (none on PATH or under pyenv); set PYTHON=/path/to/python3.13"
+  make_venv "$VENV" "$PYTHON"
+  PY="$VENV/bin/python"
+  stamp="$VENV/.kdist-installed"
+  want="$(cat pyproject.toml envs/colab-tpu-2026-08.txt | sha256sum | cut -c1-16) colab-tpu"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing kdist_magics[jax] and Keras into $VENV under Colab's TPU pins (no TensorFlow)"
+    venv_install "$PY" -c envs/colab-tpu-2026-08.txt -e ".[jax]" keras \
+      ipykernel nbclient nbformat pandas scikit-learn matplotlib pytest pytest-timeout
+    echo "$want" > "$stamp"
+  else
+    say "$VENV is up to date"
+  fi
+  "$PY" -c 'import tensorflow' >/dev/null 2>&1 && die "$VENV has TensorFlow; Colab's TPU runtime has none"
+  say "ready: $VENV ($(KERAS_BACKEND=jax "$PY" -c 'import sys, jax, keras, IPython, ipyparallel; print(f"Python {sys.version.split()[0]}, JAX {jax.__version__}, Keras {keras.__version__}, IPython {IPython.__version__}, ipyparallel {ipyparallel.__version__}, no TensorFlow")' 2>/dev/null))"
+  exit 0
+fi
+
+[ "$env_name" = main ] || die "unknown environment '$env_name' (main, colab or colab-tpu)"
 VENV=${VENV:-.venv}
 
 # 1. Python: $PYTHON, else the newest of 3.13, 3.12, 3.11 found

@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${COLAB_TESTS:?the marker expression of the Colab part (make test sets it: see the Makefile)}"
 OUT=${KDIST_TEST_OUTPUT:-test-output}
-mkdir -p "$OUT/colab"
+mkdir -p "$OUT/colab" "$OUT/colab-tpu"
 STEPS="$OUT/steps.tsv"
 : > "$STEPS"
 status=0
@@ -61,8 +61,17 @@ long=$!
 # the network-namespace and Slurm tiers (a Slurm job at its time limit among them: 100 s, nearly
 # all waiting for slurmctld) in a third session: they hold fixed names, so only here, in turn
 # shellcheck disable=SC2086
+# then, in the same session, Colab's TPU runtime: its pins, no TensorFlow (.venv-colab-tpu), the
+# tests that need none (marker notf); Keras on JAX, as a user there sets it
 ( step "netns and Slurm in .venv (beside both)" env KDIST_ACCOUNT=account-netns \
-    .venv/bin/python -m pytest -m "netns" ${PYTEST_ARGS:-} > "$OUT/netns.log" 2>&1 ) &
+    .venv/bin/python -m pytest -m "netns" ${PYTEST_ARGS:-} > "$OUT/netns.log" 2>&1
+  rc=$?
+  step "set-up .venv-colab-tpu (after netns and Slurm)" bash scripts/setup.sh --env colab-tpu \
+    >> "$OUT/netns.log" 2>&1 \
+  && step "TPU-runtime part in .venv-colab-tpu (no TensorFlow)" env KERAS_BACKEND=jax \
+    KDIST_TEST_OUTPUT="$OUT/colab-tpu" .venv-colab-tpu/bin/python -m pytest -m notf \
+    ${PYTEST_ARGS:-} >> "$OUT/netns.log" 2>&1 || rc=1
+  exit $rc ) &
 limit=$!
 
 if wait $colab_setup; then
@@ -79,7 +88,7 @@ wait $long || status=1
 echo "=== the long tier in .venv, which ran beside the Colab part ($OUT/long.log) ==="
 cat "$OUT/long.log"
 wait $limit || status=1
-echo "=== the netns and Slurm tiers in .venv, which ran beside both ($OUT/netns.log) ==="
+echo "=== the netns and Slurm tiers in .venv, then the TPU-runtime part in .venv-colab-tpu, which ran beside both ($OUT/netns.log) ==="
 cat "$OUT/netns.log"
 
 # Nothing kdist started outlives the suite: each session checked its own (tests/leftovers.py);
@@ -93,5 +102,6 @@ else
 fi
 
 .venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account.json" "$OUT/account-docs.json" \
-  "$OUT/account-long.json" "$OUT/account-netns.json" "$OUT/colab/account.json"
+  "$OUT/account-long.json" "$OUT/account-netns.json" "$OUT/colab/account.json" \
+  "$OUT/colab-tpu/account.json"
 exit $status

@@ -15,6 +15,9 @@ from kdist_magics.watch.dashboard import WIDGET_MIME, Dashboard, DashboardWidget
 from kdist_magics.watch.record import RunRecord
 
 
+pytestmark = pytest.mark.notf  # also in .venv-colab-tpu: no TensorFlow (tests/README.md)
+
+
 def feed(rec, rank, steps, t0=1000.0, total=None, loss0=1.0):
     rec.add("progress", {"rank": rank, "epochs": 2, "steps_per_epoch": (total or steps) // 2,
                          "total_steps": total or steps, "fit_started": t0, "step": 0, "time": t0})

@@ -11,6 +11,9 @@ import pytest
 from conftest import run_in_fresh_shell
 
 
+pytestmark = pytest.mark.notf  # also in .venv-colab-tpu: no TensorFlow (tests/README.md)
+
+
 def run_script(body: str, **env) -> dict:
     return run_in_fresh_shell(body, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
                                          TF_CPP_MIN_LOG_LEVEL="2", **env), unset=("XLA_FLAGS",))

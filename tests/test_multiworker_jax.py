@@ -19,6 +19,9 @@ from conftest import PROCESS_FIT, run_in_fresh_shell
 from kdist_magics.strategies.frameworks.fit_data import shard as _shard
 
 
+pytestmark = pytest.mark.notf  # also in .venv-colab-tpu: no TensorFlow (tests/README.md)
+
+
 def test_each_process_gets_an_equal_contiguous_part():
     x, y = np.arange(10)[:, None], np.arange(10)
     said = []
@@ -43,7 +46,15 @@ def test_multiworker_follows_the_keras_backend(monkeypatch):
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     assert type(multiworker.for_backend()).__name__ == "JaxMultiWorkerStrategy"
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
-    assert type(multiworker.for_backend()).__name__ == "MultiWorkerStrategy"
+    from kdist_magics.strategies.frameworks.backends import tensorflow_installed
+
+    if tensorflow_installed():
+        assert type(multiworker.for_backend()).__name__ == "MultiWorkerStrategy"
+    else:  # Colab's TPU runtime: MultiWorkerMirroredStrategy is refused in one line
+        from kdist_magics.errors import StrategyUnavailable
+
+        with pytest.raises(StrategyUnavailable, match="needs TensorFlow, which is not installed"):
+            multiworker.for_backend()
 
 
 TRAIN = PROCESS_FIT + """

@@ -55,8 +55,21 @@ def test_make_test_runs_the_long_tier_beside_the_colab_part():
     assert long and limit and colab and len(waited) == 2, lines
     assert long[0] < colab[0] < waited[0] and limit[0] < colab[0], lines
     for i, account in ((long[0], "account-long"), (limit[0], "account-netns")):
-        assert lines[i].endswith(") &") and f"KDIST_ACCOUNT={account}" in lines[i - 1]
-        assert f"{account}.json" in " ".join(lines[-3:])  # counted in the account
+        ends = next(j for j in range(i, len(lines)) if lines[j].endswith(") &"))  # in the background
+        assert ends < colab[0] and f"KDIST_ACCOUNT={account}" in lines[i - 1]
+        assert f"{account}.json" in " ".join(lines[-4:])  # counted in the account
+
+
+def test_make_test_runs_the_tensorflow_free_part_on_colabs_tpu_pins():
+    """Issue 47: after the netns and Slurm tiers, in their session, .venv-colab-tpu (Colab's TPU
+    runtime: no TensorFlow) is set up and runs the tests marked notf, counted in the account."""
+    lines = make_test_steps()
+    limit = next(i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns"' in ln)
+    ends = next(j for j in range(limit, len(lines)) if lines[j].endswith(") &"))
+    setup = [i for i, ln in enumerate(lines) if "scripts/setup.sh --env colab-tpu" in ln]
+    runs = [i for i, ln in enumerate(lines) if ".venv-colab-tpu/bin/python -m pytest -m notf" in ln]
+    assert setup and runs and limit < setup[0] < runs[0] < ends, lines
+    assert "colab-tpu/account.json" in " ".join(lines[-4:])
 
 
 def test_make_test_runs_again_on_colabs_stack():
@@ -69,7 +82,7 @@ def test_make_test_runs_again_on_colabs_stack():
     assert "or classic" in dry_run("test") and "not horovod" in dry_run("test")
     assert "test-output/colab" in lines[runs[0] - 1] + lines[runs[0]] or '$OUT/colab' in lines[runs[0] - 1]
     # and the account comes last
-    assert "scripts/test_account.py" in lines[-3], lines[-3:]  # (its arguments run on a line)
+    assert "scripts/test_account.py" in lines[-4], lines[-4:]  # (its arguments run on lines)
 
 
 def test_make_test_quick_is_the_fast_tier_plus_one_run_per_strategy():

@@ -22,6 +22,9 @@ from kdist_magics.spec import parse_line
 from kdist_magics.strategies.sharded.layout import LayoutError, auto_spec, check_spec
 
 
+pytestmark = pytest.mark.notf  # also in .venv-colab-tpu: no TensorFlow (tests/README.md)
+
+
 def test_mesh_option_and_its_errors():
     spec = parse_line("--strategy sharded --devices 4 --mesh 2,2")
     assert spec.mesh == (2, 2) and spec.devices == 4

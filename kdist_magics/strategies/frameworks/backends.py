@@ -7,12 +7,13 @@ number of logical CPU devices for data parallelism on a machine without accelera
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
 from typing import Mapping
 
-from ...errors import StrategyUnavailable
+from ...errors import StrategyUnavailable, no_tensorflow
 
 #: replicas on a CPU-only machine when neither --devices nor KDist.devices is given
 CPU_DEFAULT_DEVICES = 2
@@ -39,11 +40,31 @@ def keras_backend(env: Mapping[str, str] | None = None) -> str:
         return "tensorflow"
 
 
+def tensorflow_installed() -> bool:
+    """Whether TensorFlow can be imported here (without importing it)."""
+    if "tensorflow" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_tensorflow(what: str) -> None:
+    """StrategyUnavailable, in one line naming the fix, where ``what`` (a TensorFlow path: "--strategy
+    horovod") is asked for and TensorFlow is not installed; checked before anything starts."""
+    if not tensorflow_installed():
+        raise no_tensorflow(what, keras_backend())
+
+
 def check_backend(strategy: str) -> str:
-    """The Keras backend, or StrategyUnavailable when ``strategy`` cannot drive it."""
+    """The Keras backend, or StrategyUnavailable when ``strategy`` cannot drive it (on Keras'
+    tensorflow backend: TensorFlow must be installed)."""
     backend = keras_backend()
     if backend not in ("tensorflow", "jax"):
         raise StrategyUnavailable(
             f"--strategy {strategy} drives Keras on tensorflow or jax; this kernel's Keras runs on "
             f"{backend} (set KERAS_BACKEND before importing keras). The cell did not run.")
+    if backend == "tensorflow":
+        require_tensorflow(f"--strategy {strategy} on Keras' tensorflow backend")
     return backend

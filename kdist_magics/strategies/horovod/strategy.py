@@ -47,6 +47,9 @@ class HorovodStrategy(EngineStrategy):
 
     def __init__(self):
         super().__init__()
+        from ..frameworks.backends import require_tensorflow
+
+        require_tensorflow("--strategy horovod (Horovod's Keras API runs on TensorFlow here)")
         try:
             import horovod.runner.http.http_server  # noqa: F401  (server side, no TF import)
         except ImportError as exc:

@@ -70,6 +70,10 @@ def for_backend() -> EngineStrategy:
         from .torch_processes import TorchMultiWorkerStrategy
 
         return TorchMultiWorkerStrategy()
+    from ..frameworks.backends import require_tensorflow
+
+    require_tensorflow("--strategy multiworker on Keras' tensorflow backend "
+                       "(MultiWorkerMirroredStrategy)")
     return MultiWorkerStrategy()
 
 

@@ -1,0 +1,151 @@
+"""Issue 47: kdist where TensorFlow is not installed, as on Colab's TPU runtime (JAX 0.7.2,
+Keras 3.13.2, no TensorFlow) and on a torch-only stack.
+
+Each test runs a fresh Python with an IPython shell and kdist loaded. In ``.venv-colab-tpu``
+(Colab's TPU pins, ``make test`` sets it up) TensorFlow is not installed at all; elsewhere a
+``sitecustomize`` on ``PYTHONPATH`` makes every ``import tensorflow`` of that Python and of the
+engines it starts fail as a missing package does (``ModuleNotFoundError: No module named
+'tensorflow'``), so the main environment checks the same paths. What must work there trains
+and proves it (a falling loss; identical weights across processes); the TensorFlow-only paths
+refuse in one line naming what to set or install, before anything starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+
+import pytest
+
+from conftest import run_in_fresh_shell
+
+pytestmark = [pytest.mark.kernel, pytest.mark.notf, pytest.mark.timeout(600)]
+
+HIDE_TF = '''\
+"""Tests: TensorFlow is not installed here (tests/test_without_tensorflow.py): the import system
+finds no package named tensorflow, as where it is not installed."""
+import importlib.machinery, sys
+class _PathFinderWithoutTensorFlow(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            return None
+        return super().find_spec(name, path, target)
+sys.meta_path[:] = [_PathFinderWithoutTensorFlow if f is importlib.machinery.PathFinder else f
+                    for f in sys.meta_path]
+'''
+
+FIT = '''
+import numpy as np, keras
+rng = np.random.default_rng(0)
+x = rng.normal(size=(128, 4)).astype("float32")
+y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
+'''
+
+CELL = '''
+import keras
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+history = model.fit(x, y, batch_size=16, epochs=4, verbose=0)
+kd_loss = history.history["loss"]
+kd_replicas = strategy.num_replicas_in_sync
+'''
+
+
+@pytest.fixture
+def no_tf(tmp_path) -> dict:
+    """The environment of a Python (and its engines) where TensorFlow cannot be imported."""
+    env = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    if importlib.util.find_spec("tensorflow") is not None:  # the main .venv: hide it
+        (tmp_path / "sitecustomize.py").write_text(HIDE_TF)
+        import os
+
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    return env
+
+
+def shell(body: str, env: dict, **kw) -> dict:
+    return run_in_fresh_shell("ip.run_cell(" + repr(FIT) + ")\n" + textwrap.dedent(body), env,
+                              unset=("XLA_FLAGS",), **kw)
+
+
+def test_the_plainest_cell_trains_with_auto_and_default(no_tf):
+    out = shell(f'''
+        import importlib.util
+        out["tf"] = importlib.util.find_spec("tensorflow") is not None
+        for line in ("--no-dashboard", "--strategy default --no-dashboard"):
+            _, exc = attempt(line, {CELL!r})
+            out[line] = [repr(exc), ip.user_ns.get("kd_loss"), ip.user_ns.get("kd_replicas"),
+                         repr(ip.user_ns.get("strategy"))]
+            ip.user_ns.pop("kd_loss", None)
+        out["tf_imported"] = "tensorflow" in sys.modules
+    ''', no_tf)
+    assert out["tf"] is False and out["tf_imported"] is False
+    for line in ("--no-dashboard", "--strategy default --no-dashboard"):
+        error, loss, replicas, strategy = out[line]
+        assert error == "None", (line, error)
+        assert loss[-1] < loss[0] and replicas == 1 and "OneDevice" in strategy, (line, out[line])
+    assert "auto chose default" in out["_stdout"]
+
+
+def test_mirrored_and_sharded_train_on_jax_devices(no_tf):
+    out = shell(f'''
+        _, exc = attempt("--strategy mirrored --devices 2 --no-dashboard", {CELL!r})
+        out["mirrored"] = [repr(exc), ip.user_ns.get("kd_loss"), ip.user_ns.get("kd_replicas")]
+        _, exc = attempt("--strategy sharded --devices 2 --no-dashboard", {CELL!r})
+        out["sharded"] = [repr(exc), ip.user_ns.get("kd_loss")]
+        out["tf_imported"] = "tensorflow" in sys.modules
+    ''', no_tf)
+    error, loss, replicas = out["mirrored"]
+    assert error == "None" and loss[-1] < loss[0] and replicas == 2, out["mirrored"]
+    error, loss = out["sharded"]
+    assert error == "None" and loss[-1] < loss[0], out["sharded"]
+    assert out["tf_imported"] is False
+
+
+def test_tensorflow_only_paths_refuse_in_one_line_before_anything_starts(no_tf):
+    """On Keras' default backend (tensorflow) every strategy but sharded is a TensorFlow path; on
+    jax, Horovod still is. Each refuses in one line naming what to set or install."""
+    refuse = '''
+        import psutil
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        for line in LINES:
+            _, exc = attempt(line + " --no-dashboard", "x = 1")
+            out[line] = [type(exc).__name__, str(exc)]
+        out["started"] = sorted({p.pid for p in psutil.Process().children(recursive=True)} - before)
+    '''
+    on_tf = ["--strategy default", "--strategy mirrored", "--strategy multiworker --np 2",
+             "--strategy horovod --np 2"]
+    out = run_in_fresh_shell(f"LINES = {on_tf!r}\n" + textwrap.dedent(refuse),
+                             {**no_tf, "KERAS_BACKEND": "tensorflow"}, unset=("XLA_FLAGS",))
+    on_jax = shell(f"LINES = {['--strategy horovod --np 2']!r}\n" + textwrap.dedent(refuse), no_tf)
+    assert out["started"] == [] and on_jax["started"] == []  # nothing started for any of them
+    for line in on_tf:
+        assert_refused(out[line], "set KERAS_BACKEND=jax (or torch) before importing keras")
+    assert_refused(on_jax["--strategy horovod --np 2"], "pip install tensorflow")
+
+
+def assert_refused(outcome: list[str], fix: str) -> None:
+    name, message = outcome
+    assert name == "StrategyUnavailable" and "\n" not in message, outcome
+    assert "needs TensorFlow, which is not installed here" in message and fix in message, message
+    assert message.endswith("The cell did not run."), message
+
+
+@pytest.mark.engines
+def test_multiworker_on_jax_trains_in_sync_across_engines_without_tensorflow(no_tf):
+    out = shell(f'''
+        line = "--strategy multiworker --np 2 --no-dashboard --push x,y"
+        _, exc = attempt(line, {CELL!r} + "\\nkd_weights = [w.tolist() for w in model.get_weights()]")
+        out["error"] = repr(exc)
+        out["weights"] = by_rank("kd_weights")
+        out["loss"] = by_rank("kd_loss")[0]
+        out["tf"] = kdist_magics._extension._strategies["multiworker"].cluster.view().apply_sync(
+            lambda: __import__("sys").modules.get("tensorflow") is not None)
+        ip.run_line_magic("kdist", "stop")
+    ''', no_tf)
+    assert out["error"] == "None", out["_stdout"][-2000:]
+    first, second = out["weights"]
+    assert first == second  # in sync: the same weights on both processes
+    assert out["loss"][-1] < out["loss"][0]
+    assert out["tf"] == [False, False]
