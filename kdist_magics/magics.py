@@ -16,7 +16,8 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 from .cluster import namespace
 from . import spec as specmod
 from .errors import CellFailed, KDistError
-from .messages import EXPOSED, LINE_COMMANDS, PHASE_CELL, line_help, say, shared_host, tensorboard_line, warm_started
+from .messages import (EXPOSED, LINE_COMMANDS, PHASE_CELL, backend_changed, line_help, say, shared_host,
+                       tensorboard_line, warm_started)
 from .cluster.placement import RANK_GPUS
 from .strategies.base import RunOptions
 from .watch.record import RunRecord
@@ -126,6 +127,16 @@ class KDist(Magics):
         return specmod.parse_line(line, self.defaults(), magic=self.kdist)
 
     def strategy_object(self, name: str):
+        """The strategy kept for ``name`` (made on first use); a new one where the Keras backend
+        has changed since the kept one was made for another (its engines stop, in one line)."""
+        kept = self._strategies.get(name)
+        if kept is not None and kept.backend is not None:
+            from .strategies.frameworks.backends import keras_backend
+
+            if (now := keras_backend()) != kept.backend:
+                say(backend_changed(name, kept.backend, now))
+                del self._strategies[name]
+                kept.teardown()
         if name not in self._strategies:
             from .strategies import create
 

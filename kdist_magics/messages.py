@@ -161,6 +161,12 @@ def cell_timed_out(seconds: float) -> str:
             f"the kernel is ready for the next cell")
 
 
+def backend_changed(strategy: str, before: str, now: str) -> str:
+    """The Keras backend changed between two cells of an engine strategy that follows it."""
+    return (f"Keras' backend is now {now} (it was {before} for the running {strategy} engines): "
+            f"starting new engines for {now}")
+
+
 #: ``%kdist`` line commands and what each does: the line magic's help (``%kdist?``), its usage
 #: error and the docs' reference are all made from this table
 LINE_COMMANDS = {

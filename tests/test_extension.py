@@ -84,3 +84,36 @@ def test_unload_then_load_again(shell):
     assert kdist_magics._extension is None
     shell.run_line_magic("load_ext", "kdist_magics")
     assert kdist_magics._extension is not None
+
+
+def test_a_changed_keras_backend_gets_new_engines_in_one_line(ip, monkeypatch, capsys):
+    """Issue 49.1: after a multiworker cell on one backend, a cell after
+    ``os.environ['KERAS_BACKEND'] = 'torch'`` reused the warm engines (still TensorFlow), and a
+    restart preloaded TensorFlow under torch (SIGABRT). The kept strategy is made for one
+    backend: another backend stops its engines, in one line, and makes the strategy anew."""
+    import kdist_magics.strategies as strategies_pkg
+    from kdist_magics.strategies.frameworks import backends
+
+    made = []
+
+    class Made:
+        def __init__(self, backend):
+            self.backend, self.stopped = backend, False
+
+        def teardown(self):
+            self.stopped = True
+
+    backend = {"now": "tensorflow"}
+    monkeypatch.setattr(backends, "keras_backend", lambda env=None: backend["now"])
+    monkeypatch.setattr(strategies_pkg, "create",
+                        lambda name: made.append(Made(backend["now"])) or made[-1])
+    ext = kdist_magics._extension
+    ext._strategies.pop("multiworker", None)
+    first = ext.strategy_object("multiworker")
+    assert ext.strategy_object("multiworker") is first and not first.stopped  # the same backend
+    backend["now"] = "torch"
+    second = ext.strategy_object("multiworker")
+    assert second is not first and first.stopped and second.backend == "torch"
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "Keras' backend is now torch (it was tensorflow" in out
+    ext._strategies.pop("multiworker", None)

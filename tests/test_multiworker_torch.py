@@ -160,3 +160,24 @@ def test_keras_on_torch_across_two_engine_processes():
     assert r["timeout_err"].startswith("RunTimedOut"), r["timeout_err"]
     assert r["timeout_s"] < 60, r["timeout_s"]
     assert r["next_err"] is None and r["next"] == [0, 1], r["next_err"]
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+def test_switching_the_keras_backend_between_cells_gets_engines_for_the_new_one():
+    """Issue 49.1, as a newcomer hit it: a multiworker cell on TensorFlow, then
+    ``os.environ['KERAS_BACKEND'] = 'torch'`` and the same cell: it ran on the old TensorFlow
+    engines, and with ``--np 3`` every start died (SIGABRT: TensorFlow preloaded under torch)."""
+    cell = "import keras\nkd_backend = keras.backend.backend()"
+    out = run_in_fresh_shell(f'''
+import os
+for np_, backend in ((2, "tensorflow"), (2, "torch"), (3, "torch")):
+    os.environ["KERAS_BACKEND"] = backend
+    _, exc = attempt(f"--strategy multiworker --np {{np_}} --no-dashboard", {cell!r})
+    out[f"{{backend}} {{np_}}"] = [repr(exc), by_rank("kd_backend") if exc is None else None]
+ip.run_line_magic("kdist", "stop")
+''', {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out["tensorflow 2"] == ["None", ["tensorflow"] * 2], out
+    assert out["torch 2"] == ["None", ["torch"] * 2], out["_stdout"][-2000:]
+    assert out["torch 3"] == ["None", ["torch"] * 3], out["_stdout"][-2000:]
+    assert "Keras' backend is now torch (it was tensorflow" in out["_stdout"]

@@ -49,6 +49,9 @@ class Strategy:
     """Base class: ``run`` a cell; ``teardown`` what ``run`` set up."""
 
     name = "?"
+    #: the Keras backend this object's engines were made for (multiworker follows the backend);
+    #: None: any. The magic makes a new object when the backend has changed since.
+    backend: str | None = None
 
     @property
     def in_kernel(self) -> bool:

@@ -22,7 +22,7 @@ from ..engines.strategy import EngineStrategy
 class ProcessGroupStrategy(EngineStrategy):
     name = "multiworker"
     bound_names = ("strategy",)
-    backend = "?"  # the Keras backend (KERAS_BACKEND on every engine)
+    backend = "?"  # the Keras backend (KERAS_BACKEND on every engine): "jax" or "torch"
     #: why a process that already started cannot join, for the restart line
     restart_because = ""
     #: what an attached cluster's user must do, after the reason

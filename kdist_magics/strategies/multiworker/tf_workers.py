@@ -81,6 +81,7 @@ class MultiWorkerStrategy(EngineStrategy):
     name = "multiworker"
     setup_words = "TensorFlow's workers (TF_CONFIG)"
     warm_modules = ("tensorflow",)
+    backend = "tensorflow"
     exposure = "multiworker"  # messages.EXPOSED: what other local users can reach
     bound_names = ("strategy",)
 
