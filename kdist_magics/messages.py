@@ -243,6 +243,22 @@ def sharded_not_on(backend: str) -> str:
             f"mirrored (a full copy of the model per device). The cell did not run.")
 
 
+def built_outside_mesh(names: list[str], devices: int) -> str:
+    """A sharded cell would use a model built before it, outside its mesh (issue 49.2)."""
+    which = ", ".join(f"'{n}'" for n in names)
+    return (f"{which} {'was' if len(names) == 1 else 'were'} built before this cell, outside "
+            f"--strategy sharded: {'its' if len(names) == 1 else 'their'} weights live on one "
+            f"device, and JAX cannot mix them with the mesh's {devices} devices. Build the model "
+            f"inside the %%kdist --strategy sharded cell (a model built before only helps kdist "
+            f"choose the mesh). The cell did not run.")
+
+
+def mesh_reused(mesh, devices: int) -> str:
+    """A sharded cell without --mesh on the devices of an earlier one keeps its mesh."""
+    return (f"mesh {_mesh(mesh)} over {devices} devices, as the previous sharded cell on them "
+            f"chose; --mesh D,M chooses another")
+
+
 def mesh_chosen(mesh, devices: int, why: str) -> str:
     return (f"mesh {_mesh(mesh)} over {devices} devices (data axis {mesh[0]}, model axis "
             f"{mesh[1]}): {why}; --mesh D,M chooses another")

@@ -364,3 +364,50 @@ def test_advise_shows_the_planned_layout(monkeypatch):
     text = repr(advice)
     assert "planned layout (automatic):" in text and "embed/embeddings" in text and "mesh 4x2" in text
     assert "embed/embeddings" in advice._repr_html_()
+
+
+BUILT_BEFORE = """
+import numpy as np, keras
+x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+"""
+USES_IT = "model.compile(optimizer='sgd', loss='mse')\nkd_hist = model.fit(x, y, epochs=1, verbose=0)"
+BUILDS_ITS_OWN = ("model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), "
+                  "keras.layers.Dense(1)])\n" + USES_IT)
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(400)
+def test_a_model_built_before_the_cell_is_named_in_one_line_and_nothing_runs():
+    """Issue 49.2: a model built in a plain cell, then compiled and fit in a sharded cell over 4
+    logical devices, failed deep in JAX ("Received incompatible devices for jitted
+    computation"). kdist names it before the cell runs, and the cell that builds its own
+    model trains; a later cell without --mesh says it keeps the mesh."""
+    r = run_in_fresh_shell(f"""
+        ip.run_cell({BUILT_BEFORE!r})
+        value, err = attempt("-s sharded --devices 4 --mesh 2,2 --no-dashboard", {USES_IT!r})
+        out["refused"] = [type(err).__name__, str(err), "kd_hist" in ip.user_ns]
+        value, err = attempt("-s sharded --devices 4 --mesh 2,2 --no-dashboard", {BUILDS_ITS_OWN!r})
+        out["own"] = [repr(err), ip.user_ns["kd_hist"].history["loss"]]
+        value, err = attempt("-s sharded --devices 4 --no-dashboard", "kd_again = model.predict(x, verbose=0).shape")
+        out["again"] = [repr(err), list(ip.user_ns.get("kd_again") or [])]
+    """, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    name, message, trained = r["refused"]
+    assert name == "StrategyUnavailable" and not trained, r["refused"]
+    assert message.startswith("'model' was built before this cell, outside --strategy sharded")
+    assert "Build the model inside the %%kdist --strategy sharded cell" in message
+    assert "\n" not in message and message.endswith("The cell did not run.")
+    assert r["own"][0] == "None" and len(r["own"][1]) == 1, r["own"]
+    assert r["again"] == ["None", [64, 1]], r["again"]  # the mesh's own model: used again
+    assert "mesh 2,2 over 4 devices, as the previous sharded cell on them chose" in r["_stdout"]
+
+
+def test_the_names_a_cell_reads_and_never_assigns():
+    from kdist_magics.strategies.sharded.outside import names_used_not_assigned
+
+    assert names_used_not_assigned(USES_IT) == {"model", "x", "y"}
+    assert names_used_not_assigned(BUILDS_ITS_OWN) == {"keras", "x", "y"}
+    assert names_used_not_assigned("import keras\ndef f(m):\n    return m\nf(model)") == {"model"}
+    assert names_used_not_assigned("this is ( not python") == set()

@@ -127,6 +127,8 @@ class ShardedStrategy(Strategy):
             mesh, why, warn = choose_mesh(n, ctx.shell.user_ns, devices)
             if not ctx.quiet:
                 say(messages.mesh_chosen(mesh, n, why), warn=warn)
+        elif not spec.mesh and not ctx.quiet:
+            say(messages.mesh_reused(mesh, n))
         if mesh[0] * mesh[1] != n:
             raise StrategyUnavailable(messages.mesh_for_devices(mesh, n))
         self._meshes[ids] = tuple(mesh)
@@ -141,7 +143,9 @@ class ShardedStrategy(Strategy):
             raise StrategyUnavailable(messages.sharded_not_on(backend))
         if on_engines(ctx.spec):
             return self._on_engines(cell, ctx)
-        run = self.current = self._plan(ctx)
+        run = self._plan(ctx)
+        self._refuse_models_built_outside(cell, ctx, run)
+        self.current = run
         ctx.record.mesh = tuple(run.mesh)  # the dashboard's title shows it
         for rank, device in enumerate(run.devices):
             ctx.record.set_rank(rank, state="running", device=str(device))
@@ -155,6 +159,17 @@ class ShardedStrategy(Strategy):
             return run_cell_here(cell, ctx, scope=scope, bind={"strategy": run})
         finally:
             self._after(run, ctx)
+
+    @staticmethod
+    def _refuse_models_built_outside(cell: str, ctx: RunContext, run: ShardedRun) -> None:
+        """A model the cell uses, built before it on one device: one line, nothing runs."""
+        from .outside import built_outside
+
+        shell = ctx.shell
+        source = shell.transform_cell(cell) if shell is not None else cell
+        names = built_outside(source, shell.user_ns, len(run.devices))
+        if names:
+            raise StrategyUnavailable(messages.built_outside_mesh(names, len(run.devices)))
 
     def _after(self, run: ShardedRun, ctx: RunContext) -> None:
         from .layout import table, unused_keys
