@@ -67,6 +67,21 @@ class CellFailed(KDistError):
         return []
 
 
+class CellInterrupted(CellFailed):
+    """An in-kernel cell the user stopped (the Stop button): its ``KeyboardInterrupt`` has been
+    shown as a plain cell's; the run's status is ``interrupted``, as on engines."""
+
+    status = "interrupted"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Stop during an engine run, once every rank was stopped: one line, no kdist frames (a
+    ``KeyboardInterrupt``, so code that treats interrupts as such still does)."""
+
+    def _render_traceback_(self):
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
+
 class RankFailed(CellFailed):
     """The cell raised on one or more engine ranks.
 

@@ -195,10 +195,11 @@ class KDist(Magics):
             with quiet_info(not self.tf_info_logs):  # the strategy's set-up logs too
                 value = strategy.run(cell, ctx)
         except CellFailed as exc:
-            status = getattr(exc, "status", "failed")  # "timeout": an in-kernel --timeout
+            status = getattr(exc, "status", "failed")  # "timeout", "interrupted": in the kernel
             if strategy.in_kernel:
+                state = "stopped" if status == "interrupted" else "failed"
                 for rank in record.ranks:
-                    record.set_rank(rank, state="failed", error=str(exc))
+                    record.set_rank(rank, state=state, error=str(exc))
             record.finish(status, str(exc))
             raise
         except KeyboardInterrupt:

@@ -167,6 +167,17 @@ def backend_changed(strategy: str, before: str, now: str) -> str:
             f"starting new engines for {now}")
 
 
+def interrupted_start(n: int) -> str:
+    """Stop while engines were starting: what was started is gone."""
+    return f"Stop: the start of {n} engine{'s' if n != 1 else ''} was cut short; nothing it started is left"
+
+
+def interrupted(stopped: list[int]) -> str:
+    """The one line after Stop during an engine run, once the ranks have stopped."""
+    return (f"Stop: {len(stopped)} rank{'s' if len(stopped) != 1 else ''} stopped; what the cell "
+            f"made so far stays on the ranks (and in last_run())")
+
+
 #: ``%kdist`` line commands and what each does: the line magic's help (``%kdist?``), its usage
 #: error and the docs' reference are all made from this table
 LINE_COMMANDS = {

@@ -209,10 +209,12 @@ model.fit(X, X.sum(1), batch_size=8, epochs=10000, verbose=0,
 
 
 def assert_interrupted(kern, res, epochs: int) -> None:
-    """What a notebook sees after Stop: one KeyboardInterrupt, every rank stopped, and the
-    record keeps at least ``epochs`` finished epochs."""
+    """What a notebook sees after Stop: one line (an Interrupted, a KeyboardInterrupt, with no
+    traceback through kdist), every rank stopped, and the record keeps at least ``epochs``
+    finished epochs."""
     err = one_error(res)
-    assert err["ename"] == "KeyboardInterrupt", err
+    assert err["ename"] == "Interrupted" and len(err["traceback"]) == 1, err
+    assert "Stop: " in err["traceback"][0] and "stopped" in err["traceback"][0], err
     assert "interrupted; stopping every rank" in res.stdout
     assert kern.eval("kdist_magics.last_run().status") == "interrupted"
     assert kern.eval("sorted({r.state for r in kdist_magics.last_run().ranks.values()})") == ["stopped"]

@@ -149,3 +149,42 @@ def test_timeout_and_checkpoint_under_sharded(tmp_path):
     assert r["error"] == "KernelRunTimedOut" and "--timeout 2 s" in r["said"], r["said"]
     assert r["reached"] < 39 and r["status"] == "timeout"
     assert r["same"] is True, "the checkpoint is not the model after its last epoch"
+
+
+SWALLOWED_STOP = """
+import signal, numpy as np, keras
+kd_epochs = []
+class Swallowed:
+    def __del__(self):  # as TensorFlow's ConcreteFunctionGarbageCollector.__del__ during fit
+        signal.raise_signal(signal.SIGINT)  # the Stop button, landing inside a __del__ ...
+        for _ in range(1000):
+            pass  # ... whose KeyboardInterrupt Python ignores ("Exception ignored in: ...")
+class StopOnce(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if not kd_epochs and batch == 1:
+            Swallowed()
+    def on_epoch_end(self, epoch, logs=None):
+        kd_epochs.append(epoch)
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(np.ones((64, 3), "float32"), np.ones(64, "float32"), batch_size=8, epochs=30, verbose=0,
+          callbacks=[StopOnce()])
+"""
+
+
+@pytest.mark.kernel
+def test_stop_swallowed_inside_a_del_during_fit_still_stops_it_and_the_run_is_interrupted(ip):
+    """Issue 49.6: in 1 of 4 Stops during a mirrored fit the interrupt landed in a ``__del__``,
+    Python ignored it and all the epochs ran on; and an in-kernel Stop showed ``failed`` where
+    engine runs say ``interrupted``. The Stop is raised again at the next batch."""
+    from kdist_magics.errors import CellInterrupted
+
+    with pytest.raises(CellInterrupted) as err:
+        ip.run_cell_magic("kdist", "--strategy default --no-dashboard", SWALLOWED_STOP)
+    assert ip.user_ns["kd_epochs"] == [], "fit ran on after a Stop it had swallowed"
+    assert isinstance(err.value.original, KeyboardInterrupt)
+    run = kdist_magics.last_run()
+    assert run.status == "interrupted" and {r.state for r in run.ranks.values()} == {"stopped"}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    ip.run_cell_magic("kdist", "--strategy default --no-dashboard", FIT_2_EPOCHS)  # next cell
+    assert kdist_magics.last_run().status == "done"

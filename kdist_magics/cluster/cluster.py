@@ -18,7 +18,8 @@ import uuid
 from typing import Any, Callable, Iterable
 
 from .compat_ipyparallel import LauncherExits, end_sync_thread
-from ..errors import ClusterError
+from ..errors import ClusterError, Interrupted
+from ..messages import interrupted_start
 from .exits import kill_pids
 from ..engine.faults import hold
 from .liveness import FROZEN_AFTER, EngineInfo, Liveness  # noqa: F401 (FROZEN_AFTER: for callers)
@@ -162,7 +163,7 @@ class EngineCluster(Liveness):
             self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
         except KeyboardInterrupt:
             self.stop()  # interrupted while starting: leave nothing half-started behind
-            raise
+            raise Interrupted(interrupted_start(self.n)) from None  # one line, no kdist frames
         except Exception as exc:
             raise self._start_failed(exc) from exc
         self.starts += 1

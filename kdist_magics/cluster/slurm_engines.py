@@ -26,9 +26,10 @@ from traitlets import List, Unicode
 
 from . import slurm
 from .cluster import EngineCluster, _following, _log_start, heartbeat_args
-from ..errors import ClusterError
+from ..errors import ClusterError, Interrupted
 from ..messages import (SLURM_STEP_CANCELLED, phase_engines, phase_queue, slurm_ended, slurm_ended_early,
-                       slurm_gave_up, slurm_interrupted, slurm_loopback, slurm_queued, slurm_refused)
+                       slurm_gave_up, slurm_interrupted, slurm_loopback, slurm_queued, slurm_refused,
+                       interrupted_start)
 
 #: the engines' batch script (ipyparallel fills in the braces); TensorFlow's C++ INFO lines off
 #: unless the kernel's environment sets them (as for local engines: cluster/follow.py)
@@ -118,7 +119,7 @@ class SlurmCluster(EngineCluster):
             self.stop()
             if job is not None and self.news is not None:
                 self.news(slurm_interrupted(job, state.words() if state is not None else "submitted"))
-            raise
+            raise Interrupted(interrupted_start(self.n)) from None  # one line, no kdist frames
         except Exception as exc:
             self.stop()
             if isinstance(exc, ClusterError):

@@ -28,8 +28,8 @@ from typing import Any, Callable
 
 from ...cluster.compat_ipyparallel import children as list_children
 from ...engine.feed import FEED_MIME, FeedIntake
-from ...errors import ControllerDied, RankDied, RankFailed, RunTimedOut
-from ...messages import say
+from ...errors import ControllerDied, Interrupted, RankDied, RankFailed, RunTimedOut
+from ...messages import interrupted, say
 from .printer import Printer
 from .waiting import DEATH_SHOWS_WITHIN, engine_died
 
@@ -158,7 +158,7 @@ class RunSupervisor:
         A dead engine raises :class:`RankDied` (survivors killed: their collectives can never
         complete), a raising rank :class:`RankFailed` (the others stopped after a moment, so
         their own errors are seen too), the timeout :class:`RunTimedOut`, an interrupt
-        ``KeyboardInterrupt``; each after stopping the ranks still running. Returns rank 0's
+        :class:`~kdist_magics.errors.Interrupted` (a ``KeyboardInterrupt``, one line); each after stopping the ranks still running. Returns rank 0's
         ``execute_result`` content (or None).
         """
         children = list_children(ar)
@@ -166,9 +166,9 @@ class RunSupervisor:
             result_content, failures = self._loop(cluster, ranks, children, timeout, grace)
         except KeyboardInterrupt:
             say("\ninterrupted; stopping every rank...")
-            self.stop(cluster, ranks, children, grace)
+            stopped = self.stop(cluster, ranks, children, grace)
             self.drain()
-            raise
+            raise Interrupted(interrupted(stopped or ranks)) from None  # one line, no frames
         self._trailing_output(ar, ranks, children)
         result_content = self.drain() or result_content
         if failures:

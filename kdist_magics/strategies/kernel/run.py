@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager
 
-from ...errors import CellFailed
+from ...errors import CellFailed, CellInterrupted
 from ..base import RunContext
 from .limits import checkpoint_each_epoch, time_limit, timed_out
+from .stop import stop_reaches_fit
 
 
 def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = None,
@@ -36,11 +37,14 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
             stack.enter_context(sampling(ctx.record.add, rank=0, nice=ctx.options.helper_nice))
         stack.enter_context(checkpoint_each_epoch(ctx.spec.checkpoint))
         limit = stack.enter_context(time_limit(ctx.spec.timeout))
+        stack.enter_context(stop_reaches_fit())  # a Stop that was swallowed is raised again
         result = shell.run_cell(cell, store_history=False, silent=False)
     error = result.error_before_exec or result.error_in_exec
     timeout = timed_out(error, limit)
     if timeout is not None:
         raise timeout from error
+    if isinstance(error, KeyboardInterrupt):  # Stop: shown as a plain cell's; status interrupted
+        raise CellInterrupted(error) from error
     if error is not None:
         raise CellFailed(error) from error
     return result.result
