@@ -26,6 +26,10 @@ def load_ipython_extension(ipython):
 
     if help_lines not in ipython.input_transformers_cleanup:  # %kdist run? shows its usage
         ipython.input_transformers_cleanup.append(help_lines)
+    from .watch.tf_logs import quiet_tensorflow_imports
+
+    extension = _extension  # TensorFlow's C++ start-up lines, unless KDist.tf_info_logs
+    quiet_tensorflow_imports(lambda: not extension.tf_info_logs)
 
 
 def unload_ipython_extension(ipython):
@@ -41,6 +45,9 @@ def unload_ipython_extension(ipython):
 
     if help_lines in ipython.input_transformers_cleanup:
         ipython.input_transformers_cleanup.remove(help_lines)
+    from .watch.tf_logs import quiet_tensorflow_imports
+
+    quiet_tensorflow_imports(None, install=False)
     _extension = None
 
 

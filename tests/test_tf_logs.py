@@ -87,3 +87,35 @@ def test_through_the_magic_and_the_setting(ip, tf_logger):
     ip.run_line_magic("config", "KDist.tf_info_logs = True")
     ip.run_cell_magic("kdist", "--strategy default --no-dashboard", CELL)
     assert [lvl for lvl, _ in tf_logger.seen] == ["WARNING", "INFO", "WARNING"]
+
+
+NOISE = ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard", "To enable the following")
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("keep", [False, True])
+def test_tensorflows_start_up_lines_are_quiet_in_a_kernel_with_kdist_unless_asked_for(keep, tmp_path):
+    """Issue 49.12: TensorFlow's C++ start-up lines (absl's pre-init warning and oneDNN's twice,
+    the CPU instruction list: 6-9 red lines) showed in a notebook's first TensorFlow cell, also
+    a plain one's; TF_CPP_MIN_LOG_LEVEL=2 still left the oneDNN lines. With kdist loaded they
+    are dropped, other output on that stream is kept; KDist.tf_info_logs brings them back."""
+    pytest.importorskip("tensorflow", reason="TensorFlow's own start-up lines")
+    from kernel_driver import Kernel, isolated_env, message_text
+
+    env = isolated_env(tmp_path / "home")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel forwards no file descriptor's output under pytest
+    env["KERAS_BACKEND"] = "tensorflow"
+    k = Kernel(cwd=tmp_path, env=env)
+    try:
+        if keep:
+            k.check("%config KDist.tf_info_logs = True")
+        res = k.check("import os\nimport keras\nos.write(2, b'the cell\\'s own line\\n')\n"
+                      "print(keras.backend.backend())")
+        k.check("import time; time.sleep(1)")  # a file descriptor's lines come in a moment later
+        text = "".join(message_text(m) for m in k.messages)
+        assert "tensorflow" in res.stdout and "the cell's own line" in text, text
+        shown = [n for n in NOISE if n in text]
+        assert (shown == []) if not keep else ("oneDNN custom operations" in shown), text
+    finally:
+        k.shutdown()

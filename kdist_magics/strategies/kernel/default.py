@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from ...watch.tf_logs import import_tensorflow
 from ..base import RunContext, Strategy
 from ..frameworks.backends import keras_backend, require_tensorflow
 from .run import run_cell_here
@@ -40,7 +41,7 @@ class DefaultStrategy(Strategy):
         backend = keras_backend()
         if backend == "tensorflow":
             require_tensorflow("--strategy default on Keras' tensorflow backend")
-            import tensorflow as tf
+            tf = import_tensorflow(quiet=not ctx.options.tf_info_logs)
 
             strategy = tf.distribute.get_strategy()
         else:

@@ -90,7 +90,9 @@ class MirroredStrategy(Strategy):
 
                 self._jax = JaxDataParallel(platform=None)
             return self._jax.run(cell, ctx)
-        import tensorflow as tf
+        from ...watch.tf_logs import import_tensorflow
+
+        tf = import_tensorflow(quiet=not ctx.options.tf_info_logs)
 
         devices, kind = plan_devices(tf, ctx.spec.devices)
         key = tuple(devices)
