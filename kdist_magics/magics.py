@@ -15,9 +15,9 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from .cluster import namespace
 from . import spec as specmod
-from .errors import CellFailed, KDistError
-from .messages import (EXPOSED, LINE_COMMANDS, PHASE_CELL, backend_changed, line_help, say, shared_host,
-                       tensorboard_line, warm_started)
+from .errors import CellFailed, KDistError, StrategyUnavailable
+from .messages import (EXPOSED, LINE_COMMANDS, NOT_RUN, PHASE_CELL, backend_changed, line_help, say,
+                       shared_host, tensorboard_line, warm_started)
 from .cluster.placement import RANK_GPUS
 from .strategies.base import RunOptions
 from .watch.record import RunRecord
@@ -204,6 +204,9 @@ class KDist(Magics):
             raise
         except KeyboardInterrupt:
             record.finish("interrupted", "interrupted")
+            raise
+        except StrategyUnavailable as exc:  # "The cell did not run.": no dashboard stays
+            record.finish(NOT_RUN, str(exc))
             raise
         except KDistError as exc:
             record.finish(getattr(exc, "status", "failed"), str(exc))

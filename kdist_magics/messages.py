@@ -178,6 +178,12 @@ def interrupted(stopped: list[int]) -> str:
             f"made so far stays on the ranks (and in last_run())")
 
 
+#: a finished run's dashboard when its cell trained nothing (no fit() reported a step)
+TRAINED_NOTHING = "finished: this cell trained nothing (no fit())"
+#: the run's status where it never began (StrategyUnavailable: "The cell did not run.")
+NOT_RUN = "not run"
+
+
 #: ``%kdist`` line commands and what each does: the line magic's help (``%kdist?``), its usage
 #: error and the docs' reference are all made from this table
 LINE_COMMANDS = {

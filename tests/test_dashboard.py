@@ -435,3 +435,63 @@ def test_a_sharded_run_shows_what_each_device_holds():
     assert state["layout_note"] in _unescape(dash.html())  # the saved, static view too
     js = (Path(kdist_magics.__file__).parent / "watch" / "static" / "dashboard.js").read_text()
     assert "st.layout_note" in js and "optimizer state" not in js  # the words come from Python
+
+
+def _displayed(monkeypatch) -> list:
+    import IPython.display
+
+    displayed = []
+
+    class Handle:
+        def update(self, obj, raw=False):
+            displayed.append(("update", obj))
+
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda obj, raw=False, display_id=None: displayed.append(("display", obj)) or Handle())
+    return displayed
+
+
+def test_a_cell_that_trained_nothing_looks_finished(monkeypatch):
+    """Issue 49.7: 5 of notebook 03's 6 dashboards (cells with no fit) stayed on "waiting for
+    fit()..." with an empty loss chart after they had finished."""
+    displayed = _displayed(monkeypatch)
+    rec = RunRecord("horovod", size=2)
+    dash = Dashboard(rec, interval=None).display()
+    assert dash.snapshot()[0]["idle_note"] == ""  # running: it may yet train
+    rec.finish("done")
+    state = dash.snapshot()[0]
+    assert state["idle_note"] == "finished: this cell trained nothing (no fit())"
+    assert "trained nothing" in displayed[-1][1]["text/html"]  # the static view says so too
+    trained = RunRecord("horovod", size=2)
+    feed(trained, 0, 5)
+    trained.finish("done")
+    assert Dashboard(trained, interval=None).snapshot()[0]["idle_note"] == ""
+
+
+def test_a_cell_that_never_began_leaves_no_dashboard(monkeypatch):
+    """Issue 49.7: a cell refused before it ran (DevicesFixed, StrategyUnavailable) drew a
+    "failed, 0/4 ranks" dashboard beside its one line "The cell did not run."."""
+    displayed = _displayed(monkeypatch)
+    rec = RunRecord("mirrored", size=4)
+    Dashboard(rec, interval=None).display()
+    rec.finish("not run", "StrategyUnavailable: ... The cell did not run.")
+    assert displayed[-1] == ("update", {"text/plain": ""})
+
+
+@pytest.mark.kernel
+def test_a_refused_cell_finishes_its_record_as_not_run(ip, monkeypatch):
+    import kdist_magics.watch.dashboard as dashmod
+    from kdist_magics.errors import StrategyUnavailable
+    from kdist_magics.strategies.kernel.tpu import TPUStrategy
+
+    shown = []
+    real_show = dashmod.show
+    monkeypatch.setattr(dashmod, "show", lambda record, **kw: shown.append(real_show(record, **kw)))
+    ext = kdist_magics._extension
+    ext._strategies["tpu"] = TPUStrategy(find=lambda: None)
+    try:
+        with pytest.raises(StrategyUnavailable):
+            ip.run_cell_magic("kdist", "--strategy tpu", "pass")
+    finally:
+        ext._strategies.pop("tpu")
+    assert kdist_magics.last_run().status == "not run" and shown[0]._finished

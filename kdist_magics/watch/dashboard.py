@@ -31,7 +31,7 @@ import anywidget
 import traitlets
 
 from . import stragglers
-from ..messages import lost_batches, resized_note, say, straggler
+from ..messages import NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
 from .dashboard_rows import (add_sample, current_phase, fraction_eta, layout_note, rounded,
                              slowest_progress, thinned)
 from .record import RunRecord
@@ -225,6 +225,9 @@ class Dashboard:
             "layout_note": layout_note(rec.layout_table),
             "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
+            # a finished cell that trained nothing: said where the progress bar would be
+            "idle_note": TRAINED_NOTHING if rec.status != "running" and total is None
+            and progress.get("epochs") is None else "",
             "lost_batches": rec.lost_batches,
             "world_size": rec.world_size,
             # the current phase, with its time so far; and every phase's time (the summary)
@@ -316,8 +319,9 @@ class Dashboard:
         except Exception:
             pass
         if self.handle is not None:
-            try:
-                self.handle.update(self.bundle(), raw=True)
+            try:  # a cell that never began keeps its one error line, and no dashboard
+                bundle = {"text/plain": ""} if self.record.status == NOT_RUN else self.bundle()
+                self.handle.update(bundle, raw=True)
             except Exception:
                 pass
 

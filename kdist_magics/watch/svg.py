@@ -98,6 +98,8 @@ def static_summary(state: dict, curves: dict) -> str:
         lines.append(f'<div style="color:#666">{esc(state["layout_note"])}</div>')
     for note in state["stragglers"]:
         lines.append(f'<div style="color:#ef6c00">{esc(note)}</div>')
+    if state.get("idle_note"):
+        lines.append(f'<div style="color:#666">{esc(state["idle_note"])}</div>')
     name = "loss" if "loss" in curves["series"] else (curves["names"][0] if curves["names"] else None)
     if name:
         lines.append(svg_curves(curves["series"][name], title=name,

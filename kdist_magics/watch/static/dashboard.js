@@ -349,8 +349,8 @@ function render({ model, el }) {
     }
     // before fit() reports, say what the run is doing (phase names come from Python)
     const ph = st.phase;
-    let waiting = "waiting for fit()…";
-    if (ph && !parts.length) {
+    let waiting = st.idle_note || "waiting for fit()…";  // idle_note: finished, trained nothing
+    if (ph && !parts.length && !st.idle_note) {
       const since = (ph.elapsed || 0) + (st.running ? (Date.now() - received) / 1000 : 0);
       waiting = `${ph.name}${ph.detail ? " (" + ph.detail + ")" : ""} · ${fmtTime(since)}`;
     }
@@ -368,6 +368,7 @@ function render({ model, el }) {
     const others = names.filter(n => n !== "loss" && !overlaid(n));
     if (chosen === null || !others.includes(chosen)) chosen = others.find(n => !n.startsWith("val_") && n !== "lr") || others[0] || null;
     let total = lossChart.update("loss", sv.loss, sv.val_loss);
+    lossChart.box.style.display = st.idle_note && !total ? "none" : "";  // no empty chart
     metricBox.style.display = others.length ? "" : "none";
     if (others.length) {
       if (others.join("\n") !== optionsKey) {  // only when the list of metrics changes
