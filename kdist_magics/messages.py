@@ -178,6 +178,10 @@ def interrupted(stopped: list[int]) -> str:
             f"made so far stays on the ranks (and in last_run())")
 
 
+#: under the dashboard's curves: what a point of a training curve is (issue 49.8)
+CURVES_NOTE = ("training curves: at each step, Keras' running mean over the epoch so far (as its "
+               "progress bar shows), so a line steps down where an epoch begins; hollow points: "
+               "validation, once per epoch")
 #: a finished run's dashboard when its cell trained nothing (no fit() reported a step)
 TRAINED_NOTHING = "finished: this cell trained nothing (no fit())"
 #: the run's status where it never began (StrategyUnavailable: "The cell did not run.")

@@ -495,3 +495,17 @@ def test_a_refused_cell_finishes_its_record_as_not_run(ip, monkeypatch):
     finally:
         ext._strategies.pop("tpu")
     assert kdist_magics.last_run().status == "not run" and shown[0]._finished
+
+
+def test_the_chart_says_what_a_training_point_is(monkeypatch):
+    """Issue 49.8: the loss line steps down at each epoch boundary because each point is Keras'
+    running mean of the epoch so far; notebook 01 called it "the loss after every step". The
+    widget and the static view say what is plotted."""
+    displayed = _displayed(monkeypatch)
+    rec = RunRecord("default")
+    dash = Dashboard(rec, interval=None).display()
+    feed(rec, 0, 10)
+    rec.finish("done")
+    note = dash.snapshot()[0]["curves_note"]
+    assert "running mean over the epoch so far" in note and "steps down where an epoch begins" in note
+    assert "running mean over the epoch so far" in displayed[-1][1]["text/html"]

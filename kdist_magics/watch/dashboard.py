@@ -31,7 +31,7 @@ import anywidget
 import traitlets
 
 from . import stragglers
-from ..messages import NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
+from ..messages import CURVES_NOTE, NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
 from .dashboard_rows import (add_sample, current_phase, fraction_eta, layout_note, rounded,
                              slowest_progress, thinned)
 from .record import RunRecord
@@ -226,6 +226,7 @@ class Dashboard:
             "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
             "elapsed": round(rec.duration, 1), "running": rec.status == "running",
             # a finished cell that trained nothing: said where the progress bar would be
+            "curves_note": CURVES_NOTE,
             "idle_note": TRAINED_NOTHING if rec.status != "running" and total is None
             and progress.get("epochs") is None else "",
             "lost_batches": rec.lost_batches,

@@ -104,6 +104,7 @@ def static_summary(state: dict, curves: dict) -> str:
     if name:
         lines.append(svg_curves(curves["series"][name], title=name,
                                 val=curves["series"].get(f"val_{name}")))
+        lines.append(f'<div style="color:#666;font-size:11px">{esc(state.get("curves_note", ""))}</div>')
     rows = "".join(
         f"<tr><td>{r['rank']}</td><td>{esc(str(r['state']))}</td>"
         f"<td>{esc(str(r.get('host') or ''))}</td><td>{r.get('pid') or ''}</td>"

@@ -302,9 +302,11 @@ function render({ model, el }) {
   metricChart.box.classList.add("kdist-chart-metric");
   const metricBox = metricChart.box;
   charts.append(lossChart.box, metricBox);
+  const curvesNote = h("div", "kdist-curves-note", "");  // what a point is (words from Python)
   const bottom = h("div", "kdist-bottom");
   root.appendChild(top);
   root.appendChild(charts);
+  root.appendChild(curvesNote);
   root.appendChild(bottom);
   let optionsKey = "";
   sel.addEventListener("change", () => { chosen = sel.value; draw(); });
@@ -369,6 +371,7 @@ function render({ model, el }) {
     if (chosen === null || !others.includes(chosen)) chosen = others.find(n => !n.startsWith("val_") && n !== "lr") || others[0] || null;
     let total = lossChart.update("loss", sv.loss, sv.val_loss);
     lossChart.box.style.display = st.idle_note && !total ? "none" : "";  // no empty chart
+    curvesNote.textContent = total ? (st.curves_note || "") : "";
     metricBox.style.display = others.length ? "" : "none";
     if (others.length) {
       if (others.join("\n") !== optionsKey) {  // only when the list of metrics changes
