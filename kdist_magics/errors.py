@@ -97,6 +97,7 @@ class RankFailed(CellFailed):
         super().__init__(err)
         self.failures = dict(failures)
         self.stopped = list(stopped or [])
+        self.hint: str | None = None  # a line under the first: what the error means here
         ranks = ", ".join(f"rank {r}" for r in sorted(failures))
         name = getattr(err, "ename", type(err).__name__)
         value = getattr(err, "evalue", str(err))
@@ -108,6 +109,8 @@ class RankFailed(CellFailed):
         head = f"\x1b[0;31m{self}\x1b[0m"
         if self.stopped:
             head += f" (stopped {', '.join(f'rank {r}' for r in self.stopped)})"
+        if self.hint:
+            head += f"\n{self.hint}"
         try:
             # drop ipyparallel's "[1:execute]" header: engine ids are not ranks
             lines = [ln for ln in err.render_traceback() if not (ln.startswith("[") and

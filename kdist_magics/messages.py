@@ -188,6 +188,12 @@ TRAINED_NOTHING = "finished: this cell trained nothing (no fit())"
 NOT_RUN = "not run"
 
 
+def push_missing(name: str) -> str:
+    """A rank's NameError for a name the notebook has: the engines do not see it (issue 49.5)."""
+    return (f"'{name}' is in the notebook, not on the engines: add --push {name} to the %%kdist "
+            f"line (each engine is a process of its own and sees only what --push sends)")
+
+
 #: ``%kdist`` line commands and what each does: the line magic's help (``%kdist?``), its usage
 #: error and the docs' reference are all made from this table
 LINE_COMMANDS = {

@@ -153,6 +153,16 @@ def test_a_rank_raising_is_one_error_naming_rank_type_message_and_its_traceback(
     assert engine_pids(kern) == pids  # same warm engines
 
 
+def test_forgetting_push_is_said_under_the_ranks_name_error(kern):
+    """Issue 49.5: a name the notebook has, used on the ranks without --push."""
+    kern.check("kd_train = [1, 2, 3]")
+    err = one_error(kern.execute(f"{HVD}\nprint(len(kd_train))"))
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err["traceback"]))
+    assert err["ename"] == "RankFailed" and "name 'kd_train' is not defined" in err["evalue"]
+    assert "'kd_train' is in the notebook, not on the engines: add --push kd_train" in tb, tb
+    kern.check(f"{HVD} --push kd_train\nkd_n = len(kd_train)")  # as the line says: it runs
+
+
 # -- 5. syntax error, --pull missing name -------------------------------------------------
 def test_syntax_error_is_reported_once_and_no_engine_runs(kern):
     kern.check(f"{HVD}\nkd_marker = 'before'")

@@ -217,3 +217,26 @@ def test_ipyparallels_error_for_an_engine_already_gone_becomes_its_death():
     with pytest.raises(KeyError):  # no death behind it: the error itself
         with waiting.named_deaths(s, [0, 1], "while setting up Horovod"):
             raise KeyError(11)
+
+
+def test_a_name_error_for_a_notebook_name_that_was_not_pushed_names_the_push():
+    """Issue 49.5: forgetting --push gave "NameError: name 'x_train' is not defined" on every rank
+    while x_train was in the notebook, with no word of --push."""
+    from types import SimpleNamespace
+
+    from kdist_magics.errors import RankFailed
+    from kdist_magics.strategies.engines.hints import missing_push
+
+    def err(name, value):
+        return SimpleNamespace(ename=name, evalue=value)
+
+    missing = {0: err("NameError", "name 'x_train' is not defined"),
+               1: err("NameError", "name 'x_train' is not defined")}
+    hint = missing_push(missing, {"x_train": [1]}, None)
+    assert hint.startswith("'x_train' is in the notebook, not on the engines: add --push x_train")
+    assert missing_push(missing, {}, None) is None  # not the notebook's either: the user's typo
+    assert missing_push(missing, {"x_train": [1]}, ("x_train",)) is None  # pushed: another cause
+    assert missing_push({0: err("ValueError", "bad")}, {"x_train": [1]}, None) is None
+    failed = RankFailed(missing)
+    failed.hint = hint
+    assert failed._render_traceback_()[0].splitlines()[1] == hint  # under the first line

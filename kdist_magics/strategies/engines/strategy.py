@@ -48,10 +48,10 @@ from ...cluster.cluster import EngineCluster
 from ...cluster.placement import default_np
 from ...engine.faults import hold
 from ...engine.values import pushable
-from ...errors import RankDied
+from ...errors import RankDied, RankFailed
 from ...messages import phase_setup
 from ..base import RunContext, Strategy
-from . import execute, finish, prepare, results, start, waiting
+from . import execute, finish, hints, prepare, results, start, waiting
 from .supervisor import RunSupervisor
 
 
@@ -191,6 +191,9 @@ class EngineStrategy(Strategy):
         except RankDied as exc:  # before or after the cell (the supervisor marks its own)
             for rank, how in exc.deaths.items():
                 ctx.record.set_rank(rank, state="failed", error=f"process {how}")
+            raise
+        except RankFailed as exc:  # a name the notebook has and --push did not send, say
+            exc.hint = hints.missing_push(exc.failures, ctx.shell.user_ns, ctx.spec.push)
             raise
         finally:
             finish.finish_engines(self, cluster, ctx, ranks, ok)
