@@ -160,6 +160,8 @@ class KDist(Magics):
         if spec.strategy == "auto":
             spec, reason = self.choose(spec)
             say(f"--strategy auto chose {spec.strategy}: {reason}")
+        if spec.strategy == "multiworker":
+            self._check_launcher_code(cell)
         strategy = self.strategy_object(spec.strategy)
         record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec, reason=reason)
         self.last_record = record
@@ -175,6 +177,17 @@ class KDist(Magics):
 
             show(record, nice=self.helper_nice)  # a live view; finalises itself when the record ends
         return self.execute(strategy, cell, spec, record)
+
+    def _check_launcher_code(self, cell: str) -> None:
+        """Code written for torchrun under another Keras backend: one line, nothing starts."""
+        from .strategies.frameworks.backends import keras_backend
+        from .strategies.multiworker.launcher_env import torch_code_elsewhere
+        from .strategies.multiworker.run_script import SCRIPT_NAME
+
+        script = self.shell.user_ns.get(SCRIPT_NAME) if SCRIPT_NAME in cell else None
+        why = torch_code_elsewhere(script[0] if script else cell, keras_backend())
+        if why is not None:
+            raise StrategyUnavailable(why)
 
     def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord):
         from .strategies import RunContext
@@ -257,7 +270,7 @@ class KDist(Magics):
         script as a cell, through the one execute path."""
         from .strategies.multiworker.run_script import script_cell
 
-        found = script_cell(rest, parse=self.parse)
+        found = script_cell(rest, parse=self.parse, user_ns=self.shell.user_ns)
         if found is not None:
             return self.kdist(*found)
 

@@ -161,19 +161,16 @@ def cell_timed_out(seconds: float) -> str:
             f"the kernel is ready for the next cell")
 
 
-def backend_changed(strategy: str, before: str, now: str) -> str:
-    """The Keras backend changed between two cells of an engine strategy that follows it."""
+def backend_changed(strategy: str, before: str, now: str) -> str:  # engines that follow it
     return (f"Keras' backend is now {now} (it was {before} for the running {strategy} engines): "
             f"starting new engines for {now}")
 
 
-def interrupted_start(n: int) -> str:
-    """Stop while engines were starting: what was started is gone."""
+def interrupted_start(n: int) -> str:  # Stop while engines started: nothing is left of them
     return f"Stop: the start of {n} engine{'s' if n != 1 else ''} was cut short; nothing it started is left"
 
 
-def interrupted(stopped: list[int]) -> str:
-    """The one line after Stop during an engine run, once the ranks have stopped."""
+def interrupted(stopped: list[int]) -> str:  # the one line after Stop during an engine run
     return (f"Stop: {len(stopped)} rank{'s' if len(stopped) != 1 else ''} stopped; what the cell "
             f"made so far stays on the ranks (and in last_run())")
 
@@ -188,10 +185,24 @@ TRAINED_NOTHING = "finished: this cell trained nothing (no fit())"
 NOT_RUN = "not run"
 
 
-def push_missing(name: str) -> str:
-    """A rank's NameError for a name the notebook has: the engines do not see it (issue 49.5)."""
+def push_missing(name: str) -> str:  # a rank's NameError for a name the notebook has
     return (f"'{name}' is in the notebook, not on the engines: add --push {name} to the %%kdist "
             f"line (each engine is a process of its own and sees only what --push sends)")
+
+
+def run_chose(strategy: str, script: str) -> str:
+    """``%kdist run`` with no --strategy: a launcher script runs on engines (issue 49.4)."""
+    why = "it imports horovod" if strategy == "horovod" else "a launcher script runs on engine ranks"
+    return (f"%kdist run: no --strategy given, so {script} runs under --strategy {strategy} ({why}); "
+            f"--strategy chooses another")
+
+
+def torch_code_other_backend(backend: str) -> str:
+    """torch.distributed code under multiworker on another Keras backend (issue 49.3)."""
+    return (f"this code uses torch.distributed, but Keras' backend here is {backend}: --strategy "
+            f"multiworker sets torch's launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) "
+            f"under KERAS_BACKEND=torch only. Set os.environ['KERAS_BACKEND'] = 'torch' before "
+            f"anything imports Keras (or restart the kernel with it). The cell did not run.")
 
 
 #: ``%kdist`` line commands and what each does: the line magic's help (``%kdist?``), its usage

@@ -24,11 +24,14 @@ variables, ``start_processes`` in a rank, ``%kdist run``'s parsing and UsageErro
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import numpy as np
 import pytest
 from IPython.core.error import UsageError
+
+import kdist_magics
 
 from test_corpus import CORPUS_DIR
 
@@ -357,6 +360,27 @@ def test_kdist_run_usage_errors_are_one_line(ip, tmp_path):
             assert says in str(info.value)
 
 
+def test_torch_distributed_code_under_another_backend_is_one_line_before_anything_starts(ip, tmp_path,
+                                                                                           monkeypatch):
+    """Issue 49.3: a plain PyTorch DDP script under the default backend failed on every rank
+    with "RANK expected, but not set", with no word of KERAS_BACKEND=torch."""
+    from kdist_magics.errors import StrategyUnavailable
+    from kdist_magics.strategies.frameworks import backends
+
+    monkeypatch.setattr(backends, "keras_backend", lambda env=None: "tensorflow")
+    ddp = tmp_path / "ddp.py"
+    ddp.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n")
+    before = set(kdist_magics._extension._strategies)
+    for run in (lambda: ip.run_line_magic("kdist", f"run --strategy multiworker --np 2 {ddp}"),
+                lambda: ip.run_cell_magic("kdist", "--strategy multiworker --np 2", ddp.read_text())):
+        with pytest.raises(StrategyUnavailable) as info:
+            run()
+        said = str(info.value)
+        assert "\n" not in said and "uses torch.distributed, but Keras' backend here is tensorflow" in said
+        assert "os.environ['KERAS_BACKEND'] = 'torch'" in said and said.endswith("The cell did not run.")
+    assert set(kdist_magics._extension._strategies) == before  # nothing was made, nothing started
+
+
 def test_kdist_run_question_mark_shows_its_usage(ip, capsys):
     assert help_lines(["%kdist run?\n"]) == ["get_ipython().run_line_magic('kdist', 'run --help')\n"]
     assert help_lines(["%kdist run x.py\n"]) == ["%kdist run x.py\n"]
@@ -421,6 +445,19 @@ try:
     out["failed"] = None
 except Exception as exc:
     out["failed"] = [str(exc), "\\n".join(exc._render_traceback_())]
+try:  # no --strategy: a launcher script runs on engines (multiworker), said in one line
+    ip.run_line_magic("kdist", f"run --np 2 --no-dashboard {{path}} --epochs 1")
+    out["auto"] = by_rank("seen_argv")
+except Exception as exc:
+    out["auto"] = repr(exc)
+with open(os.path.join(folder, "strict.py"), "w") as f:
+    f.write("import argparse\\np = argparse.ArgumentParser()\\np.add_argument('--epochs', type=int)\\n"
+            "p.parse_args()\\n")
+try:  # kdist's options after the script reach its argparse: exit 2, and a word of where they go
+    ip.run_line_magic("kdist", f"run {{os.path.join(folder, 'strict.py')}} --strategy multiworker --np 2")
+    out["late"] = None
+except Exception as exc:
+    out["late"] = str(exc)
 value, err = attempt(line, "import torch.distributed as dist\\ndist.init_process_group('gloo', world_size=4)")
 out["mismatch"] = str(err)
 value, err = attempt(line, "import os, torch.distributed as dist\\n"
@@ -517,8 +554,17 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
     assert argv[0][1:] == ["--epochs", "4"] and argv[0][0].endswith("train.py")
     same_weights([r["pulled"][0], weights[0]])  # --pull brought rank 0's globals
     said, shown = r["failed"]  # a raising rank is named, its traceback points into the file
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", shown)
     assert said.startswith("rank 1: ValueError: no data on this rank"), said
     assert "bad.py" in shown and "raise ValueError" in shown, shown
+    # the traceback starts at one short line, not the whole script pasted as one (issue 49.11)
+    assert "def main():" not in shown.split("bad.py")[0], shown
+    auto = r["auto"]  # issue 49.4: %kdist run without --strategy ran on the engines
+    assert not isinstance(auto, str), auto
+    assert [a[1:] for a in auto] == [["--epochs", "1"]] * 2
+    assert "no --strategy given, so train.py runs under --strategy multiworker" in r["_stdout"]
+    late = r["late"]
+    assert late and "exited with status 2" in late and "--strategy reached the script" in late, late
     assert "--np 4" in r["mismatch"] and "4 processes" in r["mismatch"], r["mismatch"]
     assert r["tcp"] == [[0, 2], [1, 2]], r["tcp"]
     # the corpus: Keras' torch guide (its start_processes ran per_device_launch_fn once on each

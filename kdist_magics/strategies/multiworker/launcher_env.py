@@ -32,10 +32,11 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import re
 from typing import Any, Callable
 
 from ...errors import LauncherMismatch
-from ...messages import launcher_mismatch
+from ...messages import launcher_mismatch, torch_code_other_backend
 
 
 def torchrun_env(hosts: list[str], ranks: list[int], master: tuple[str, int],
@@ -185,3 +186,15 @@ def jax_calls(rank: int, world: int):  # entered on an engine, for the cell
 
     joined.__doc__ = initialize.__doc__
     return patched((jax.distributed, "initialize", joined), (jax.distributed, "shutdown", shutdown))
+
+
+_TORCH_DISTRIBUTED = re.compile(r"\btorch\.distributed\b|\binit_process_group\s*\(")
+
+
+def torch_code_elsewhere(source: str, backend: str) -> str | None:
+    """The one line for code written for torchrun (``torch.distributed``) run by ``multiworker``
+    under another Keras backend, where torch's launcher variables (RANK, WORLD_SIZE, ...) are
+    not set and it would fail with "RANK expected, but not set" (issue 49.3); else None."""
+    if backend == "torch" or not _TORCH_DISTRIBUTED.search(source):
+        return None
+    return torch_code_other_backend(backend)

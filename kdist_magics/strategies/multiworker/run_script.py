@@ -105,20 +105,39 @@ def read_script(path: str) -> tuple[str, str]:
     return full, source
 
 
-def script_cell(rest: str, parse=None) -> tuple[str, str] | None:
+#: where the script travels: a name in the kernel's namespace, --push-ed to engine ranks, so the
+#: cell that runs it is one short line (a traceback's first frame shows that line, not the script)
+SCRIPT_NAME = "_kdist_run_script"
+CELL = (f"__import__('kdist_magics.strategies.multiworker.run_script', fromlist=['run_main'])"
+        f".run_main(*{SCRIPT_NAME})")
+_HOROVOD = re.compile(r"^\s*(import|from)\s+horovod\b", re.M)
+
+
+def script_cell(rest: str, parse=None, user_ns=None) -> tuple[str, str] | None:
     """``(the %%kdist line, the cell)`` that runs the script; None when the help was asked
-    for (and printed). ``parse``: checks the kdist options first (raises UsageError)."""
+    for (and printed). ``parse``: checks the kdist options first (raises UsageError) and says
+    which strategy they ask for; ``user_ns``: where the script is put for the cell."""
+    from ... import messages
+
     words = rest.split()
     if words and words[0] in ("-h", "--help", "?", "??"):
         print(usage())
         return None
     line, path, argv = split_line(rest)
-    if parse is not None:
-        parse(line)
+    spec = parse(line) if parse is not None else None  # kdist's options first, then the file
     full, source = read_script(path)
-    cell = (f"__import__('kdist_magics.strategies.multiworker.run_script', fromlist=['run_main'])"
-            f".run_main({source!r}, {full!r}, {argv!r})")
-    return line, cell
+    if spec is not None and spec.strategy == "auto":  # a launcher script implies engines
+        chosen = "horovod" if _HOROVOD.search(source) else "multiworker"
+        messages.say(messages.run_chose(chosen, os.path.basename(full)))
+        line = f"--strategy {chosen} {line}".strip()
+        spec = parse(line)
+    if spec is not None and specmod.KINDS.get(spec.strategy) == "engines":
+        line = f"{line} --push {','.join([*spec.push, SCRIPT_NAME])}"  # the last --push counts
+    if user_ns is not None:
+        user_ns[SCRIPT_NAME] = (source, full, argv)
+        return line, CELL
+    return line, (f"__import__('kdist_magics.strategies.multiworker.run_script', "
+                  f"fromlist=['run_main']).run_main({source!r}, {full!r}, {argv!r})")
 
 
 def help_lines(lines: list[str]) -> list[str]:
@@ -147,7 +166,11 @@ def run_main(source: str, path: str, argv: list[str]) -> None:  # runs on a rank
         exec(compile(source, path, "exec"), ns)
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            raise ScriptExited(f"{os.path.basename(path)} exited with status {exc.code!r}") from None
+            ours = [w.split("=", 1)[0] for w in argv if w.split("=", 1)[0] in _takes_value()]
+            raise ScriptExited(f"{os.path.basename(path)} exited with status {exc.code!r}"
+                               + (f"; {ours[0]} reached the script: kdist's options go before the "
+                                  f"script's path (%kdist run [kdist options] script.py [script "
+                                  f"args])" if exc.code == 2 and ours else "")) from None
     finally:
         names()
         sys.argv = saved_argv
