@@ -370,3 +370,27 @@ def test_other_backends_keep_to_default():
     advice = advice_for(hw, model, data, backend="numpy")
     assert advice.strategy == "default"
     assert any("only default fits" in r.consequence for r in advice.rows)
+
+
+def test_advise_does_not_contradict_itself_on_small_data_and_short_epochs():
+    """Issue 49.10: 1.0k samples (4.2 MB) beside a large model were "large data: more devices
+    shorten each epoch", and an epoch "under a second" was "long enough that more devices pay
+    off"; the deciding row's mark was in the text table only."""
+    from kdist_magics.choose.advisor import RULES
+    from kdist_magics.choose.facts import BIG_DATA_BYTES, SMALL_EPOCH_S
+
+    data_rule = next(r for r in RULES if r.criterion == "data size")
+    time_rule = next(r for r in RULES if r.criterion == "training time" and not r.pick)
+    small = {"data_bytes": 4.2e6, "big_job": True}  # big because of the model, not the data
+    assert data_rule.text("consequence", small).startswith("small data")
+    assert data_rule.text("consequence", {"data_bytes": BIG_DATA_BYTES, "big_job": True}).startswith("large data")
+    short = {"epoch_s": 0.5, "small_job": False}
+    assert "long enough" not in time_rule.text("consequence", short)
+    assert time_rule.text("consequence", {"epoch_s": SMALL_EPOCH_S * 2}) == "long enough that more devices pay off"
+
+
+def test_the_html_table_marks_the_deciding_row_as_the_text_does(ip):
+    advice = ip.run_line_magic("kdist", "advise")
+    decides = next(r for r in advice.rows if r.role == "decides")
+    page = advice._repr_html_()
+    assert f"{decides.criterion} *" in page and "* decides" in page and "* decides" in repr(advice)

@@ -257,3 +257,19 @@ def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
 
     missing = [name for name in shown if dashboards(name) and not seen[name]]
     assert not missing, f"tutorial pages without their dashboards: {missing} (seen: {seen})"
+
+
+def test_every_guide_page_is_in_exactly_one_toctree_of_the_guide():
+    """Issue 49.15: a third toctree globbed ``*`` over pages the first two already listed, so the
+    guide's sidebar showed most pages twice."""
+    import re
+    from collections import Counter
+
+    guide = ROOT / "docs" / "guide"
+    index = (guide / "index.md").read_text()
+    trees = re.findall(r"```\{toctree\}\n(.*?)```", index, re.S)
+    listed = Counter(line.strip() for tree in trees for line in tree.splitlines()
+                     if line.strip() and not line.strip().startswith(":"))
+    pages = {p.stem for p in guide.glob("*.md")} - {"index"}
+    assert "*" not in listed and set(listed) == pages, (sorted(listed), sorted(pages))
+    assert all(n == 1 for n in listed.values()), listed

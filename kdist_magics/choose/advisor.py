@@ -21,7 +21,9 @@ from typing import Any, Callable, Mapping
 from . import advice_sharded
 from ..errors import StrategyUnavailable
 from .facts import (
+    BIG_DATA_BYTES,
     ENGINE_SETUP_S,
+    SMALL_EPOCH_S,
     data_words,
     facts_for,
     human,
@@ -161,8 +163,8 @@ RULES: tuple[Rule, ...] = (
     # data size
     Rule("data size", lambda f: f["data"] is not None,
          data_words,
-         lambda f: ("large data: more devices shorten each epoch" if f["big_job"]
-                    else "small data: one device gets through it quickly")),
+         lambda f: ("large data: more devices shorten each epoch" if f["data_bytes"] >= BIG_DATA_BYTES
+                    else "small data: on its own it does not call for more devices")),
     # training time
     Rule("training time", lambda f: f["small_job"],
          lambda f: f"one epoch {human_seconds(f['epoch_s'])} on one device (rough estimate)",
@@ -171,7 +173,8 @@ RULES: tuple[Rule, ...] = (
          pick=("default",)),
     Rule("training time", lambda f: f["epoch_s"] is not None and not f["small_job"],
          lambda f: f"one epoch {human_seconds(f['epoch_s'])} on one device (rough estimate)",
-         "long enough that more devices pay off"),
+         lambda f: ("long enough that more devices pay off" if f["epoch_s"] >= SMALL_EPOCH_S else
+                    "short, but the model or the data is large (above), so it is not judged small")),
     Rule("hardware", lambda f: f["hosts"] > 1,
          lambda f: f"{f['hardware']}, {f['engines'] or 'no'} engines attached",
          "mirrored stops at one box; horovod's ring-allreduce spans the hosts",
@@ -228,13 +231,16 @@ class Advice:
 
     def _repr_html_(self) -> str:
         esc = html.escape
+        mark = {"decides": " *", "warning": " !"}  # as in the text table, and its legend
         rows = "".join(
             f"<tr style='{'font-weight:bold' if r.role == 'decides' else 'color:#b00' if r.role == 'warning' else ''}'>"
-            f"<td>{esc(r.criterion)}</td><td>{esc(r.observation)}</td><td>{esc(r.consequence)}</td></tr>"
+            f"<td>{esc(r.criterion + mark.get(r.role, ''))}</td><td>{esc(r.observation)}</td>"
+            f"<td>{esc(r.consequence)}</td></tr>"
             for r in self.rows)
         return (f"<div class='kdist-advice'><p><b>kdist advise: {esc(self.strategy)}</b> &mdash; "
                 f"{esc(self.reason)}</p><table><thead><tr><th>criterion</th><th>observation</th>"
                 f"<th>consequence</th></tr></thead><tbody>{rows}</tbody></table>"
+                f"<p style='color:#666'>* decides &nbsp; ! warning</p>"
                 f"{self.layout._repr_html_() if self.layout is not None else ''}</div>")
 
 

@@ -24,6 +24,8 @@ DEVICE_FLOPS = {"cpu_core": 2e10, "gpu": 1e13, "tpu_core": 2e13}
 ENGINE_SETUP_S = 10.0
 #: below this estimated time per epoch on one device, distributing is not worth it
 SMALL_EPOCH_S = 10.0
+#: data this large (bytes) is large data on its own (the article's third criterion)
+BIG_DATA_BYTES = 1e9
 
 
 
@@ -172,7 +174,7 @@ def facts_for(hw: Hardware, spec=None, user_ns: Mapping[str, Any] | None = None,
     # the job is "big" when the model or the data is, or one epoch takes long
     f["big_job"] = bool(
         (f["params"] is not None and f["params"] >= 50e6)
-        or (f["data_bytes"] is not None and f["data_bytes"] >= 1e9)
+        or (f["data_bytes"] is not None and f["data_bytes"] >= BIG_DATA_BYTES)
         or (f["epoch_s"] is not None and f["epoch_s"] >= 60)
     )
     f["small_job"] = f["epoch_s"] is not None and f["epoch_s"] < SMALL_EPOCH_S and not f["big_job"]
