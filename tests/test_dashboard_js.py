@@ -67,3 +67,9 @@ def test_the_title_names_the_mesh_of_a_sharded_run():
               {"strategy": "default", "size": 1, "mesh": None}]
     assert _js(f"{json.dumps(states)}.map(s => d.titleText(s))") == [
         "kdist · sharded, mesh 1x4 · 4 ranks", "kdist · horovod · 4 of 3 ranks", "kdist · default · 1 rank"]
+
+
+def test_rates_read_as_numbers_not_exponents():
+    """Issue 49.14: the progress line said "2.906e+4 samples/s"."""
+    got = _js("[29060.4, 1234.5, 12.345, 0.0123, 0, 2.5e9, null].map(v => d.fmtNum(v))")
+    assert got == ["29,060", "1,235", "12.35", "0.0123", "0", "2.50e+9", "–"]

@@ -188,3 +188,14 @@ def test_stop_swallowed_inside_a_del_during_fit_still_stops_it_and_the_run_is_in
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     ip.run_cell_magic("kdist", "--strategy default --no-dashboard", FIT_2_EPOCHS)  # next cell
     assert kdist_magics.last_run().status == "done"
+
+
+@pytest.mark.kernel
+def test_in_kernel_replicas_name_this_host_and_process(ip):
+    """Issue 49.14: to_pandas("ranks") under mirrored had host and pid None (the dashboard showed them)."""
+    import os
+    import socket
+
+    ip.run_cell_magic("kdist", "--strategy default --no-dashboard", "kd_x = 1")
+    ranks = kdist_magics.last_run().to_pandas("ranks")
+    assert list(ranks["pid"]) == [os.getpid()] and list(ranks["host"]) == [socket.gethostname()]

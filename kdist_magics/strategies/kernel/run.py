@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 from typing import Any, ContextManager
 
 from ...errors import CellFailed, CellInterrupted
@@ -25,6 +27,10 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
     shell = ctx.shell
     if bind:
         shell.user_ns.update(bind)
+    here = {"host": socket.gethostname(), "pid": os.getpid()}  # every replica is this process
+    for rank, state in list(ctx.record.ranks.items()):
+        if state.pid is None:
+            ctx.record.set_rank(rank, **here)
     with contextlib.ExitStack() as stack:
         if scope is not None:
             stack.enter_context(scope)

@@ -34,10 +34,12 @@ function fmtTime(sec) {
                  : `${m}:${String(r).padStart(2, "0")}`;
 }
 
-function fmtNum(v) {
+export function fmtNum(v) {  // 0.0123, 12.35, 29,060 (not toPrecision's "2.906e+4"), 1.23e+9
   if (v === null || v === undefined) return "–";
   const a = Math.abs(v);
-  return a !== 0 && (a < 1e-3 || a >= 1e5) ? v.toExponential(2) : v.toPrecision(4).replace(/\.?0+$/, "");
+  if (a !== 0 && (a < 1e-3 || a >= 1e9)) return v.toExponential(2);
+  if (a >= 1000) return Math.round(v).toLocaleString("en-US");
+  return v.toPrecision(4).replace(/\.?0+$/, "");
 }
 
 function bar(label, fraction, text, cls) {
