@@ -30,7 +30,7 @@ def test_no_module_prints_its_own_kdist_lines():
     package = Path(kdist_magics.__file__).parent
     offenders = []
     for path in package.rglob("*.py"):
-        if path.name == "messages.py":
+        if path.parent.name == "messages":  # the words themselves
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"""(print|\.write)\(\s*f?["'](\\n)?kdist: """, line):

@@ -81,3 +81,15 @@ def test_phases_follow_each_other_and_training_begins_with_the_first_metric_row(
                             PHASE_CELL, PHASE_TRAINING]  # the detail is news too
     rec.phase_detail("late")  # after the end: nothing changes
     assert rec.phases[-1]["detail"] is None
+
+
+def test_layout_of_a_run_that_has_none_says_why(capsys):
+    """Issue 49.13: last_run().layout() after a non-sharded or failed run returned None silently."""
+    from kdist_magics.watch.record import RunRecord
+
+    assert RunRecord("mirrored", size=2).layout() is None
+    assert "this run was mirrored; only --strategy sharded runs have a layout" in capsys.readouterr().out
+    failed = RunRecord("sharded", size=4)
+    failed.finish("failed", "ValueError: ...")
+    assert failed.layout() is None
+    assert "this sharded run (failed) built no model to lay out" in capsys.readouterr().out

@@ -210,8 +210,12 @@ class RunRecord:
         return plot(self, metric, ax=ax, log=log, smooth=smooth)
 
     def layout(self):
-        """A sharded run's table: each variable's shape, spec and bytes per device (None
-        for other strategies)."""
+        """A sharded run's table: each variable's shape, spec and bytes per device; None, with
+        one line saying why, for another strategy's run or one that built no model."""
+        if self.layout_table is None:
+            from ..messages import no_layout, say
+
+            say(no_layout(self.strategy, self.status))
         return self.layout_table
 
     def summary(self) -> str:

@@ -1,4 +1,7 @@
-"""The one rule for kdist's own lines in a notebook: ``say()``.
+"""The one place kdist's words live, and the one rule for its own lines in a notebook: ``say()``.
+
+The words of ``--strategy sharded`` and ``--launcher slurm`` are in :mod:`.sharded` and
+:mod:`.slurm` beside this module, imported here: every word is ``kdist_magics.messages.NAME``.
 
 Jupyter shows a cell's stderr in the error style (red), so where a ``kdist:`` line goes says how
 serious it is. News -- what kdist does for the user and why ("starting 2 engines...",
@@ -185,6 +188,11 @@ TRAINED_NOTHING = "finished: this cell trained nothing (no fit())"
 NOT_RUN = "not run"
 
 
+def no_layout(strategy: str, status: str) -> str:  # last_run().layout() with none to show
+    return (f"layout(): this run was {strategy}; only --strategy sharded runs have a layout" if
+            strategy != "sharded" else f"layout(): this sharded run ({status}) built no model to lay out")
+
+
 def push_missing(name: str) -> str:  # a rank's NameError for a name the notebook has
     return (f"'{name}' is in the notebook, not on the engines: add --push {name} to the %%kdist "
             f"line (each engine is a process of its own and sees only what --push sends)")
@@ -245,156 +253,35 @@ def launcher_mismatch(call: str, given: str, run: str, option: str,
     return f"{call} asks for {given}, but this kdist run has {run}: {option}, or {otherwise}"
 
 
-
-# -- --strategy sharded (strategies/sharded/strategy.py, mesh.py, strategies/sharded/layout.py) -----------
-def _mesh(mesh) -> str:
-    return f"{mesh[0]},{mesh[1]}"
-
-
-def mesh_unreadable(text) -> str:
-    return (f"--mesh: {text!r} is not a mesh; give D,M (data axis D, model axis M, whole "
-            f"numbers >= 1), e.g. --mesh 2,2")
-
-
-def model_axis_too_big(mesh, places: int, what: str) -> str:
-    return (f"--mesh {_mesh(mesh)}: a model axis of {mesh[1]} is more than the {places} devices "
-            f"{what} gives; give M <= {places}")
-
-
-def mesh_not_dividing(mesh, places: int, what: str) -> str:
-    need = "a multiple of" if what.startswith("--np") else "equal to"
-    return (f"--mesh {_mesh(mesh)} has {mesh[0] * mesh[1]} places, not {need} the {places} "
-            f"{'processes' if what.startswith('--np') else 'devices'} {what} gives; "
-            f"D x M must be {need} {places}")
-
-
-def mesh_for_devices(mesh, devices: int) -> str:
-    return (f"--mesh {_mesh(mesh)} has {mesh[0] * mesh[1]} places for the {devices} devices this "
-            f"run has; D x M must equal {devices}. The cell did not run.")
-
-
-def sharded_not_on(backend: str) -> str:
-    """--strategy sharded under a Keras backend other than JAX."""
-    return (f"--strategy sharded needs Keras on JAX (Keras 3.15 shards a model with "
-            f"keras.distribution.ModelParallel on JAX only); this kernel's Keras runs on {backend}: "
-            f"restart the kernel with KERAS_BACKEND=jax, or keep {backend} and use --strategy "
-            f"mirrored (a full copy of the model per device). The cell did not run.")
-
-
-def built_outside_mesh(names: list[str], devices: int) -> str:
-    """A sharded cell would use a model built before it, outside its mesh (issue 49.2)."""
-    which = ", ".join(f"'{n}'" for n in names)
-    return (f"{which} {'was' if len(names) == 1 else 'were'} built before this cell, outside "
-            f"--strategy sharded: {'its' if len(names) == 1 else 'their'} weights live on one "
-            f"device, and JAX cannot mix them with the mesh's {devices} devices. Build the model "
-            f"inside the %%kdist --strategy sharded cell (a model built before only helps kdist "
-            f"choose the mesh). The cell did not run.")
-
-
-def mesh_reused(mesh, devices: int) -> str:
-    """A sharded cell without --mesh on the devices of an earlier one keeps its mesh."""
-    return (f"mesh {_mesh(mesh)} over {devices} devices, as the previous sharded cell on them "
-            f"chose; --mesh D,M chooses another")
-
-
-def mesh_chosen(mesh, devices: int, why: str) -> str:
-    return (f"mesh {_mesh(mesh)} over {devices} devices (data axis {mesh[0]}, model axis "
-            f"{mesh[1]}): {why}; --mesh D,M chooses another")
-
-
-def mesh_why_fits(model: str, share: str, device: str) -> str:
-    return f"the smallest model axis whose share of {model} ({share} per device) fits one device ({device})"
-
-
-def mesh_why_unknown() -> str:
-    return "no built model in the namespace to measure, so the model axis takes every device"
-
-
-def mesh_why_too_big(model: str, share: str, device: str) -> str:
-    return (f"{model} does not fit one device ({device}) even sharded over every device "
-            f"({share} each): expect out-of-memory")
-
-
-def layout_missing_axis(path: str, axes, names) -> str:
-    return (f"kdist: the layout of {path} names mesh axis {axes!r}, but the mesh has only "
-            f"{', '.join(map(repr, names))}")
-
-
-def layout_not_divisible(path: str, shape, dim: int, axis: str, size: int) -> str:
-    return (f"kdist: {path} {tuple(shape)}: dimension {dim} ({shape[dim]}) does not split over "
-            f"mesh axis {axis!r} of {size}; give a layout or a mesh whose axis divides it")
-
-
-def layout_keys_unused(keys: list[str], example: str | None) -> str:
-    shown = ", ".join(repr(k) for k in keys)
-    hint = f" (a variable path here: {example!r})" if example else ""
-    return (f"LayoutMap key{'s' if len(keys) > 1 else ''} {shown} matched no variable, so those "
-            f"variables stay replicated; keys must match the whole path (re.fullmatch){hint}")
-
-
-
-# -- --launcher slurm ---------------------------------------------------------------------
-SLURM_ENDED = {"CANCELLED": "the Slurm job was cancelled", "TIMEOUT": "the Slurm job reached its time limit",
-               "NODE_FAIL": "its node failed (Slurm: NODE_FAIL)", "PREEMPTED": "the Slurm job was preempted",
-               "OUT_OF_MEMORY": "the Slurm job ran out of memory", "DEADLINE": "the Slurm job missed its deadline"}
-
-
-SLURM_STEP_CANCELLED = "the Slurm job step was cancelled"
-
-
-def slurm_ended(state: str | None) -> str:
-    """How a job's engines ended, from the job's final state (None: Slurm no longer knows it)."""
-    if state is None:
-        return "the Slurm job has ended (Slurm no longer lists it)"
-    return SLURM_ENDED.get(state, f"the Slurm job ended ({state})")
-
-
-def slurm_submitting(n: int, controller: str) -> str:
-    return f"submitting {n} engines as a Slurm job (the controller listens on {controller})..."
-
-
-def slurm_refused(reason: str) -> str:
-    return f"Slurm refused the engines' job: {reason}"
-
-
-def slurm_queued(job: str, words: str, waited: float) -> str:
-    """The queue phase's detail and ``%kdist status``: ``job 12 PENDING: Resources, 40 s``."""
-    return f"Slurm job {job} {words}, waited {waited:.0f} s"
-
-
-def slurm_gave_up(job: str, words: str, seconds: float) -> str:
-    return (f"Slurm job {job} was still {words} after --timeout {seconds:g} s; kdist cancelled it. "
-            f"The cell did not run")
-
-
-def layout_per_device(weight_bytes: int, optimizer_bytes: int) -> str:
-    """A sharded run's share of the model on each device (the dashboard, ``layout()``)."""
-    from .choose.facts import human_bytes
-
-    return (f"per device: weights {human_bytes(weight_bytes)}, "
-            f"optimizer state {human_bytes(optimizer_bytes)}")
-
-
-def slurm_interrupted(job: str, words: str) -> str:
-    return f"interrupted: kdist cancelled Slurm job {job} ({words})"
-
-
-def slurm_ended_early(job: str, how: str, log: str) -> str:
-    return f"Slurm job {job} ended before its engines registered: {how}" + (f". Its output:\n{log}" if log else "")
-
-
-def slurm_loopback(address: str) -> str:
-    return (f"--launcher slurm: the controller would listen on {address}, which no node reaches; set "
-            f"%config KDist.bind_address = '<this host's address on the cluster network>'")
-
-
-def phase_queue(n: int) -> str:
-    return f"waiting in Slurm's queue for {n} engine{'' if n == 1 else 's'}"
-
-
-def unresolved_hosts(problems: dict[tuple[int, str], list[str]]) -> str:
-    """Ranks that cannot resolve their peers' hostnames (``{(rank, host): [names]}``)."""
-    what = "; ".join(f"rank {r} on {host} cannot resolve {', '.join(names)}"
-                     for (r, host), names in sorted(problems.items()))
-    return (f"{what}. Horovod's Gloo finds each rank by its hostname: every node must resolve every "
-            f"node's name (DNS or /etc/hosts). The cell did not run")
+# -- the words of one component each, imported from here as every other --------------------
+from .sharded import (  # noqa: E402
+    mesh_unreadable,
+    model_axis_too_big,
+    mesh_not_dividing,
+    mesh_for_devices,
+    sharded_not_on,
+    built_outside_mesh,
+    mesh_reused,
+    mesh_chosen,
+    mesh_why_fits,
+    mesh_why_unknown,
+    mesh_why_too_big,
+    layout_missing_axis,
+    layout_not_divisible,
+    layout_keys_unused,
+    layout_per_device,
+)
+from .slurm import (  # noqa: E402
+    SLURM_ENDED,
+    SLURM_STEP_CANCELLED,
+    slurm_ended,
+    slurm_submitting,
+    slurm_refused,
+    slurm_queued,
+    slurm_gave_up,
+    slurm_interrupted,
+    slurm_ended_early,
+    slurm_loopback,
+    phase_queue,
+    unresolved_hosts,
+)
