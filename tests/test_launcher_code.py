@@ -584,3 +584,15 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
     assert "Resuming training from snapshot at Epoch 2" in printed
     assert "[GPU0] Epoch 5 |" in printed and "[GPU0] Epoch 1 |" in printed
     assert "give --np 3" in r["spawn_mismatch"] and "3 processes on this host" in r["spawn_mismatch"]
+
+
+def test_pull_of_a_name_the_script_binds_only_inside_main_is_said_before_it_runs():
+    """Issue 49.13: --pull model of a script whose model lives inside main() failed the run after
+    training; the script is read first, and the line says that only its globals travel."""
+    from kdist_magics.strategies.multiworker.run_script import not_global
+
+    script = ("import keras\nSTEPS = 3\ndef main():\n    model = keras.Sequential()\n    global history\n"
+              "    history = model\nfor epoch in range(2):\n    last = epoch\nif __name__ == '__main__':\n"
+              "    main()\n")
+    assert not_global(script, ["model", "history", "STEPS", "last", "keras", "main", "absent"]) == [
+        "model", "absent"]

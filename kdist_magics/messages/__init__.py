@@ -193,6 +193,12 @@ def no_layout(strategy: str, status: str) -> str:  # last_run().layout() with no
             strategy != "sharded" else f"layout(): this sharded run ({status}) built no model to lay out")
 
 
+def pull_not_global(name: str, script: str) -> str:  # %kdist run --pull of a main()'s local
+    return (f"--pull {name}: {script} never binds '{name}' at its top level, and only a script's "
+            f"globals travel back (a main()'s locals end with it): make it a global (`global "
+            f"{name}` in main(), or return it) to pull it")
+
+
 def push_missing(name: str) -> str:  # a rank's NameError for a name the notebook has
     return (f"'{name}' is in the notebook, not on the engines: add --push {name} to the %%kdist "
             f"line (each engine is a process of its own and sees only what --push sends)")

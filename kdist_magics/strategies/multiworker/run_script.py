@@ -131,6 +131,9 @@ def script_cell(rest: str, parse=None, user_ns=None) -> tuple[str, str] | None:
         messages.say(messages.run_chose(chosen, os.path.basename(full)))
         line = f"--strategy {chosen} {line}".strip()
         spec = parse(line)
+    if spec is not None and spec.pull:
+        for name in not_global(source, spec.pull):
+            messages.say(messages.pull_not_global(name, os.path.basename(full)), warn=True)
     if spec is not None and specmod.KINDS.get(spec.strategy) == "engines":
         line = f"{line} --push {','.join([*spec.push, SCRIPT_NAME])}"  # the last --push counts
     if user_ns is not None:
@@ -138,6 +141,26 @@ def script_cell(rest: str, parse=None, user_ns=None) -> tuple[str, str] | None:
         return line, CELL
     return line, (f"__import__('kdist_magics.strategies.multiworker.run_script', "
                   f"fromlist=['run_main']).run_main({source!r}, {full!r}, {argv!r})")
+
+
+def not_global(source: str, names) -> list[str]:
+    """Of ``names``, those the script never binds at its top level (a global), in order:
+    ``--pull`` brings back only the script's globals, not a ``main()``'s locals."""
+    import ast
+
+    tree = ast.parse(source)
+    top = set()
+    for node in tree.body:
+        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                           ast.ClassDef)) else ():
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                top.add(sub.id)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
+                             ast.ImportFrom)):
+            top.update([node.name] if hasattr(node, "name") else
+                       [(a.asname or a.name).split(".")[0] for a in node.names])
+    declared = {n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names}
+    return [n for n in names if n not in top and n not in declared]
 
 
 def help_lines(lines: list[str]) -> list[str]:
