@@ -227,7 +227,7 @@ def test_with_a_private_network_no_other_user_reaches_any_socket_of_a_run(tmp_pa
     for (name, _, _), found in zip(cells, seen):
         check_run_unaffected(result, name)
         check_nothing_reachable(found, kernel_too=name == "horovod")
-    assert result["status"]["network"].startswith("private (the engines in namespace holder pid ")
+    assert result["status"]["network"].startswith("private (a network of the engines' own")
 
 
 @pytest.mark.parametrize("backend", ["jax", pytest.param("torch", marks=pytest.mark.torch)])

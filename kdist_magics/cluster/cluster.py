@@ -364,7 +364,6 @@ class EngineCluster(Liveness):
             return {"engines": "not started"}
         facts = {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
                  "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}
-        if self.namespace is not None:
-            facts["network"] = (f"private (the engines in namespace holder pid {self.namespace.pid}; "
-                                f"the controller on Unix sockets in {self.namespace.folder})")
+        if self.namespace is not None:  # (its holder's pid and socket folder: cluster.namespace)
+            facts["network"] = "private (a network of the engines' own, unreachable to other users)"
         return facts
