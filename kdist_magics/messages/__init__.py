@@ -276,6 +276,7 @@ from .sharded import (  # noqa: E402
     layout_not_divisible,
     layout_keys_unused,
     layout_per_device,
+    logical_devices_share_cores,
 )
 from .slurm import (  # noqa: E402
     SLURM_ENDED,

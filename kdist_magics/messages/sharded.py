@@ -94,3 +94,10 @@ def layout_per_device(weight_bytes: int, optimizer_bytes: int) -> str:
 
     return (f"per device: weights {human_bytes(weight_bytes)}, "
             f"optimizer state {human_bytes(optimizer_bytes)}")
+
+
+def logical_devices_share_cores(devices: int, cores: int) -> str:
+    """A sharded cell over more logical CPU devices than cores (issue 49.14)."""
+    return (f"the {devices} devices are logical CPU devices sharing {cores} core"
+            f"{'s' if cores != 1 else ''}: meshes differ here in where the weights live, not in "
+            f"speed (on GPUs or TPUs each device computes on its own)")

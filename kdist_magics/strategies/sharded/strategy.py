@@ -24,6 +24,7 @@ Keras 3.15 shards only on JAX: under TensorFlow or torch one line says so and no
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 from ... import messages
@@ -131,6 +132,10 @@ class ShardedStrategy(Strategy):
             say(messages.mesh_reused(mesh, n))
         if mesh[0] * mesh[1] != n:
             raise StrategyUnavailable(messages.mesh_for_devices(mesh, n))
+        cores = os.cpu_count() or 1  # said once per device set
+        if (not ctx.quiet and ids not in self._meshes and n > cores
+                and all(d.platform == "cpu" for d in devices)):
+            say(messages.logical_devices_share_cores(n, cores))
         self._meshes[ids] = tuple(mesh)
         key = (ids, tuple(mesh))
         if key not in self._runs:
