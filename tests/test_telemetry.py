@@ -434,3 +434,48 @@ def test_other_callbacks_time_counts_between_steps_not_inside_them():
     assert all(r["gap_time"] >= 0.039 for r in later)  # both sleeps, every step
     in_step = sorted(r["step_time"] for r in later)
     assert in_step[len(in_step) // 2] < 0.02  # neither sleep is inside the step
+
+
+class FakeTpuMonitoring:
+    """libtpu.sdk.tpumonitoring as libtpu 0.0.2x offers it: per-chip strings per metric."""
+
+    def __init__(self, chips: int, duty: float = 87.5):
+        gib = 2 ** 30
+        self.values = {"duty_cycle_pct": [f"{duty + i:.2f}" for i in range(chips)],
+                       "hbm_capacity_usage": [str(3 * gib + i) for i in range(chips)],
+                       "hbm_capacity_total": [str(16 * gib)] * chips,
+                       "tensorcore_util": ["50.0"] * chips}
+
+    def list_supported_metrics(self):
+        return list(self.values)
+
+    def get_metric(self, name):
+        return types.SimpleNamespace(data=lambda: self.values[name], description=lambda: name)
+
+
+@pytest.mark.parametrize("chips", [1, 8])  # Colab's v5e-1 / v6e-1, Kaggle's v5e-8
+def test_the_tpus_own_duty_cycle_and_memory_come_from_libtpus_monitoring_sdk(monkeypatch, chips):
+    """Issue 47.3: duty cycle and high-bandwidth memory per chip, sampled as GPUs are, from
+    libtpu's monitoring SDK where it is importable; the row says which source it read."""
+    monkeypatch.setattr(sampling_mod, "_libtpu_monitoring", lambda: FakeTpuMonitoring(chips))
+    row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False).sample()
+    assert row["accelerator"] == "tpu" and len(row["tpus"]) == chips
+    first = row["tpus"][0]
+    assert first["duty_cycle_percent"] == 87.5 and first["mem_used_bytes"] == 3 * 2 ** 30
+    assert first["mem_total_bytes"] == 16 * 2 ** 30 and first["source"] == "libtpu monitoring SDK"
+    assert row["tpus"][-1]["duty_cycle_percent"] == 87.5 + chips - 1
+
+
+def test_a_tpu_that_nothing_reports_on_is_said_and_a_broken_sdk_falls_back(monkeypatch):
+    from kdist_magics.choose import hardware
+
+    class Broken:
+        def list_supported_metrics(self):
+            raise RuntimeError("TPU busy")
+
+    assert sampling_mod.libtpu_probe(Broken()) is None
+    monkeypatch.setattr(sampling_mod, "_libtpu_monitoring", lambda: None)
+    monkeypatch.setattr(hardware, "detect_tpu", lambda *a, **k: hardware.tpu_from_kind("v5litepod-1"))
+    monkeypatch.setattr(hardware, "nvidia_gpu_present", lambda: False)
+    row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=None).sample()
+    assert row["accelerator"] is None and row["accelerator_note"] == sampling_mod.TPU_UNREAD

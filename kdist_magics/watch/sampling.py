@@ -108,7 +108,8 @@ def _jax_tpu_probe() -> list[dict[str, Any]] | None:
         return None
     out = []
     for d in devices:
-        entry: dict[str, Any] = {"index": d.id, "name": str(getattr(d, "device_kind", "TPU"))}
+        entry: dict[str, Any] = {"index": d.id, "name": str(getattr(d, "device_kind", "TPU")),
+                                 "source": TPU_SOURCES["jax"]}
         try:
             stats = d.memory_stats() or {}
             entry["mem_used_bytes"] = stats.get("bytes_in_use")
@@ -119,9 +120,64 @@ def _jax_tpu_probe() -> list[dict[str, Any]] | None:
     return out or None
 
 
+#: libtpu's monitoring SDK (libtpu 0.0.1x, ``libtpu.sdk.tpumonitoring``): per-chip strings
+LIBTPU_METRICS = ("duty_cycle_pct", "hbm_capacity_usage", "hbm_capacity_total")
+#: where a TPU row's figures came from, as the dashboard names it
+TPU_SOURCES = {"libtpu": "libtpu monitoring SDK", "jax": "JAX memory_stats()",
+               "tensorflow": "TensorFlow get_memory_info()"}
+
+
+def _libtpu_monitoring():
+    """``libtpu.sdk.tpumonitoring`` where libtpu is installed (Colab's and Kaggle's TPU runtimes
+    ship it), else None. Never initialises JAX or TensorFlow."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("libtpu") is None:
+            return None
+        from libtpu.sdk import tpumonitoring
+    except Exception:
+        return None
+    return tpumonitoring
+
+
+def libtpu_probe(monitoring=None) -> list[dict[str, Any]] | None:
+    """Each chip's duty cycle and high-bandwidth memory from libtpu's monitoring SDK
+    (``monitoring``: the module, or a fake with its ``list_supported_metrics`` and
+    ``get_metric(name).data()``); None where it is not importable or reports no chip."""
+    sdk = monitoring if monitoring is not None else _libtpu_monitoring()
+    if sdk is None:
+        return None
+    try:
+        supported = set(sdk.list_supported_metrics())
+        data = {name: list(sdk.get_metric(name).data() or []) for name in LIBTPU_METRICS
+                if name in supported}
+    except Exception:
+        return None
+    chips = max((len(v) for v in data.values()), default=0)
+    if not chips:
+        return None
+
+    def value(name: str, i: int) -> float | None:
+        try:
+            return float(data[name][i])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+
+    out = []
+    for i in range(chips):
+        used, total = value("hbm_capacity_usage", i), value("hbm_capacity_total", i)
+        out.append({"index": i, "name": f"TPU chip {i}", "source": TPU_SOURCES["libtpu"],
+                    "duty_cycle_percent": value("duty_cycle_pct", i),
+                    "mem_used_bytes": int(used) if used is not None else None,
+                    "mem_total_bytes": int(total) if total is not None else None})
+    return out
+
+
 def _tpu_probe() -> list[dict[str, Any]] | None:
-    """What the runtime already running in this process says about its TPUs (JAX, then TF)."""
-    return _jax_tpu_probe() or _tensorflow_tpu_probe()
+    """What this host's TPUs report: libtpu's monitoring SDK (duty cycle and memory), else the
+    runtime already running in this process (JAX's memory_stats(), then TensorFlow's)."""
+    return libtpu_probe() or _jax_tpu_probe() or _tensorflow_tpu_probe()
 
 
 def _tensorflow_tpu_probe() -> list[dict[str, Any]] | None:
@@ -139,7 +195,7 @@ def _tensorflow_tpu_probe() -> list[dict[str, Any]] | None:
         return None
     out = []
     for i, dev in enumerate(tpus):
-        entry: dict[str, Any] = {"index": i, "name": dev.name}
+        entry: dict[str, Any] = {"index": i, "name": dev.name, "source": TPU_SOURCES["tensorflow"]}
         try:
             info = tf.config.experimental.get_memory_info(dev.name)
             entry["mem_used_bytes"] = int(info.get("current", 0))
@@ -152,6 +208,9 @@ def _tensorflow_tpu_probe() -> list[dict[str, Any]] | None:
 
 #: the device line of a rank with neither GPU nor TPU
 CPU_ONLY = "CPU only"
+#: a TPU host where neither libtpu's monitoring SDK nor a running runtime reports figures
+TPU_UNREAD = ("TPU: no figures available (libtpu's monitoring SDK is not importable here, and "
+              "no JAX or TensorFlow runtime in this process has started on it)")
 
 
 class Sampler:
@@ -209,6 +268,11 @@ class Sampler:
 
             if not (gpu_present or nvidia_gpu_present)():
                 self.note = CPU_ONLY  # no NVIDIA GPU here: NVML's absence is no news
+        if self.note == CPU_ONLY and tpu_probe is None:
+            from ..choose.hardware import detect_tpu
+
+            if detect_tpu() is not None:  # a TPU here that nothing reports on yet
+                self.note = TPU_UNREAD
         self.tpu_probe = tpu_probe if tpu_probe is not None else _tpu_probe
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -436,10 +436,17 @@ function render({ model, el }) {
           `${fmtBytes(g.mem_used_bytes)} / ${fmtBytes(g.mem_total_bytes)}`, "kdist-gpumem"));
       }
       for (const t of r.tpus || []) {
+        if (t.duty_cycle_percent !== null && t.duty_cycle_percent !== undefined) {
+          bars.appendChild(bar(`TPU${t.index}`, t.duty_cycle_percent / 100,
+            `${Math.round(t.duty_cycle_percent)}% duty cycle`, "kdist-gpu"));
+        }
         bars.appendChild(t.mem_total_bytes
-          ? bar(`TPU${t.index}`, t.mem_used_bytes / t.mem_total_bytes,
+          ? bar(`HBM${t.index}`, t.mem_used_bytes / t.mem_total_bytes,
                 `${fmtBytes(t.mem_used_bytes)} / ${fmtBytes(t.mem_total_bytes)}`, "kdist-gpumem")
           : h("div", "kdist-tpu", `TPU${t.index} memory ${fmtBytes(t.mem_used_bytes)}`));
+      }
+      if ((r.tpus || []).length && r.tpus[0].source) {
+        bars.appendChild(h("div", "kdist-note", `TPU figures: ${r.tpus[0].source}`));
       }
       if (!(r.gpus || []).length && !(r.tpus || []).length && r.accelerator_note) {
         bars.appendChild(h("div", "kdist-note", `accelerator: ${r.accelerator_note}`));
