@@ -232,3 +232,36 @@ def test_real_tensorflow_on_a_machine_without_tpu_fails_short():
     assert kind == "StrategyUnavailable" and n_lines == "3"
     assert "/dev/accel0 -> local" in message and "connecting failed" in message
     assert "MARKER before" in out.stdout
+
+
+def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, tmp_path, monkeypatch):
+    """Issue 47.4: the TPU held by another process (a crashed kernel's leftover holding libtpu's
+    lock file, jax-ml/jax#10192) is named with its pid and the fix, and nothing runs."""
+    import time
+
+    from kdist_magics.strategies.kernel import tpu_hygiene
+
+    lock = tmp_path / "libtpu_lockfile"
+    lock.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(lock)!r}); import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        while tpu_hygiene.held_by([str(lock)]) is None:
+            assert time.monotonic() < deadline, "the holder never opened the lock file"
+            time.sleep(0.05)
+        assert tpu_hygiene.held_by([str(lock)])[0] == holder.pid
+        assert tpu_hygiene.held_by([str(lock)], me=holder.pid) is None  # one's own hold is no news
+        monkeypatch.setattr(tpu_hygiene, "tpu_paths", lambda found_by="": [str(lock)])
+        ext = kdist_magics._extension
+        ext._strategies["tpu"] = TPUStrategy(find=lambda: tpu_from_kind("v5litepod-1", target="local",
+                                                                       found_by="/dev/vfio/0"))
+        ip.user_ns["marker"] = "before"
+        with pytest.raises(StrategyUnavailable) as info:
+            ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard", "marker = 'ran'")
+        said = str(info.value)
+        assert f"held by another process, pid {holder.pid}" in said and f"kill {holder.pid}" in said
+        assert "\n" not in said and ip.user_ns["marker"] == "before"
+    finally:
+        holder.kill()
+        holder.wait()
+        kdist_magics._extension._strategies.pop("tpu", None)
