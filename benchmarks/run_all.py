@@ -7,6 +7,8 @@ Runs, each in its own process (own temp IPython/Jupyter dirs, own kernel):
 * ``cold_start.py``         -- P6 (a fresh kernel's first cell against horovodrun's whole job)
 * ``bench_horovod.py --model cnn`` -- P7 (P1's comparison on Horovod's MNIST CNN)
 * ``sharded_memory.py``     -- P8 (memory per process: ``--strategy sharded`` against DataParallel)
+* ``push_memory.py``       -- P11 (``--push`` of 1 GiB to local engines against a pickle round trip;
+  the host's memory growth, a second push of unchanged data, 4 engines against 2)
 * ``bench_multiworker.py``  -- P7's multiworker half (a ``multiworker`` cell against TensorFlow's
   own launch by hand, ``TF_CONFIG``), shown in the table beside P7
 
@@ -18,6 +20,7 @@ and prints their tables, then::
     P6 <ratio> (goal <= 0.8)
     P7 <ratio> (goal >= 0.99)
     P8 <ratio> (goal <= 0.6)
+    P11 <ratio> (goal <= 1.5)
 
 Options: ``--quick`` (1 repeat, short runs: a smoke test, not figures to quote),
 ``--json FILE`` (everything measured). Seeds are fixed in the workloads.
@@ -36,7 +39,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 PY = sys.executable
 GOALS = {"P1": ">= 0.99", "P2": "<= 0.1", "P3": ">= 0.99", "P4": ">= 0.98", "P5": "<= 0.5",
-         "P6": "<= 0.8", "P7": ">= 0.99", "P8": "<= 0.6"}
+         "P6": "<= 0.8", "P7": ">= 0.99", "P8": "<= 0.6", "P11": "<= 1.5"}
 
 
 def run(script: str, args: list[str], out: Path) -> dict | None:
@@ -80,6 +83,8 @@ def main(argv=None) -> int:
                       if args.quick else [], tmp / "multiworker.json")
     sharded = run("sharded_memory.py", ["--repeats", "1", "--steps", "8"] if args.quick else [],
                   tmp / "sharded.json")
+    pushed = run("push_memory.py", ["--repeats", "1", "--mib", "256"] if args.quick else [],
+                 tmp / "push.json")
 
     values: dict[str, float | None] = {k: None for k in GOALS}
     if horovod:
@@ -91,6 +96,8 @@ def main(argv=None) -> int:
         values["P7"] = cnn["goals"]["P7"]["value"]
     if sharded:
         values["P8"] = sharded["goals"]["P8"]["value"]
+    if pushed:
+        values["P11"] = pushed["goals"]["P11"]["value"]
     p3_from = None
     if dashboard and (dashboard.get("direct") or {}).get("ratio") is not None:
         # judged by the direct share of the dashboard's and telemetry's threads, which a
@@ -179,6 +186,10 @@ def main(argv=None) -> int:
               f"{'MiB/process, multiworker (DataParallel)':<44} {g['A'] / 2**20:>8.0f} {g['B'] / 2**20:>8.0f}")
         print(f"{'(P8)':<5} {'steps/s, the same sharded run':<46} {'steps/s, the same DataParallel run':<44} "
               f"{r['A']:>8.2f} {r['B']:>8.2f}")
+    if pushed:
+        two = pushed["two"]
+        print(f"{'P11':<5} {'s, %%kdist --push 1 GiB, 2 local engines':<46} "
+              f"{'s, pickle round trip in the kernel':<44} {two['A']:>8.2f} {two['B']:>8.2f}")
     if p3_from:
         print(f"P3 from {p3_from}")
     if args.json:

@@ -199,6 +199,12 @@ def pull_not_global(name: str, script: str) -> str:  # %kdist run --pull of a ma
             f"{name}` in main(), or return it) to pull it")
 
 
+def push_too_big(need: int, free: int) -> str:  # --push larger than the host's free memory
+    return (f"--push: the values' arrays take {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} "
+            f"GiB this host has free; push less (or each rank reads its own files: see the guide's "
+            f"data page). Nothing was sent")
+
+
 def push_missing(name: str) -> str:  # a rank's NameError for a name the notebook has
     return (f"'{name}' is in the notebook, not on the engines: add --push {name} to the %%kdist "
             f"line (each engine is a process of its own and sees only what --push sends)")

@@ -1,6 +1,6 @@
 """An engine prepared for a run: thread variables, the strategy's environment, the working
 folder and the rank's GPU (:func:`prepare_remote`, on the engine), asked of every engine from
-the kernel (:func:`prepare_engines`), and ``--push``'s values sent (:func:`push_values`).
+the kernel (:func:`prepare_engines`). ``--push`` is :mod:`.push`.
 
 :func:`prepare_remote` is shared by a run (:mod:`.strategy`, :mod:`.grow`) and ``%kdist
 start`` (:mod:`.warm`, which warms engines exactly as a run prepares them), so neither imports
@@ -10,8 +10,6 @@ the other for it.
 from __future__ import annotations
 
 import os
-from typing import Any
-
 from ...errors import KDistError
 from . import waiting
 
@@ -45,9 +43,3 @@ def prepare_engines(strategy, cluster, ctx, ranks: list[int]) -> None:
     errors = [info["gpu_error"] for info in infos if info.get("gpu_error")]
     if errors:
         raise KDistError(errors[0] + ". The cell did not run.")
-
-
-def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> None:
-    """``--push``: the named values into every engine's namespace."""
-    waiting.gather(strategy, [cluster.view().push(pushed, block=False)], ranks, 600,
-                   "while --push sent its values")

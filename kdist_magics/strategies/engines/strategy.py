@@ -51,7 +51,7 @@ from ...engine.values import pushable
 from ...errors import RankDied, RankFailed
 from ...messages import phase_setup
 from ..base import RunContext, Strategy
-from . import execute, finish, hints, prepare, results, start, waiting
+from . import execute, finish, hints, prepare, push, results, start, waiting
 from .supervisor import RunSupervisor
 
 
@@ -78,6 +78,7 @@ class EngineStrategy(Strategy):
         self.cell: str | None = None  # the cell of the run in progress
         self.pushed: dict[str, Any] = {}  # its --push values
         self.warming = None  # a %kdist start under way or done (engines/warm.Warming)
+        self.shared_prints: dict[str, str] = {}  # --push values the engines hold (engines/push.py)
 
     # -- hooks ---------------------------------------------------------------
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
@@ -161,6 +162,7 @@ class EngineStrategy(Strategy):
             self.warming.wait(120)  # a %kdist start under way finishes first
             self.warming = None
         cluster, self.cluster = self.cluster, None
+        self.shared_prints = {}  # new engines hold nothing
         if cluster is not None:
             hold("stopping", cluster)
             cluster.stop()
@@ -207,7 +209,7 @@ class EngineStrategy(Strategy):
             hold("setup", cluster, addresses=self.listen_addresses())
             prepare.prepare_engines(self, cluster, ctx, ranks)
             if self.pushed:
-                prepare.push_values(self, cluster, self.pushed, ranks)
+                push.push_values(self, cluster, self.pushed, ranks)
             self.before_cell(cluster, ctx, ranks)
 
     def _restart_after_growth(self, cluster: EngineCluster) -> None:

@@ -1,0 +1,140 @@
+"""``--push``: the named values into every engine's namespace, large arrays once per host.
+
+The engines on the kernel's host get each large NumPy array (alone or in tuples, lists and
+dicts) through one shared-memory segment (:mod:`kdist_magics.engine.shared`), mapped
+copy-on-write, its name removed from ``/dev/shm`` once every engine has mapped it; a value
+pushed again unchanged (the same fingerprint, checked on each engine too) is bound again from
+what the engines hold and not sent. Engines on other hosts, and values without such arrays,
+get the value as ipyparallel sends it. A push larger than the host's free memory is refused
+first, in one line with the sizes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from ...engine import shared
+from ...errors import KDistError
+from . import waiting
+
+DURING = "while --push sent its values"
+
+
+def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> None:
+    """Every ``--push`` value into every engine of ``cluster`` (see the module doc)."""
+    here = socket.gethostname()
+    local = [e for e in cluster.engines if e.hostname == here and os.path.isdir("/dev/shm")]
+    others = [e for e in cluster.engines if e not in local]
+    big = {n: v for n, v in pushed.items() if shareable_here(v) and local}
+    plain = {n: v for n, v in pushed.items() if n not in big}
+    check_memory(big)
+    ars = []
+    if plain:
+        ars.append(cluster.view().push(plain, block=False))
+    if big and others:
+        ars.append(cluster.view([e.engine_id for e in others]).push(big, block=False))
+    if ars:
+        waiting.gather(strategy, ars, ranks, 600, DURING)
+    if big:
+        _share(strategy, cluster, local, big, ranks)
+
+
+def shareable_here(value) -> bool:
+    return shared.shareable(value)
+
+
+def check_memory(values: dict[str, Any]) -> None:
+    """Refuse, in one line with the sizes, a push whose segments would not fit in free memory."""
+    import psutil
+
+    from ...messages import push_too_big
+
+    need = sum(_array_bytes(v) for v in values.values())
+    free = psutil.virtual_memory().available
+    if need and need > free:
+        raise KDistError(push_too_big(need, free))
+
+
+def _array_bytes(value) -> int:
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value.nbytes if value.nbytes >= shared.MIN_BYTES else 0
+    if isinstance(value, (tuple, list)):
+        return sum(_array_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_array_bytes(v) for v in value.values())
+    return 0
+
+
+def sweep(folder: str = "/dev/shm") -> list[str]:
+    """Remove segments a kernel that died between making and unnaming them left behind
+    (``kdist-<its pid>-*``, that pid gone); the names removed."""
+    import glob
+
+    import psutil
+
+    gone = []
+    for path in glob.glob(os.path.join(folder, "kdist-*-*")):
+        pid = os.path.basename(path).split("-")[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+            try:
+                os.unlink(path)
+                gone.append(os.path.basename(path))
+            except OSError:
+                pass
+    return gone
+
+
+def _share(strategy, cluster, engines, values: dict[str, Any], ranks) -> None:
+    """Bind ``values`` on ``engines`` (this host's) through shared memory."""
+    sweep()
+    prints = {name: shared.fingerprint(value) for name, value in values.items()}
+    held = getattr(strategy, "shared_prints", {})
+    ids = [e.engine_id for e in engines]
+    again = {n: p for n, p in prints.items() if held.get(n) == p}
+    needs = {name: list(ids) for name in values if name not in again}  # name -> engines
+    if again:  # unchanged since the last push: each engine binds what it holds
+        view = cluster.view(ids)
+        for eid, names in zip(ids, waiting.gather(strategy, [view.apply_async(shared.rebind, again)],
+                                                  ranks, 600, DURING)[0]):
+            for name in names:  # this engine's copy is gone or was written to
+                needs.setdefault(name, []).append(eid)
+    for name in sorted(needs):
+        _send(strategy, cluster.view(needs[name]), name, values[name], prints[name], ranks)
+    strategy.shared_prints = {**held, **prints}
+
+
+def _send(strategy, view, name: str, value, print_: str, ranks) -> None:
+    """One segment per large array of ``value``, mapped by every engine, then unnamed."""
+    from multiprocessing import shared_memory
+
+    made: list[Any] = []
+
+    def segment(nbytes: int):
+        mem = shared_memory.SharedMemory(create=True, size=nbytes,
+                                         name=f"kdist-{os.getpid()}-{os.urandom(4).hex()}")
+        made.append(mem)
+        return mem.name, mem.buf
+
+    try:
+        desc = shared.describe(value, segment)
+        waiting.gather(strategy, [view.apply_async(shared.attach, name, desc, print_)], ranks,
+                       600, DURING)
+    finally:
+        for mem in made:  # mapped by every engine now (or never will be): the names go
+            _drop(mem)
+
+
+def _drop(mem) -> None:
+    """Close the kernel's mapping and remove the segment's name, whatever it holds."""
+    try:
+        mem.close()
+    except BufferError:  # a NumPy view of it still alive here: the mapping goes with it
+        pass
+    try:
+        mem.unlink()
+    except FileNotFoundError:
+        pass

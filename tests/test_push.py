@@ -1,0 +1,133 @@
+"""Issue 48: ``--push`` of large arrays, one copy per host and nothing sent twice.
+
+Engines tier (real engines on this host, Keras on JAX, so they start fast): the arrays reach every
+rank equal, through shared memory mapped copy-on-write (a rank that writes to its copy changes
+no other rank's); nothing is left in ``/dev/shm`` after a push; an unchanged value pushed again
+is bound from what the ranks hold (the same objects), a changed one (in the notebook, or on a
+rank) is sent again; what is not an array travels as before. Fast tier: the fingerprint and the
+refusal of a push larger than free memory.
+"""
+
+from __future__ import annotations
+
+import glob
+
+import numpy as np
+import pytest
+
+from conftest import run_in_fresh_shell
+from kdist_magics.engine import shared
+
+LINE = "--strategy multiworker --np 2 --no-dashboard --push x,pair,small,meta"
+CELL = ("import numpy as np\n"
+        "kd_root = x\n"
+        "while isinstance(kd_root, np.ndarray) and kd_root.base is not None:\n"
+        "    kd_root = kd_root.base  # what the array's memory is\n"
+        "kd_root = kd_root.obj if isinstance(kd_root, memoryview) else kd_root\n"
+        "kd_seen = [float(x.sum()), float(pair[1].sum()), small.tolist(), meta, id(x),\n"
+        "           type(kd_root).__name__, bool(x.flags.writeable)]\n")
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(400)
+def test_pushed_arrays_are_shared_once_per_host_and_not_sent_twice():
+    out = run_in_fresh_shell(f'''
+import glob, numpy as np
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 1024)).astype("float32")          # 2 MiB: shared
+pair = (np.arange(300_000, dtype="float64"), np.ones(400_000, dtype="float32"))
+small, meta = np.arange(5), {{"classes": 10}}                  # inline, as before
+ip.user_ns.update(x=x, pair=pair, small=small, meta=meta)     # the notebook's variables
+def cell(extra=""):
+    _, err = attempt({LINE!r}, {CELL!r} + extra)
+    assert err is None, repr(err)
+    return by_rank("kd_seen")
+out["first"] = cell()
+out["shm_after"] = glob.glob("/dev/shm/kdist-*")
+out["again"] = cell()
+x[0, 0] += 1.0                                               # changed in the notebook
+out["changed"] = cell()
+out["written"] = cell("import jax\\nif jax.process_index() == 0:\\n    x[:] = 0\\n"
+                      "kd_seen[0] = float(x.sum())\\n")  # rank 0 writes to its copy
+out["after_write"] = cell()
+out["sums"] = [float(x.sum()), float(pair[1].sum())]
+ip.run_line_magic("kdist", "stop")
+out["shm_end"] = glob.glob("/dev/shm/kdist-*")
+''', {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+    first, again, changed = out["first"], out["again"], out["changed"]
+    for ranks in (first, again):
+        for seen in ranks:
+            assert seen[1:4] == [400_000.0, [0, 1, 2, 3, 4], {"classes": 10}], seen
+            assert seen[5] == "mmap" and seen[6] is True  # shared, and a cell may write (its own copy)
+    assert first[0][0] == pytest.approx(first[1][0])  # the same data on both ranks
+    assert out["shm_after"] == [] and out["shm_end"] == []  # no name left in /dev/shm
+    assert [r[4] for r in again] == [r[4] for r in first]  # unchanged: the same objects, not sent
+    assert [r[4] for r in changed] != [r[4] for r in first]  # changed in the notebook: sent again
+    assert changed[0][0] == pytest.approx(out["sums"][0], rel=1e-6) == changed[1][0]
+    written, after = out["written"], out["after_write"]
+    assert written[0][0] == 0.0 and written[1][0] == pytest.approx(out["sums"][0], rel=1e-6)  # COW
+    assert after[0][0] == pytest.approx(out["sums"][0], rel=1e-6)  # rank 0's written copy: sent again
+    assert after[1][4] == written[1][4]  # rank 1's untouched copy: bound again, not sent
+
+
+def test_the_fingerprint_sees_every_change_and_moved_rows():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4096, 16)).astype("float32")
+    base = shared.fingerprint(x)
+    assert shared.fingerprint(x.copy()) == base  # content, not identity
+    y = x.copy()
+    y[2000, 3] += 1e-3
+    assert shared.fingerprint(y) != base
+    z = x.copy()
+    rng.shuffle(z)  # rows moved in place: the same sum
+    assert shared.fingerprint(z) != base
+    assert shared.fingerprint((x, {"a": 1})) != shared.fingerprint((x, {"a": 2}))
+    assert shared.fingerprint(x[:100]) != shared.fingerprint(x[:101])
+
+
+def test_a_push_larger_than_free_memory_is_refused_in_one_line(monkeypatch):
+    import psutil
+
+    from kdist_magics.errors import KDistError
+    from kdist_magics.strategies.engines import push
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": 2 ** 20})())
+    with pytest.raises(KDistError) as info:
+        push.check_memory({"x": np.zeros(2 ** 20, dtype="float32")})
+    said = str(info.value)
+    assert said.startswith("--push: the values' arrays take 0.0 GiB") or "more than the" in said
+    assert "\n" not in said and said.endswith("Nothing was sent")
+
+
+def test_a_copy_on_write_mapping_tells_whether_this_process_wrote_to_it(tmp_path):
+    """The engines' check before binding a held value again: pages written since mapping."""
+    import mmap
+
+    path = tmp_path / "segment"
+    path.write_bytes(np.arange(2 ** 20, dtype="float32").tobytes())
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    x = np.frombuffer(mapped, dtype="float32")
+    if shared.written(x) is None:
+        pytest.skip("/proc/self/pagemap cannot be read here (the engines then read the content)")
+    assert shared.written(x) is False
+    assert float(x[1000]) == 1000.0 and shared.written(x) is False  # read: still the file's page
+    x[123_456] = -1.0
+    assert shared.written(x) is True
+
+
+def test_segments_of_a_kernel_that_died_mid_push_are_swept(tmp_path):
+    """A kernel killed between making a segment and removing its name leaves ``kdist-<pid>-*``
+    in /dev/shm; the next push on the host removes those whose kernel is gone, no other."""
+    import os
+    import subprocess
+    import sys
+
+    from kdist_magics.strategies.engines.push import sweep
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name in (f"kdist-{dead.pid}-0a1b", f"kdist-{os.getpid()}-0a1b", "other-1-2"):
+        (tmp_path / name).write_bytes(b"x")
+    assert sweep(str(tmp_path)) == [f"kdist-{dead.pid}-0a1b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"kdist-{os.getpid()}-0a1b", "other-1-2"])
