@@ -265,3 +265,24 @@ def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, 
         holder.kill()
         holder.wait()
         kdist_magics._extension._strategies.pop("tpu", None)
+
+
+@pytest.mark.kernel
+def test_one_tpu_chip_is_said_to_be_one_replica_on_jax():
+    """Issue 47.2: on Colab's single chip (v5e-1, v6e-1) --strategy tpu runs on that chip and
+    says that one chip is one replica (JAX's one device stands in for it here)."""
+    from conftest import run_in_fresh_shell
+
+    out = run_in_fresh_shell("""
+from kdist_magics.choose.hardware import tpu_from_kind
+from kdist_magics.strategies.kernel import jax_dp
+from kdist_magics.strategies.kernel.tpu import TPUStrategy
+import jax
+jax_dp.plan_devices = lambda wanted, platform: jax.devices()[:1]  # the chip
+kdist_magics._extension._strategies["tpu"] = TPUStrategy(
+    find=lambda: tpu_from_kind("v5litepod-1", target="local", found_by="/dev/vfio/0"))
+_, err = attempt("--strategy tpu --no-dashboard", "kd_r = strategy.num_replicas_in_sync")
+out["r"] = [repr(err), ip.user_ns.get("kd_r")]
+""", {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+    assert out["r"] == ["None", 1], out
+    assert "is one replica: the cell runs on it as it would without kdist" in out["_stdout"]

@@ -199,6 +199,11 @@ def pull_not_global(name: str, script: str) -> str:  # %kdist run --pull of a ma
             f"{name}` in main(), or return it) to pull it")
 
 
+def one_tpu_chip(device: str) -> str:  # --strategy tpu on Colab's one chip (v5e-1, v6e-1)
+    return (f"one TPU chip ({device}) is one replica: the cell runs on it as it would without "
+            f"kdist; splitting batches needs several chips (Kaggle's v5e-8)")
+
+
 def push_too_big(need: int, free: int) -> str:  # --push larger than the host's free memory
     return (f"--push: the values' arrays take {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} "
             f"GiB this host has free; push less (or each rank reads its own files: see the guide's "

@@ -246,6 +246,10 @@ class JaxDataParallel:
             self._strategies[key] = strategy
         self.current = strategy
         n = len(devices)
+        if n == 1 and self.platform == "tpu" and not ctx.quiet:  # Colab's v5e-1, v6e-1
+            from ...messages import one_tpu_chip, say
+
+            say(one_tpu_chip(str(devices[0])))
         for rank, device in enumerate(devices):
             ctx.record.set_rank(rank, state="running", device=str(device))
         scope = contextlib.ExitStack()
