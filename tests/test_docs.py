@@ -273,3 +273,16 @@ def test_every_guide_page_is_in_exactly_one_toctree_of_the_guide():
     pages = {p.stem for p in guide.glob("*.md")} - {"index"}
     assert "*" not in listed and set(listed) == pages, (sorted(listed), sorted(pages))
     assert all(n == 1 for n in listed.values()), listed
+
+
+def test_the_choosing_pages_rules_come_from_the_advisor():
+    """Issue 49.15: the page's hand-written rules table said, for a model that does not fit, that
+    "every strategy here copies the model", while the advisor picks sharded there. The table is
+    generated from RULES: every rule has its line, and the page has no hand-written table."""
+    from kdist_magics.choose.advisor import RULES
+    from kdist_tables import advisor_rules
+
+    assert all(rule.doc for rule in RULES) and len(advisor_rules()) == len(RULES)
+    assert any("sharded" in doc for criterion, doc in advisor_rules() if criterion == "model size")
+    page = (DOCS / "guide" / "choosing.md").read_text()
+    assert "```{kdist-advisor-rules}" in page and "| criterion | rule" not in page

@@ -4,6 +4,7 @@
 ``{kdist-cell-help}``     the text ``%%kdist?`` shows, verbatim
 ``{kdist-line-commands}`` the ``%kdist`` line commands and the text ``%kdist?`` shows
 ``{kdist-config}``        every ``%config KDist.*`` setting, as a ``{confval}``
+``{kdist-advisor-rules}`` ``--strategy auto``'s rules, in order (``choose.advisor.RULES``)
 
 The directives write MyST and let the page's parser read it, so the pages look like hand-written
 ones, but every word comes from the definitions the magics use.
@@ -90,9 +91,18 @@ class Config(_Generated):
         return out
 
 
+class AdvisorRules(_Generated):
+    def lines(self):
+        from kdist_tables import advisor_rules
+
+        out = ["| criterion | rule, in the order auto reads them |", "| --- | --- |"]
+        return out + [f"| {criterion} | {doc.replace('|', '/')} |" for criterion, doc in advisor_rules()]
+
+
 def setup(app):
     app.add_directive("kdist-cell-options", CellOptions)
     app.add_directive("kdist-cell-help", CellHelp)
     app.add_directive("kdist-line-commands", LineCommands)
     app.add_directive("kdist-config", Config)
+    app.add_directive("kdist-advisor-rules", AdvisorRules)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

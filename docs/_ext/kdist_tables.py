@@ -70,3 +70,10 @@ def config_settings() -> list[dict[str, Any]]:
             "help": trait.help or "",
         })
     return rows
+
+
+def advisor_rules() -> list[tuple[str, str]]:
+    """``--strategy auto``'s rules in the order it reads them: (criterion, the rule in one line)."""
+    from kdist_magics.choose.advisor import RULES
+
+    return [(rule.criterion, rule.doc) for rule in RULES]
