@@ -134,7 +134,7 @@ def test_tf_already_started_with_one_device_runs_nothing():
     assert "already started with 1 CPU device," in message
     assert "--devices 2 cannot take effect" in message and "Restart the kernel" in message
     assert r["marker"] == "before" and r["bound"] is False
-    assert r["record"][0] == "failed" and "Restart the kernel" in r["record"][1]
+    assert r["record"][0] == "not run" and "Restart the kernel" in r["record"][1]  # never began
 
 
 def test_plan_devices_on_gpus_with_a_fake_tf():

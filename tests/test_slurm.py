@@ -109,6 +109,45 @@ def test_status_shows_the_queue_and_stop_or_restart_cancels_a_waiting_start(shel
     assert slurm.queue() == []
 
 
+def kdist_processes_of_this_kernel() -> list[int]:
+    """Processes kdist started for this test process that are alive (the follow wrapper's own,
+    its children and guards, by their command line), here where the controller runs."""
+    import os
+
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if ("kdist_magics.cluster.follow" in cmd and f" {os.getpid()} " in f" {cmd} "
+                and proc.info["status"] != psutil.STATUS_ZOMBIE):
+            found.append(proc.info["pid"])
+    return found
+
+
+@pytest.mark.parametrize("phase", ["RUNNING, engines starting", "engines registered"])
+def test_a_start_cancelled_once_the_job_runs_leaves_nothing(shell, slurm, phase):
+    """Issue 50: a Slurm start ended at each of its phases leaves no process kdist started. Before
+    the job runs (refused, pending: the tests above); here once it runs, while its engines start
+    and once they have registered, by %kdist stop from another cell (as the user would)."""
+    shell.run_line_magic("kdist", f"start --strategy multiworker {SPREAD} --launcher slurm")
+    def reached() -> bool:
+        if phase.startswith("RUNNING"):  # the job runs; its engines are still starting
+            return any(line.endswith(" RUNNING") for line in slurm.queue())
+        return "engines warmed by %kdist start" in status(shell)
+
+    deadline = time.monotonic() + 120
+    while not reached():
+        assert time.monotonic() < deadline, (slurm.queue(), status(shell))
+        time.sleep(0.2)
+    shell.run_line_magic("kdist", "stop")
+    queue_empties(slurm, within=30)
+    deadline = time.monotonic() + 30
+    while left := kdist_processes_of_this_kernel():
+        assert time.monotonic() < deadline, f"left after a start cancelled ({phase}): {left}"
+        time.sleep(0.5)
+
+
 def queue_empties(slurm, within: float) -> None:
     """Wait until Slurm lists no job (a cancelled job leaves squeue within seconds)."""
     deadline = time.monotonic() + within

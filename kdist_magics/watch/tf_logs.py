@@ -147,9 +147,12 @@ class _QuietTensorFlowImport:
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow" or not self.quiet():
             return None
-        import importlib.machinery
-
-        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        spec = None
+        for finder in [f for f in sys.meta_path if f is not self]:  # as the import system would
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
         if spec is not None and spec.loader is not None:
             spec.loader = _QuietLoader(spec.loader, self.quiet)
         return spec
