@@ -8,8 +8,9 @@ COLAB_VENV ?= .venv-colab
 # network namespaces and the pinned-stack installs (both are about this machine, not the stack),
 # PyTorch (Colab's torch comes from its own wheel index, not from its published freeze), and the
 # GPU check's dry run (a script for the lent GPU machine, whose stack is not Colab's), the docs
-# build (its packages are the docs extra, in .venv only) and the Slurm cluster (this machine's).
-COLAB_TESTS ?= (not horovod and not torch and not netns and not slurm and not browser and not stacks and not long and not gpucheck and not docs) or classic
+# build (its packages are the docs extra, in .venv only), the Slurm cluster (this machine's) and
+# the tests about an environment without TensorFlow (tfless: .venv-colab-tpu runs them).
+COLAB_TESTS ?= (not horovod and not torch and not netns and not slurm and not browser and not stacks and not long and not gpucheck and not docs and not tfless) or classic
 
 .PHONY: setup lab test test-fast test-quick docs demo bench clean
 

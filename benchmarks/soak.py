@@ -75,7 +75,7 @@ CELLS = {
 }
 #: the kernel's Keras backend per soak strategy (multiworker follows it)
 BACKENDS = {"horovod": "tensorflow", "multiworker": "tensorflow", "jax": "jax", "torch": "torch"}
-EXPECT = {"ok": None, "raise": "RankFailed", "interrupt": "KeyboardInterrupt", "timeout": "RunTimedOut",
+EXPECT = {"ok": None, "raise": "RankFailed", "interrupt": "Interrupted", "timeout": "RunTimedOut",
           "die": "RankDied", "held": "RankDied"}
 #: faults mixed in with --faults: a rank dying mid-cell, an engine killed while the framework
 #: starts (held there by kdist's phase barrier); each costs the next run an engine restart

@@ -49,7 +49,7 @@ step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser 
 colab_setup=$!
 
 # shellcheck disable=SC2086
-step "suite in .venv" .venv/bin/python -m pytest -m "not classic and not docs and not long and not netns" ${PYTEST_ARGS:-} || status=1
+step "suite in .venv" .venv/bin/python -m pytest -m "not classic and not docs and not long and not netns and not tfless" ${PYTEST_ARGS:-} || status=1
 # the docs site, once the suite has executed the notebooks its tutorials show
 # shellcheck disable=SC2086
 step "docs in .venv" env KDIST_ACCOUNT=account-docs .venv/bin/python -m pytest -m docs ${PYTEST_ARGS:-} || status=1

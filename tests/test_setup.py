@@ -37,7 +37,7 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
     setup = [i for i, ln in enumerate(lines) if "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest" in ln]
     assert setup and runs and setup[0] < runs[0], lines
-    assert '-m "not classic and not docs and not long and not netns"' in lines[runs[0]]
+    assert '-m "not classic and not docs and not long and not netns and not tfless"' in lines[runs[0]]
     docs = [i for i, ln in enumerate(lines) if "-m pytest -m docs" in ln]
     assert docs and docs[0] > runs[0]  # the docs show the notebooks the suite just executed
 

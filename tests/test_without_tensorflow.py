@@ -7,7 +7,9 @@ Each test runs a fresh Python with an IPython shell and kdist loaded. In ``.venv
 engines it starts fail as a missing package does (``ModuleNotFoundError: No module named
 'tensorflow'``), so the main environment checks the same paths. What must work there trains
 and proves it (a falling loss; identical weights across processes); the TensorFlow-only paths
-refuse in one line naming what to set or install, before anything starts.
+refuse in one line naming what to set or install, before anything starts. ``make test`` runs this
+module in ``.venv-colab-tpu`` only (marker ``tfless``: the main suite and the Colab part leave it
+out, for time); ``pytest tests/test_without_tensorflow.py`` runs it anywhere.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 
 from conftest import run_in_fresh_shell
 
-pytestmark = [pytest.mark.kernel, pytest.mark.notf, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.kernel, pytest.mark.notf, pytest.mark.tfless, pytest.mark.timeout(600)]
 
 HIDE_TF = '''\
 """Tests: TensorFlow is not installed here (tests/test_without_tensorflow.py): the import system
