@@ -94,25 +94,33 @@ make_venv() {  # make_venv DIR PYTHON: a venv at DIR on PYTHON (kept when it alr
   "$py" -m venv "$dir"
 }
 
-if [ "$env_name" = colab ]; then
-  # Colab's runtime is Python 3.13 (envs/colab-2026-08.txt); nothing else stands in for it.
-  VENV=${VENV:-.venv-colab}
+# pinned_venv DEFAULT-VENV PINS WHAT PACKAGE-ARGS...: a Python 3.13 venv (Colab's) with PACKAGE-ARGS
+# installed under the pins file PINS as pip constraints, again only when pyproject.toml or PINS change
+pinned_venv() {
+  local pins=$2 what=$3 stamp want
+  VENV=${VENV:-$1}
+  shift 3
   PYTHON=${PYTHON:-$(find_python 3.13 || true)}
-  [ -n "$PYTHON" ] || die "the Colab-pinned environment needs Python 3.13 (none on PATH or under pyenv); set PYTHON=/path/to/python3.13"
+  [ -n "$PYTHON" ] || die "the $what environment needs Python 3.13 (none on PATH or under pyenv); set PYTHON=/path/to/python3.13"
   make_venv "$VENV" "$PYTHON"
   PY="$VENV/bin/python"
   stamp="$VENV/.kdist-installed"
-  want="$(cat pyproject.toml envs/colab-2026-08.txt | sha256sum | cut -c1-16) colab"
+  want="$(cat pyproject.toml "$pins" | sha256sum | cut -c1-16) $env_name"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    say "installing kdist_magics[tensorflow,jax] into $VENV under Colab's pins"
-    # pip itself stays as venv made it: Colab's pip (24.1.2) is older than Python 3.13's ensurepip
-    venv_install "$PY" -c envs/colab-2026-08.txt -e ".[tensorflow,jax]" \
-      ipykernel notebook nbclient nbformat pandas scikit-learn matplotlib tensorboard pytest \
-      pytest-timeout playwright
+    say "installing kdist_magics into $VENV under $what's pins ($pins)"
+    venv_install "$PY" -c "$pins" "$@"
     echo "$want" > "$stamp"
   else
     say "$VENV is up to date"
   fi
+}
+
+if [ "$env_name" = colab ]; then
+  # Colab's runtime is Python 3.13 (envs/colab-2026-08.txt); nothing else stands in for it.
+  # pip itself stays as venv made it: Colab's pip (24.1.2) is older than Python 3.13's ensurepip
+  pinned_venv .venv-colab envs/colab-2026-08.txt Colab -e ".[tensorflow,jax]" \
+    ipykernel notebook nbclient nbformat pandas scikit-learn matplotlib tensorboard pytest \
+    pytest-timeout playwright
   say "ready: $VENV ($("$PY" -c 'import sys, tensorflow as tf, keras, IPython, ipywidgets, ipyparallel; print(f"Python {sys.version.split()[0]}, TF {tf.__version__}, Keras {keras.__version__}, IPython {IPython.__version__}, ipywidgets {ipywidgets.__version__}, ipyparallel {ipyparallel.__version__}")' 2>/dev/null))"
   exit 0
 fi
@@ -120,21 +128,8 @@ fi
 if [ "$env_name" = colab-tpu ]; then
   # Colab's TPU runtime: Python 3.13, JAX 0.7.2, Keras 3.13.2 and no TensorFlow
   # (envs/colab-tpu-2026-08.txt); JAX's CPU jaxlib of that version stands in for the TPU build.
-  VENV=${VENV:-.venv-colab-tpu}
-  PYTHON=${PYTHON:-$(find_python 3.13 || true)}
-  [ -n "$PYTHON" ] || die "the TPU-runtime environment needs Python 3.13 (none on PATH or under pyenv); set PYTHON=/path/to/python3.13"
-  make_venv "$VENV" "$PYTHON"
-  PY="$VENV/bin/python"
-  stamp="$VENV/.kdist-installed"
-  want="$(cat pyproject.toml envs/colab-tpu-2026-08.txt | sha256sum | cut -c1-16) colab-tpu"
-  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    say "installing kdist_magics[jax] and Keras into $VENV under Colab's TPU pins (no TensorFlow)"
-    venv_install "$PY" -c envs/colab-tpu-2026-08.txt -e ".[jax]" keras \
-      ipykernel nbclient nbformat pandas scikit-learn matplotlib pytest pytest-timeout
-    echo "$want" > "$stamp"
-  else
-    say "$VENV is up to date"
-  fi
+  pinned_venv .venv-colab-tpu envs/colab-tpu-2026-08.txt "Colab's TPU runtime" -e ".[jax]" keras \
+    ipykernel nbclient nbformat pandas scikit-learn matplotlib pytest pytest-timeout
   "$PY" -c 'import tensorflow' >/dev/null 2>&1 && die "$VENV has TensorFlow; Colab's TPU runtime has none"
   say "ready: $VENV ($(KERAS_BACKEND=jax "$PY" -c 'import sys, jax, keras, IPython, ipyparallel; print(f"Python {sys.version.split()[0]}, JAX {jax.__version__}, Keras {keras.__version__}, IPython {IPython.__version__}, ipyparallel {ipyparallel.__version__}, no TensorFlow")' 2>/dev/null))"
   exit 0
