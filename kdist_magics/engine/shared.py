@@ -26,16 +26,16 @@ MIN_BYTES = 1 << 20
 HELD: dict[str, tuple[str, Any]] = {}
 
 
-def _shareable_array(value) -> bool:
+def segment_worthy(value) -> bool:
+    """An array that travels through a segment: NumPy, no Python objects, :data:`MIN_BYTES` up."""
     import numpy as np
 
-    return (isinstance(value, np.ndarray) and value.dtype != object and value.nbytes >= MIN_BYTES
-            and not value.dtype.hasobject)
+    return isinstance(value, np.ndarray) and not value.dtype.hasobject and value.nbytes >= MIN_BYTES
 
 
 def shareable(value) -> bool:
     """Whether ``value`` is, or holds (tuples, lists, dicts), an array worth a segment."""
-    if _shareable_array(value):
+    if segment_worthy(value):
         return True
     if isinstance(value, (tuple, list)):
         return any(shareable(v) for v in value)
@@ -88,7 +88,7 @@ def describe(value, segment) -> Any:
     (``segment(nbytes) -> (name, writable buffer)``), anything else inline."""
     import numpy as np
 
-    if _shareable_array(value):
+    if segment_worthy(value):
         name, buffer = segment(value.nbytes)
         np.frombuffer(buffer, dtype=value.dtype, count=value.size).reshape(value.shape)[...] = value
         return ("array", name, value.shape, value.dtype.str, value.nbytes)
@@ -119,15 +119,16 @@ def _build(desc) -> Any:
     return desc[1]
 
 
-def _arrays(value) -> list:
+def arrays(value) -> list:
+    """Every NumPy array in ``value`` (itself, or in its tuples, lists and dicts)."""
     import numpy as np
 
     if isinstance(value, np.ndarray):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [a for v in value for a in _arrays(v)]
+        return [a for v in value for a in arrays(v)]
     if isinstance(value, dict):
-        return [a for v in value.values() for a in _arrays(v)]
+        return [a for v in value.values() for a in arrays(v)]
     return []
 
 
@@ -158,7 +159,7 @@ def written(array) -> bool | None:
 def _unchanged(held: tuple) -> bool:
     """An engine's held value as it was when mapped (its pages; else its content)."""
     print_, value = held
-    checks = [written(a) for a in _arrays(value) if a.nbytes >= MIN_BYTES]
+    checks = [written(a) for a in arrays(value) if segment_worthy(a)]
     if checks and all(c is False for c in checks):
         return True
     return fingerprint(value) == print_

@@ -14,12 +14,11 @@ TensorFlow's import writes C++ lines to the process's stderr before it reads
 ``TF_CPP_MIN_LOG_LEVEL`` ("WARNING: All log messages before absl::InitializeLog() is called
 are written to STDERR" and "oneDNN custom operations are on ..." twice each, at any level), and
 the CPU instruction list after it (hidden at level 1). ipykernel forwards that file descriptor
-into the cell, 6-9 red lines in a notebook's first TensorFlow cell. Where kdist starts
-TensorFlow in the kernel (the in-kernel strategies on its tensorflow backend, ``--pull`` of a
-Keras model) it does so within :func:`quiet_tf_start`: those known lines are dropped, anything
-else TensorFlow writes then is passed on. And while the extension is loaded, whatever first
-imports TensorFlow in the kernel (a plain cell's ``import keras``, which on JAX imports
-TensorFlow where it is installed, too) does so within it (:func:`quiet_tensorflow_imports`). Engines start with ``TF_CPP_MIN_LOG_LEVEL=1``
+into the cell, 6-9 red lines in a notebook's first TensorFlow cell. While the extension is
+loaded, whatever first imports TensorFlow in the kernel (an in-kernel strategy, ``--pull`` of a
+Keras model, a plain cell's ``import keras``, which on JAX imports TensorFlow where it is
+installed, too) does so with those known lines dropped and anything else TensorFlow writes then
+passed on (:func:`quiet_tensorflow_imports`). Engines start with ``TF_CPP_MIN_LOG_LEVEL=1``
 (:mod:`kdist_magics.cluster.follow`). ``%config KDist.tf_info_logs = True`` keeps them all.
 """
 
@@ -57,18 +56,6 @@ def quiet_info(quiet: bool = True) -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(_warnings_and_above)
-
-
-@contextlib.contextmanager
-def quiet_tf_start(quiet: bool = True) -> Iterator[None]:
-    """Within the block, where TensorFlow is not imported yet: its C++ start-up lines on the
-    process's stderr are dropped (:data:`START_UP_NOISE`), everything else written there is
-    passed on at the end of the block. A no-op once TensorFlow is imported, or not ``quiet``."""
-    if not quiet or "tensorflow" in sys.modules:
-        yield
-        return
-    with _start_up_lines_dropped():
-        yield
 
 
 @contextlib.contextmanager
@@ -111,14 +98,6 @@ def _start_up_lines_dropped() -> Iterator[None]:
             os.close(saved)
 
 
-def import_tensorflow(quiet: bool = True):
-    """``import tensorflow``, within :func:`quiet_tf_start`."""
-    with quiet_tf_start(quiet):
-        import tensorflow
-
-    return tensorflow
-
-
 class _QuietLoader:
     """TensorFlow's own loader, its start-up lines dropped as it executes the package."""
 
@@ -139,7 +118,7 @@ class _QuietLoader:
 
 
 class _QuietTensorFlowImport:
-    """A meta path finder: the first ``import tensorflow`` runs within :func:`quiet_tf_start`."""
+    """A meta path finder: the first ``import tensorflow`` runs with its start-up lines dropped."""
 
     def __init__(self, quiet):
         self.quiet = quiet

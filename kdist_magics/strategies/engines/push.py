@@ -27,7 +27,7 @@ def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> 
     here = socket.gethostname()
     local = [e for e in cluster.engines if e.hostname == here and os.path.isdir("/dev/shm")]
     others = [e for e in cluster.engines if e not in local]
-    big = {n: v for n, v in pushed.items() if shareable_here(v) and local}
+    big = {n: v for n, v in pushed.items() if shared.shareable(v) and local}
     plain = {n: v for n, v in pushed.items() if n not in big}
     check_memory(big)
     ars = []
@@ -41,32 +41,16 @@ def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> 
         _share(strategy, cluster, local, big, ranks)
 
 
-def shareable_here(value) -> bool:
-    return shared.shareable(value)
-
-
 def check_memory(values: dict[str, Any]) -> None:
     """Refuse, in one line with the sizes, a push whose segments would not fit in free memory."""
     import psutil
 
     from ...messages import push_too_big
 
-    need = sum(_array_bytes(v) for v in values.values())
+    need = sum(a.nbytes for v in values.values() for a in shared.arrays(v) if shared.segment_worthy(a))
     free = psutil.virtual_memory().available
     if need and need > free:
         raise KDistError(push_too_big(need, free))
-
-
-def _array_bytes(value) -> int:
-    import numpy as np
-
-    if isinstance(value, np.ndarray):
-        return value.nbytes if value.nbytes >= shared.MIN_BYTES else 0
-    if isinstance(value, (tuple, list)):
-        return sum(_array_bytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_array_bytes(v) for v in value.values())
-    return 0
 
 
 def sweep(folder: str = "/dev/shm") -> list[str]:

@@ -45,11 +45,8 @@ def pull(strategy, cluster, ctx, by_rank: dict, result_content) -> Any:
             packed = from_rank0(strategy, cluster, by_rank, values.fetch, list(ctx.spec.pull))
         except RemoteError as exc:
             raise KDistError(f"--pull: {exc.evalue.strip(chr(34)).strip(chr(39))}") from None
-        from ...watch.tf_logs import quiet_tf_start
-
-        with quiet_tf_start(not ctx.options.tf_info_logs):  # a Keras model may start TF here
-            for name, item in packed.items():
-                ctx.shell.user_ns[name] = values.unpack(item)
+        for name, item in packed.items():  # a Keras model may start TensorFlow: quietly, by
+            ctx.shell.user_ns[name] = values.unpack(item)  # watch/tf_logs.py's import hook
     if result_content is None:
         return None
     try:

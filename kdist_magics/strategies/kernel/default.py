@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ...watch.tf_logs import import_tensorflow
 from ..base import RunContext, Strategy
 from ..frameworks.backends import keras_backend, require_tensorflow
 from .run import run_cell_here
@@ -41,7 +40,7 @@ class DefaultStrategy(Strategy):
         backend = keras_backend()
         if backend == "tensorflow":
             require_tensorflow("--strategy default on Keras' tensorflow backend")
-            tf = import_tensorflow(quiet=not ctx.options.tf_info_logs)
+            import tensorflow as tf  # quietly: watch/tf_logs.py's import hook
 
             strategy = tf.distribute.get_strategy()
         else:

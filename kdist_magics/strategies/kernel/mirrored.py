@@ -90,9 +90,7 @@ class MirroredStrategy(Strategy):
 
                 self._jax = JaxDataParallel(platform=None)
             return self._jax.run(cell, ctx)
-        from ...watch.tf_logs import import_tensorflow
-
-        tf = import_tensorflow(quiet=not ctx.options.tf_info_logs)
+        import tensorflow as tf  # quietly: watch/tf_logs.py's import hook
 
         devices, kind = plan_devices(tf, ctx.spec.devices)
         key = tuple(devices)

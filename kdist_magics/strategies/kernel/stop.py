@@ -37,8 +37,6 @@ def stop_reaches_fit() -> Iterator[dict]:
         raise KeyboardInterrupt
 
     class StopAsked(keras.callbacks.Callback):
-        kdist_opt_out = False
-
         def _check(self, *_args, **_kwargs):
             if asked["asked"]:
                 raise KeyboardInterrupt
