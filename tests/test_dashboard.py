@@ -509,3 +509,45 @@ def test_the_chart_says_what_a_training_point_is(monkeypatch):
     note = dash.snapshot()[0]["curves_note"]
     assert "running mean over the epoch so far" in note and "steps down where an epoch begins" in note
     assert "running mean over the epoch so far" in displayed[-1][1]["text/html"]
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+def test_the_html_export_shows_the_dashboard_offline_as_the_guide_says(tmp_path):
+    """Issue 49.9: ``nbconvert --execute`` saves the widget's state, and its HTML then draws the
+    dashboard with scripts from a CDN (nothing offline). The two commands the dashboard guide
+    gives ("Saved notebooks and HTML files") export the static summary instead, with no widget
+    to draw from the web (nbconvert's page links MathJax and require.js from a CDN either way)."""
+    import subprocess
+    import sys
+
+    nbformat = pytest.importorskip("nbformat", reason="nbformat is in the test extra")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext kdist_magics"),
+                nbformat.v4.new_code_cell("%%kdist --strategy default\n" + TRAIN)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "fresh.ipynb")
+    nbconvert = [sys.executable, "-m", "jupyter", "nbconvert"]
+
+    def convert(*args: str) -> None:
+        done = subprocess.run([*nbconvert, *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def offline(html: str) -> bool:
+        return ("kdist-static" in html and "<polyline" in html and "embed-amd.js" not in html
+                and "application/vnd.jupyter.widget-view+json" not in html)
+
+    # the trap: executed with its widget state saved, the page needs the CDN
+    convert("--to", "notebook", "--execute", "--output", "saved", "fresh.ipynb")
+    saved = nbformat.read(tmp_path / "saved.ipynb", as_version=4)
+    assert saved.metadata["widgets"]  # nbclient's default: the state is saved
+    convert("--to", "html", "--output", "with_state", "saved.ipynb")
+    assert "embed-amd.js" in (tmp_path / "with_state.html").read_text()
+    # the guide's two ways out
+    convert("--to", "html", "--ClearMetadataPreprocessor.enabled=True", "--output", "cleared",
+            "saved.ipynb")
+    assert offline((tmp_path / "cleared.html").read_text())
+    convert("--to", "html", "--execute", "--ExecutePreprocessor.store_widget_state=False",
+            "--output", "executed", "fresh.ipynb")
+    assert offline((tmp_path / "executed.html").read_text())
