@@ -125,22 +125,45 @@ def kdist_processes_of_this_kernel() -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("phase", ["RUNNING, engines starting", "engines registered"])
-def test_a_start_cancelled_once_the_job_runs_leaves_nothing(shell, slurm, phase):
-    """Issue 50: a Slurm start ended at each of its phases leaves no process kdist started. Before
-    the job runs (refused, pending: the tests above); here once it runs, while its engines start
-    and once they have registered, by %kdist stop from another cell (as the user would)."""
-    shell.run_line_magic("kdist", f"start --strategy multiworker {SPREAD} --launcher slurm")
-    def reached() -> bool:
-        if phase.startswith("RUNNING"):  # the job runs; its engines are still starting
-            return any(line.endswith(" RUNNING") for line in slurm.queue())
-        return "engines warmed by %kdist start" in status(shell)
+#: a Slurm start, cancelled at each of its phases (issue 50's fault-matrix case): how it is ended
+CANCELLED_AT = {
+    "refused by sbatch": "the job is refused",
+    "pending, --timeout": "--timeout ends the wait",
+    "pending, %kdist stop": "%kdist stop from another cell",
+    "pending, %kdist restart": "%kdist restart from another cell",
+    "running, its engines starting": "%kdist stop from another cell",
+    "its engines registered": "%kdist stop from another cell",
+}
 
-    deadline = time.monotonic() + 120
-    while not reached():
-        assert time.monotonic() < deadline, (slurm.queue(), status(shell))
-        time.sleep(0.2)
-    shell.run_line_magic("kdist", "stop")
+
+@pytest.mark.parametrize("phase", list(CANCELLED_AT))
+def test_a_slurm_start_cancelled_at_each_of_its_phases_leaves_nothing(shell, slurm, phase):
+    """Issue 50: a Slurm start ended at each of its phases leaves no job in Slurm's queue and no
+    process kdist started (the controller, its forked schedulers, the follow guards), as the
+    user would end it at that phase. (The Slurm tests share one Slurm, so this case lives here
+    rather than in test_fault_matrix.py.)"""
+    if phase == "refused by sbatch":
+        with pytest.raises(ClusterError, match="Slurm refused the engines' job"):
+            run(shell, "--strategy multiworker --np 2 --partition nope", "x = 1")
+    elif phase == "pending, --timeout":
+        with pytest.raises(ClusterError, match="kdist cancelled it"):
+            run(shell, f"--strategy multiworker --np 2 --partition {HELD} --timeout 3", "x = 1")
+    else:
+        held = f" --partition {HELD}" if phase.startswith("pending") else ""
+        shell.run_line_magic("kdist", f"start --strategy multiworker {SPREAD} --launcher slurm{held}")
+
+        def reached() -> bool:
+            if phase.startswith("pending"):
+                return "PENDING: PartitionDown, waited" in status(shell)
+            if phase.startswith("running"):  # the job runs; its engines are still starting
+                return any(line.endswith(" RUNNING") for line in slurm.queue())
+            return "engines warmed by %kdist start" in status(shell)
+
+        deadline = time.monotonic() + 120
+        while not reached():
+            assert time.monotonic() < deadline, (slurm.queue(), status(shell))
+            time.sleep(0.2)
+        shell.run_line_magic("kdist", "restart" if phase.endswith("restart") else "stop")
     queue_empties(slurm, within=30)
     deadline = time.monotonic() + 30
     while left := kdist_processes_of_this_kernel():
