@@ -95,7 +95,8 @@ make_venv() {  # make_venv DIR PYTHON: a venv at DIR on PYTHON (kept when it alr
 }
 
 # pinned_venv DEFAULT-VENV PINS WHAT PACKAGE-ARGS...: a Python 3.13 venv (Colab's) with PACKAGE-ARGS
-# installed under the pins file PINS as pip constraints, again only when pyproject.toml or PINS change
+# installed under the pins file PINS as pip constraints, again only when pyproject.toml, PINS or
+# PACKAGE-ARGS change
 pinned_venv() {
   local pins=$2 what=$3 stamp want
   VENV=${VENV:-$1}
@@ -105,7 +106,7 @@ pinned_venv() {
   make_venv "$VENV" "$PYTHON"
   PY="$VENV/bin/python"
   stamp="$VENV/.kdist-installed"
-  want="$(cat pyproject.toml "$pins" | sha256sum | cut -c1-16) $env_name"
+  want="$({ cat pyproject.toml "$pins"; echo "$*"; } | sha256sum | cut -c1-16) $env_name"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing kdist_magics into $VENV under $what's pins ($pins)"
     venv_install "$PY" -c "$pins" "$@"
@@ -126,12 +127,15 @@ if [ "$env_name" = colab ]; then
 fi
 
 if [ "$env_name" = colab-tpu ]; then
-  # Colab's TPU runtime: Python 3.13, JAX 0.7.2, Keras 3.13.2 and no TensorFlow
+  # Colab's TPU runtime: Python 3.13, JAX 0.7.2, Keras 3.13.2, PyTorch 2.9 and no TensorFlow
   # (envs/colab-tpu-2026-08.txt); JAX's CPU jaxlib of that version stands in for the TPU build.
+  # Colab installs torch 2.9.0's CPU build from download.pytorch.org (not in the pins: a URL);
+  # PyPI's build of the same version runs on the CPU alike. It is also the torch-only stack
+  # (tests/test_without_tensorflow.py hides JAX for that).
   pinned_venv .venv-colab-tpu envs/colab-tpu-2026-08.txt "Colab's TPU runtime" -e ".[jax]" keras \
-    ipykernel nbclient nbformat pandas scikit-learn matplotlib pytest pytest-timeout
+    torch==2.9.0 ipykernel nbclient nbformat pandas scikit-learn matplotlib pytest pytest-timeout
   "$PY" -c 'import tensorflow' >/dev/null 2>&1 && die "$VENV has TensorFlow; Colab's TPU runtime has none"
-  say "ready: $VENV ($(KERAS_BACKEND=jax "$PY" -c 'import sys, jax, keras, IPython, ipyparallel; print(f"Python {sys.version.split()[0]}, JAX {jax.__version__}, Keras {keras.__version__}, IPython {IPython.__version__}, ipyparallel {ipyparallel.__version__}, no TensorFlow")' 2>/dev/null))"
+  say "ready: $VENV ($(KERAS_BACKEND=jax "$PY" -c 'import sys, jax, keras, torch, IPython, ipyparallel; print(f"Python {sys.version.split()[0]}, JAX {jax.__version__}, Keras {keras.__version__}, PyTorch {torch.__version__}, IPython {IPython.__version__}, ipyparallel {ipyparallel.__version__}, no TensorFlow")' 2>/dev/null))"
   exit 0
 fi
 

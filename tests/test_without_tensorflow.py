@@ -5,7 +5,9 @@ Each test runs a fresh Python with an IPython shell and kdist loaded. In ``.venv
 (Colab's TPU pins, ``make test`` sets it up) TensorFlow is not installed at all; elsewhere a
 ``sitecustomize`` on ``PYTHONPATH`` makes every ``import tensorflow`` of that Python and of the
 engines it starts fail as a missing package does (``ModuleNotFoundError: No module named
-'tensorflow'``), so the main environment checks the same paths. What must work there trains
+'tensorflow'``), so the main environment checks the same paths. The torch-only stack (Keras on
+PyTorch, neither TensorFlow nor JAX) is ``.venv-colab-tpu``'s PyTorch 2.9 with JAX hidden the
+same way: kdist sees what it would see where they are not installed. What must work there trains
 and proves it (a falling loss; identical weights across processes); the TensorFlow-only paths
 refuse in one line naming what to set or install, before anything starts. ``make test`` runs this
 module in ``.venv-colab-tpu`` only (marker ``tfless``: the main suite and the Colab part leave it
@@ -23,19 +25,34 @@ from conftest import run_in_fresh_shell
 
 pytestmark = [pytest.mark.kernel, pytest.mark.notf, pytest.mark.tfless, pytest.mark.timeout(600)]
 
-HIDE_TF = '''\
-"""Tests: TensorFlow is not installed here (tests/test_without_tensorflow.py): the import system
-finds no package named tensorflow, as where it is not installed."""
+HIDE = '''\
+"""Tests: {names} not installed here (tests/test_without_tensorflow.py): the import system finds
+no package of that name, as where it is not installed."""
 import importlib.machinery, sys
-class _PathFinderWithoutTensorFlow(importlib.machinery.PathFinder):
+_HIDDEN = {hidden!r}
+class _PathFinderWithout(importlib.machinery.PathFinder):
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
+        if name.split(".")[0] in _HIDDEN:
             return None
         return super().find_spec(name, path, target)
-sys.meta_path[:] = [_PathFinderWithoutTensorFlow if f is importlib.machinery.PathFinder else f
+sys.meta_path[:] = [_PathFinderWithout if f is importlib.machinery.PathFinder else f
                     for f in sys.meta_path]
 '''
+
+
+def hiding(tmp_path, *names: str) -> dict:
+    """``PYTHONPATH`` for a Python (and the engines it starts) where ``names`` cannot be
+    imported: a ``sitecustomize`` whose path finder finds none of them (those not installed
+    here need no hiding)."""
+    import os
+
+    hidden = sorted(n for n in names if importlib.util.find_spec(n) is not None)
+    if not hidden:
+        return {}
+    (tmp_path / "sitecustomize.py").write_text(HIDE.format(names=", ".join(hidden), hidden=hidden))
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
 
 FIT = '''
 import numpy as np, keras
@@ -57,13 +74,7 @@ kd_replicas = strategy.num_replicas_in_sync
 @pytest.fixture
 def no_tf(tmp_path) -> dict:
     """The environment of a Python (and its engines) where TensorFlow cannot be imported."""
-    env = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    if importlib.util.find_spec("tensorflow") is not None:  # the main .venv: hide it
-        (tmp_path / "sitecustomize.py").write_text(HIDE_TF)
-        import os
-
-        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    return env
+    return {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", **hiding(tmp_path, "tensorflow")}
 
 
 def shell(body: str, env: dict, **kw) -> dict:
@@ -151,3 +162,49 @@ def test_multiworker_on_jax_trains_in_sync_across_engines_without_tensorflow(no_
     assert first == second  # in sync: the same weights on both processes
     assert out["loss"][-1] < out["loss"][0]
     assert out["tf"] == [False, False]
+
+
+TORCH_CELL = CELL.replace("kd_replicas = strategy.num_replicas_in_sync", """kd_replicas = strategy.num_replicas_in_sync
+import sys
+kd_frameworks = sorted(m for m in ("tensorflow", "jax") if m in sys.modules)""")
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(900)
+def test_a_torch_only_stack_trains_with_default_auto_and_multiworker(tmp_path):
+    """Issue 47.1: Keras on PyTorch with neither TensorFlow nor JAX: the plainest cell (auto),
+    ``--strategy default`` and ``--strategy multiworker --np 2`` (Keras' own torch guide as a
+    cell: DistributedDataParallel over kdist's process group) train; Horovod refuses in one line."""
+    pytest.importorskip("torch", reason="PyTorch is in .venv-colab-tpu and the torch extra")
+    from test_multiworker_torch import GUIDE
+
+    env = {"KERAS_BACKEND": "torch", **hiding(tmp_path, "tensorflow", "jax", "jaxlib")}
+    out = shell(f'''
+        import importlib.util
+        out["found"] = [m for m in ("tensorflow", "jax", "torch") if importlib.util.find_spec(m)]
+        for line in ("--no-dashboard", "--strategy default --no-dashboard"):
+            _, exc = attempt(line, {TORCH_CELL!r})
+            out[line] = [repr(exc), ip.user_ns.get("kd_loss"), ip.user_ns.get("kd_replicas"),
+                         ip.user_ns.get("kd_frameworks")]
+            ip.user_ns.pop("kd_loss", None)
+        _, exc = attempt("--strategy multiworker --np 2 --no-dashboard", {GUIDE!r})
+        out["multiworker"] = [repr(exc), by_rank("kd_guide_weights"), by_rank("kd_guide_loss"),
+                              by_rank("kd_group")]
+        out["engines"] = kdist_magics._extension._strategies["multiworker"].cluster.view().apply_sync(
+            lambda: sorted(m for m in ("tensorflow", "jax") if m in __import__("sys").modules))
+        _, exc = attempt("--strategy horovod --np 2 --no-dashboard", "x = 1")
+        out["horovod"] = [type(exc).__name__, str(exc)]
+        ip.run_line_magic("kdist", "stop")
+    ''', env)
+    assert out["found"] == ["torch"], out["found"]
+    for line in ("--no-dashboard", "--strategy default --no-dashboard"):
+        error, loss, replicas, frameworks = out[line]
+        assert error == "None", (line, error, out["_stdout"][-2000:])
+        assert loss[-1] < loss[0] and replicas == 1 and frameworks == [], (line, out[line])
+    assert "auto chose default" in out["_stdout"]
+    error, weights, losses, groups = out["multiworker"]
+    assert error == "None", out["_stdout"][-3000:]
+    assert weights[0] == weights[1]  # in sync: DDP kept both processes' weights identical
+    assert losses[0][-1] < losses[0][0] and [g[:3] for g in groups] == [[0, 2, "gloo"], [1, 2, "gloo"]]
+    assert out["engines"] == [[], []]
+    assert_refused(out["horovod"], "pip install tensorflow")
