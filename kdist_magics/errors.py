@@ -59,6 +59,21 @@ def tpu_held(pid: int, command: str) -> StrategyUnavailable:
         f"(kill {pid}, or restart the runtime) and run the cell again. The cell did not run.")
 
 
+def initialize_too_late(call: str, why: str) -> StrategyUnavailable:
+    """The cell joins a multi-host JAX job after JAX's backend started, which JAX refuses."""
+    return StrategyUnavailable(
+        f"{call}() must run before JAX starts its backend, and {why}: run it in the first cell "
+        f"of a fresh kernel, on its own and without %%kdist (on every host of a multi-host TPU "
+        f"slice), then this cell without that line. The cell did not run.")
+
+
+def initialize_again(call: str) -> StrategyUnavailable:
+    """The cell joins a multi-host JAX job this kernel has joined already (JAX allows one)."""
+    return StrategyUnavailable(
+        f"{call}(): this kernel has joined a JAX job already (jax.distributed.initialize ran), "
+        f"and JAX joins one per process: remove the line from this cell. The cell did not run.")
+
+
 class CellFailed(KDistError):
     """The cell's own code raised; its traceback has already been shown.
 

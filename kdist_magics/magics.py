@@ -163,6 +163,8 @@ class KDist(Magics):
         if spec.strategy == "multiworker":
             self._check_launcher_code(cell)
         strategy = self.strategy_object(spec.strategy)
+        if strategy.in_kernel:
+            self._check_jax_initialize(cell, spec.strategy)
         record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec, reason=reason)
         self.last_record = record
         for observe in list(self._observers):
@@ -188,6 +190,26 @@ class KDist(Magics):
         why = torch_code_elsewhere(script[0] if script else cell, keras_backend())
         if why is not None:
             raise StrategyUnavailable(why)
+
+    def _check_jax_initialize(self, cell: str, name: str) -> None:
+        """A cell in the kernel that joins a multi-host JAX job once JAX has started (or kdist
+        will start it to find the devices): one line, before anything runs (issue 47.4)."""
+        from .strategies.frameworks.backends import keras_backend
+        from .errors import initialize_again, initialize_too_late
+        from .strategies.kernel.tpu_hygiene import backend_started, calls_initialize, joined
+
+        call = calls_initialize(self.shell.transform_cell(cell))
+        if call is None:
+            return
+        if joined():
+            raise initialize_again(call)
+        if backend_started():
+            why = "it has started in this kernel (an earlier cell used JAX or Keras on JAX)"
+        elif keras_backend() == "jax" and name != "default":
+            why = f"--strategy {name} starts it to find the devices before the cell runs"
+        else:
+            return
+        raise initialize_too_late(call, why)
 
     def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord):
         from .strategies import RunContext

@@ -286,3 +286,105 @@ out["r"] = [repr(err), ip.user_ns.get("kd_r")]
 """, {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
     assert out["r"] == ["None", 1], out
     assert "is one replica: the cell runs on it as it would without kdist" in out["_stdout"]
+
+
+@pytest.mark.kernel
+def test_joining_a_multi_host_jax_job_too_late_is_one_line_before_the_cell():
+    """Issue 47.4: ``jax.distributed.initialize()`` (or Keras' wrapper) in a cell, once JAX's
+    backend has started, where kdist starts it to find the devices, or a second time, is named
+    in one line with the fix, and the cell does not run; in the first cell of a fresh kernel it
+    runs (the default strategy leaves JAX's backend alone)."""
+    from conftest import run_in_fresh_shell
+
+    prelude = """
+from kdist_magics.strategies.kernel.tpu_hygiene import backend_started
+import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+JOIN = f"import jax\\njax.distributed.initialize(coordinator_address='127.0.0.1:{port}', num_processes=1, process_id=0)\\nmarker = 'ran'"
+def joining(key, line, cell=None):
+    ip.user_ns.pop("marker", None)
+    _, err = attempt(line + " --no-dashboard", cell or JOIN)
+    out[key] = [type(err).__name__, str(err), ip.user_ns.get("marker")]
+"""
+    env = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    first = run_in_fresh_shell(prelude + """
+joining("mirrored", "--strategy mirrored --devices 2")
+out["started"] = backend_started()
+ip.run_cell("import jax; jax.numpy.ones(1)")
+joining("after JAX", "--strategy default")
+""", env)
+    again = run_in_fresh_shell(prelude + """
+joining("first", "--strategy default")
+joining("again", "--strategy default", "import keras\\nkeras.distribution.initialize()\\nmarker = 'ran'")
+""", env)
+    assert first["started"] is False  # refused before kdist looked for the devices
+    for key, why in (("mirrored", "--strategy mirrored starts it to find the devices"),
+                     ("after JAX", "it has started in this kernel")):
+        name, said, marker = first[key]
+        assert name == "StrategyUnavailable" and marker is None, first[key]
+        assert said.startswith("jax.distributed.initialize() must run before JAX starts its "
+                               f"backend, and {why}") and "\n" not in said, said
+        assert "first cell of a fresh kernel" in said and said.endswith("The cell did not run.")
+    assert again["first"] == ["NoneType", "None", "ran"], again["first"]
+    name, said, marker = again["again"]
+    assert name == "StrategyUnavailable" and marker is None, again["again"]
+    assert said.startswith("keras.distribution.initialize(): this kernel has joined a JAX job "
+                           "already") and "\n" not in said
+
+
+@pytest.mark.kernel
+def test_eight_tpu_chips_train_data_parallel_over_eight_and_sharded_over_a_mesh_of_them(tmp_path):
+    """Issue 47.2: Kaggle's v5e-8 as its runtime shows itself (``TPU_ACCELERATOR_TYPE=v5litepod-8``
+    and eight ``/dev/vfio/N``; eight JAX devices, CPU ones standing in for the chips):
+    ``--strategy tpu`` is DataParallel over the eight (one replica per chip, every variable
+    whole on each), and ``--strategy sharded`` splits the model over a mesh of the eight."""
+    from conftest import run_in_fresh_shell
+
+    root = tmp_path / "root"
+    (root / "dev" / "vfio").mkdir(parents=True)
+    for n in range(8):
+        (root / "dev" / "vfio" / str(n)).write_text("")
+    (root / "dev" / "vfio" / "vfio").write_text("")
+    out = run_in_fresh_shell(f"""
+import jax, numpy as np
+from kdist_magics.choose.hardware import detect_tpu
+from kdist_magics.strategies.kernel import jax_dp
+from kdist_magics.strategies.kernel.tpu import TPUStrategy
+found = detect_tpu({{"TPU_ACCELERATOR_TYPE": "v5litepod-8"}}, root={str(root)!r})
+out["found"] = [found.name, found.cores, found.found_by]
+jax_dp.plan_devices = lambda wanted, platform: jax.devices()[:wanted or 8]  # the eight chips
+kdist_magics._extension._strategies["tpu"] = TPUStrategy(find=lambda: found)
+ip.run_cell('''
+import numpy as np, keras
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 16)).astype("float32")
+y = (x @ rng.normal(size=(16, 1))).astype("float32")
+''')
+CELL = '''
+model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation='relu'), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+kd_loss = model.fit(x, y, batch_size=64, epochs=3, verbose=0).history["loss"]
+kd_devices = [len(v.value.sharding.device_set) for v in model.weights]
+kd_whole = [v.value.sharding.is_fully_replicated for v in model.weights]
+'''
+_, err = attempt("--strategy tpu --no-dashboard", CELL + "kd_r = strategy.num_replicas_in_sync")
+out["tpu"] = [repr(err), ip.user_ns.get("kd_r"), ip.user_ns.get("kd_loss"),
+              ip.user_ns.get("kd_devices"), ip.user_ns.get("kd_whole")]
+WIDE = CELL.replace("Dense(64, activation='relu'),",  # a 256 KiB kernel: split
+                    "Dense(256, activation='relu'), keras.layers.Dense(256),")
+_, err = attempt("--strategy sharded --mesh 2x4 --no-dashboard", WIDE)
+rec = kdist_magics.last_run()
+out["sharded"] = [repr(err), list(rec.mesh or ()), ip.user_ns.get("kd_loss"),
+                  ip.user_ns.get("kd_devices"), ip.user_ns.get("kd_whole")]
+""", {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
+      "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert out["found"] == ["v5e-8", 8, "/dev/vfio/0"], out["found"]
+    error, replicas, loss, devices, whole = out["tpu"]
+    assert error == "None", out["_stdout"][-3000:]
+    assert replicas == 8 and loss[-1] < loss[0] and set(devices) == {8} and all(whole), out["tpu"]
+    assert "one replica" not in out["_stdout"]  # that is the single chip's line
+    error, mesh, loss, devices, whole = out["sharded"]
+    assert error == "None", out["_stdout"][-3000:]
+    assert mesh == [2, 4] and loss[-1] < loss[0], out["sharded"]
+    assert set(devices) == {8} and whole.count(False) == 1, out["sharded"]  # the 256x256 kernel split

@@ -43,3 +43,66 @@ def held_by(paths: list[str], me: int | None = None) -> tuple[int, str] | None:
         if targets & wanted:
             return proc.info["pid"], " ".join(proc.info["cmdline"] or [])[:120]
     return None
+
+
+#: what a cell calls to join a multi-host JAX job (keras.distribution.initialize wraps JAX's)
+INITIALIZERS = ("jax.distributed.initialize", "keras.distribution.initialize")
+
+
+def calls_initialize(code: str) -> str | None:
+    """The multi-host initializer ``code`` calls (``jax.distributed.initialize``, or Keras' own
+    wrapper of it), or None. ``code`` is Python (a cell already turned from IPython syntax)."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None  # the cell's own error comes when it runs
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = dotted(node.func)
+            for full in INITIALIZERS:
+                if name and full.endswith(name) and name.count(".") >= 1:
+                    return full
+    return None
+
+
+def dotted(node) -> str | None:
+    """``a.b.c`` for an attribute chain (``distributed.initialize`` if imported ``from jax``)."""
+    import ast
+
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def backend_started() -> bool:
+    """Has JAX started its backend in this process (any computation, jax.devices(), ...)? Never
+    imports JAX: a kernel that has not imported it has not started it."""
+    import sys
+
+    if "jax" not in sys.modules:
+        return False
+    try:  # JAX 0.4.x-0.8: the one public-ish question; absent elsewhere, assume not
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return False
+
+
+def joined() -> bool:
+    """Has this process already joined a multi-host JAX job (jax.distributed.initialize ran)?"""
+    import sys
+
+    if "jax" not in sys.modules:
+        return False
+    try:
+        return bool(sys.modules["jax"].distributed.is_initialized())
+    except AttributeError:  # JAX before 0.4.32 has no is_initialized
+        return False
