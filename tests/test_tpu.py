@@ -234,6 +234,7 @@ def test_real_tensorflow_on_a_machine_without_tpu_fails_short():
     assert "MARKER before" in out.stdout
 
 
+@pytest.mark.notf  # JAX only: also in .venv-colab-tpu
 def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, tmp_path, monkeypatch):
     """Issue 47.4: the TPU held by another process (a crashed kernel's leftover holding libtpu's
     lock file, jax-ml/jax#10192) is named with its pid and the fix, and nothing runs."""
@@ -268,6 +269,7 @@ def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, 
 
 
 @pytest.mark.kernel
+@pytest.mark.notf  # JAX only: also in .venv-colab-tpu
 def test_one_tpu_chip_is_said_to_be_one_replica_on_jax():
     """Issue 47.2: on Colab's single chip (v5e-1, v6e-1) --strategy tpu runs on that chip and
     says that one chip is one replica (JAX's one device stands in for it here)."""
@@ -289,6 +291,7 @@ out["r"] = [repr(err), ip.user_ns.get("kd_r")]
 
 
 @pytest.mark.kernel
+@pytest.mark.notf  # JAX only: also in .venv-colab-tpu
 def test_joining_a_multi_host_jax_job_too_late_is_one_line_before_the_cell():
     """Issue 47.4: ``jax.distributed.initialize()`` (or Keras' wrapper) in a cell, once JAX's
     backend has started, where kdist starts it to find the devices, or a second time, is named
@@ -334,6 +337,7 @@ joining("again", "--strategy default", "import keras\\nkeras.distribution.initia
 
 
 @pytest.mark.kernel
+@pytest.mark.notf  # JAX only: also in .venv-colab-tpu
 def test_eight_tpu_chips_train_data_parallel_over_eight_and_sharded_over_a_mesh_of_them(tmp_path):
     """Issue 47.2: Kaggle's v5e-8 as its runtime shows itself (``TPU_ACCELERATOR_TYPE=v5litepod-8``
     and eight ``/dev/vfio/N``; eight JAX devices, CPU ones standing in for the chips):
