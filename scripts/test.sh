@@ -6,11 +6,12 @@
 # - .venv-colab is set up while the main suite runs: that set-up is mostly download and
 #   unpacking, and the main suite's first half is its fast and kernel tiers. Its log is
 #   test-output/setup-colab.log.
-# - the long tier (the fault matrix and the soaks, which mostly wait for processes to start, die
-#   and be noticed: 42% of 2 cores alone) runs beside the Colab part, in its own pytest session
-#   with its own account; its output follows the Colab part's in the log (test-output/long.log).
-#   A third session beside both runs the tiers that hold fixed names (network namespaces, the
-#   Slurm cluster: marker netns, Slurm's tests included), one after the other inside it.
+# - the docs site, then the long tier (the fault matrix and the soaks, which mostly wait for
+#   processes to start, die and be noticed: 42% of 2 cores alone), run beside the Colab part, in
+#   pytest sessions with their own accounts; their output follows the Colab part's in the log
+#   (test-output/long.log). A third session beside both runs the tiers that hold fixed names
+#   (network namespaces, the Slurm cluster: marker netns, Slurm's tests included) and the pip
+#   dry runs against Colab's and Kaggle's pins (stacks), then the TPU-runtime part.
 #
 #   PYTEST_ARGS   extra pytest arguments for both suites (CI passes -p no:cacheprovider)
 #   COLAB_TESTS   the marker expression of the Colab part (the Makefile sets it)
@@ -49,14 +50,18 @@ step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser 
 colab_setup=$!
 
 # shellcheck disable=SC2086
-step "suite in .venv" .venv/bin/python -m pytest -m "not classic and not docs and not long and not netns and not tfless" ${PYTEST_ARGS:-} || status=1
-# the docs site, once the suite has executed the notebooks its tutorials show
-# shellcheck disable=SC2086
-step "docs in .venv" env KDIST_ACCOUNT=account-docs .venv/bin/python -m pytest -m docs ${PYTEST_ARGS:-} || status=1
+step "suite in .venv" .venv/bin/python -m pytest -m "not classic and not docs and not long and not netns and not tfless and not stacks" ${PYTEST_ARGS:-} || status=1
 
+# the docs site, once the suite has executed the notebooks its tutorials show, then the long
+# tier, in one session beside the Colab part (the docs' 20 s are off the critical path there)
 # shellcheck disable=SC2086
-( step "long tier in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
-    .venv/bin/python -m pytest -m "long and not netns" ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
+( step "docs in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-docs \
+    .venv/bin/python -m pytest -m docs ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1
+  rc=$?
+  step "long tier in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
+    .venv/bin/python -m pytest -m "long and not netns" ${PYTEST_ARGS:-} >> "$OUT/long.log" 2>&1 \
+    || rc=1
+  exit $rc ) &
 long=$!
 # the network-namespace and Slurm tiers (a Slurm job at its time limit among them: 100 s, nearly
 # all waiting for slurmctld) in a third session: they hold fixed names, so only here, in turn
@@ -64,7 +69,7 @@ long=$!
 # then, in the same session, Colab's TPU runtime: its pins, no TensorFlow (.venv-colab-tpu), the
 # tests that need none (marker notf); Keras on JAX, as a user there sets it
 ( step "netns and Slurm in .venv (beside both)" env KDIST_ACCOUNT=account-netns \
-    .venv/bin/python -m pytest -m "netns" ${PYTEST_ARGS:-} > "$OUT/netns.log" 2>&1
+    .venv/bin/python -m pytest -m "netns or stacks" ${PYTEST_ARGS:-} > "$OUT/netns.log" 2>&1
   rc=$?
   step "set-up .venv-colab-tpu (after netns and Slurm)" bash scripts/setup.sh --env colab-tpu \
     >> "$OUT/netns.log" 2>&1 \
@@ -85,7 +90,7 @@ else
   status=1
 fi
 wait $long || status=1
-echo "=== the long tier in .venv, which ran beside the Colab part ($OUT/long.log) ==="
+echo "=== the docs and the long tier in .venv, which ran beside the Colab part ($OUT/long.log) ==="
 cat "$OUT/long.log"
 wait $limit || status=1
 echo "=== the netns and Slurm tiers in .venv, then the TPU-runtime part in .venv-colab-tpu, which ran beside both ($OUT/netns.log) ==="

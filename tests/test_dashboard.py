@@ -342,30 +342,6 @@ def test_two_rank_horovod_run_fills_metrics_and_samples_for_both_ranks(ip):
 
 # -- a saved notebook keeps a static picture (notebook tier) ---------------------------------
 
-@pytest.mark.notebook
-@pytest.mark.timeout(600)
-def test_saved_notebook_shows_static_summary_without_widget_state(tmp_path, test_output):
-    nbformat = pytest.importorskip("nbformat", reason="nbformat is in the test extra")
-    nbclient = pytest.importorskip("nbclient", reason="nbclient is in the test extra")
-    nbconvert = pytest.importorskip("nbconvert", reason="nbconvert comes with jupyterlab")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext kdist_magics"),
-                nbformat.v4.new_code_cell("%%kdist --strategy default\n" + TRAIN)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    # store_widget_state=False: what GitHub/nbviewer get from a notebook saved without it
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", store_widget_state=False,
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
-    nbformat.write(nb, test_output / "dashboard-saved.ipynb")
-    outputs = [o for o in nb.cells[1].outputs if o.get("output_type") == "display_data"]
-    dash = [o for o in outputs if WIDGET_MIME in o["data"]]
-    assert len(dash) == 1  # one display, updated in place at the end of the run
-    html = dash[0]["data"]["text/html"]
-    assert "done" in html and "<svg" in html and "<polyline" in html
-    assert "widgets" not in nb.metadata or not nb.metadata["widgets"]
-    body, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
-    assert "kdist-static" in body and "<polyline" in body  # nbconvert falls back to the HTML
-
-
 def test_an_elastic_run_that_lost_a_rank_shows_the_world_size_and_the_lost_rank():
     rec = RunRecord("horovod", size=4)
     dash = Dashboard(rec, interval=None)
@@ -513,11 +489,13 @@ def test_the_chart_says_what_a_training_point_is(monkeypatch):
 
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
-def test_the_html_export_shows_the_dashboard_offline_as_the_guide_says(tmp_path):
+def test_the_html_export_shows_the_dashboard_offline_as_the_guide_says(tmp_path, test_output):
     """Issue 49.9: ``nbconvert --execute`` saves the widget's state, and its HTML then draws the
-    dashboard with scripts from a CDN (nothing offline). The two commands the dashboard guide
-    gives ("Saved notebooks and HTML files") export the static summary instead, with no widget
-    to draw from the web (nbconvert's page links MathJax and require.js from a CDN either way)."""
+    dashboard with scripts from a CDN (nothing offline). The two ways the dashboard guide gives
+    ("Saved notebooks and HTML files") export the static summary instead, with no widget to draw
+    from the web (nbconvert's page links MathJax and require.js from a CDN either way). A
+    notebook saved without widget state (JupyterLab's default; what GitHub and nbviewer get)
+    keeps the dashboard's one display with the static summary, updated when the run ended."""
     import subprocess
     import sys
 
@@ -548,6 +526,15 @@ def test_the_html_export_shows_the_dashboard_offline_as_the_guide_says(tmp_path)
     convert("--to", "html", "--ClearMetadataPreprocessor.enabled=True", "--output", "cleared",
             "saved.ipynb")
     assert offline((tmp_path / "cleared.html").read_text())
-    convert("--to", "html", "--execute", "--ExecutePreprocessor.store_widget_state=False",
-            "--output", "executed", "fresh.ipynb")
+    convert("--to", "notebook", "--execute", "--ExecutePreprocessor.store_widget_state=False",
+            "--output", "stateless", "fresh.ipynb")
+    stateless = nbformat.read(tmp_path / "stateless.ipynb", as_version=4)
+    (test_output / "dashboard-saved.ipynb").write_text(nbformat.writes(stateless))
+    assert not stateless.metadata.get("widgets")  # as JupyterLab saves it, and as GitHub shows it
+    dash = [o for o in stateless.cells[1].outputs
+            if o.get("output_type") == "display_data" and WIDGET_MIME in o["data"]]
+    assert len(dash) == 1  # one display, updated in place at the end of the run
+    html = dash[0]["data"]["text/html"]
+    assert "done" in html and "<svg" in html and "<polyline" in html
+    convert("--to", "html", "--output", "executed", "stateless.ipynb")
     assert offline((tmp_path / "executed.html").read_text())

@@ -37,19 +37,21 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
     setup = [i for i, ln in enumerate(lines) if "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest" in ln]
     assert setup and runs and setup[0] < runs[0], lines
-    assert '-m "not classic and not docs and not long and not netns and not tfless"' in lines[runs[0]]
+    assert ('-m "not classic and not docs and not long and not netns and not tfless and not stacks"'
+            in lines[runs[0]])
     docs = [i for i, ln in enumerate(lines) if "-m pytest -m docs" in ln]
     assert docs and docs[0] > runs[0]  # the docs show the notebooks the suite just executed
 
 
 def test_make_test_runs_the_long_tier_beside_the_colab_part():
-    """The main suite leaves the long tier and the tiers holding fixed names (netns, Slurm's
-    among them) out; two sessions of their own run them, started in the background before the
-    Colab part and waited for (their exit statuses count) after it. Between the three, every
-    test of .venv runs once: "long and not netns" and "netns" are the rest of the main suite's."""
+    """The main suite leaves the docs, the long tier, the tiers holding fixed names (netns,
+    Slurm's among them) and the pip dry runs (stacks) out; two sessions of their own run them,
+    started in the background before the Colab part and waited for (their exit statuses count)
+    after it. Between the three, every test of .venv runs once: "docs", "long and not netns"
+    and "netns or stacks" are the rest of the main suite's."""
     lines = make_test_steps()
     long = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and not netns"' in ln]
-    limit = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns"' in ln]
+    limit = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns or stacks"' in ln]
     colab = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
     waited = [i for i, ln in enumerate(lines) if ln.startswith(("wait $long", "wait $limit")) and "status=1" in ln]
     assert long and limit and colab and len(waited) == 2, lines
@@ -64,7 +66,7 @@ def test_make_test_runs_the_tensorflow_free_part_on_colabs_tpu_pins():
     """Issue 47: after the netns and Slurm tiers, in their session, .venv-colab-tpu (Colab's TPU
     runtime: no TensorFlow) is set up and runs the tests marked notf, counted in the account."""
     lines = make_test_steps()
-    limit = next(i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns"' in ln)
+    limit = next(i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns or stacks"' in ln)
     ends = next(j for j in range(limit, len(lines)) if lines[j].endswith(") &"))
     setup = [i for i, ln in enumerate(lines) if "scripts/setup.sh --env colab-tpu" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv-colab-tpu/bin/python -m pytest -m notf" in ln]
