@@ -7,7 +7,7 @@ actually needs it.
 
 __version__ = "0.1.0"
 
-__all__ = ["load_ipython_extension", "unload_ipython_extension", "last_run", "__version__"]
+__all__ = ["load_ipython_extension", "unload_ipython_extension", "last_run", "last_scale", "__version__"]
 
 # The one piece of module state: the magics instance registered with the shell.
 _extension = None
@@ -56,3 +56,11 @@ def last_run():
     if _extension is None:
         return None
     return _extension.last_record
+
+
+def last_scale():
+    """The :class:`~kdist_magics.scale.table.ScaleTable` of the latest ``%kdist scale``, or None:
+    one row per N (samples/s, speed-up, efficiency, the step's split, measured or predicted)."""
+    if _extension is None:
+        return None
+    return _extension.last_scale

@@ -7,6 +7,7 @@ One execute path: line -> :class:`~kdist_magics.spec.RunSpec` -> strategy ->
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -16,7 +17,8 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 from .cluster import namespace
 from . import spec as specmod
 from .errors import CellFailed, KDistError, StrategyUnavailable
-from .messages import (EXPOSED, LINE_COMMANDS, NOT_RUN, PHASE_CELL, backend_changed, line_help, say,
+from .messages import (EXPOSED, LINE_COMMANDS, NOT_RUN, PHASE_CELL, SCALE_NOTHING_TRAINED,
+                       backend_changed, line_help, say,
                        shared_host, tensorboard_line, warm_started)
 from .cluster.placement import RANK_GPUS
 from .strategies.base import RunOptions
@@ -105,6 +107,8 @@ class KDist(Magics):
             _quiet_cell_failed(shell, install=True)
         self._strategies: dict[str, Any] = {}
         self.last_record: RunRecord | None = None
+        self.last_trained: tuple[specmod.RunSpec, str] | None = None  # %kdist scale's default
+        self.last_scale = None
         self._sharing_said = False  # the shared-host line (messages.shared_host) was printed
         self._observers: list = []
 
@@ -155,6 +159,8 @@ class KDist(Magics):
             %%kdist --strategy mirrored --devices 2
             %%kdist                      # --strategy auto: picks one and says why
         """
+        if line.split()[:1] == ["scale"]:  # %%kdist scale [options]: the probe, on this cell
+            return self._scale(self.parse(line.split(None, 1)[1] if " " in line.strip() else ""), cell)
         spec = self.parse(line)
         reason = None
         if spec.strategy == "auto":
@@ -166,6 +172,9 @@ class KDist(Magics):
         if strategy.in_kernel:
             self._check_jax_initialize(cell, spec.strategy)
         record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec, reason=reason)
+        probed = self.last_scale
+        if probed is not None and probed.strategy == spec.strategy and probed.cell == cell:
+            record.probe_compute_s = probed.compute_s
         self.last_record = record
         for observe in list(self._observers):
             observe(record)
@@ -178,7 +187,15 @@ class KDist(Magics):
             from .watch.dashboard import show
 
             show(record, nice=self.helper_nice)  # a live view; finalises itself when the record ends
-        return self.execute(strategy, cell, spec, record)
+        value = self.execute(strategy, cell, spec, record)
+        if any(m.get("kind") == "step" for m in record.metrics):
+            self.last_trained = (spec, cell)
+        return value
+
+    def _scale(self, spec: specmod.RunSpec, cell: str):
+        from .scale.probe import scale
+
+        return scale(self, spec, cell)
 
     def _check_launcher_code(self, cell: str) -> None:
         """Code written for torchrun under another Keras backend: one line, nothing starts."""
@@ -211,10 +228,12 @@ class KDist(Magics):
             return
         raise initialize_too_late(call, why)
 
-    def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord):
+    def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord,
+                probe: tuple[int, float | None] | None = None):
         from .strategies import RunContext
 
-        ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self))
+        ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self),
+                         probe=probe)
         if strategy.in_kernel:
             record.phase(PHASE_CELL)  # engine strategies name their own phases
         elif not spec.attach and getattr(strategy, "exposure", None) and not self._sharing_said:
@@ -324,9 +343,24 @@ class KDist(Magics):
         say(f"restarted ({', '.join(names) or 'nothing was running'}); "
             "engines start again with the next cell")
 
+    def _cmd_scale(self, rest: str):
+        """``%kdist scale [options]``: the probe on the last cell that trained (its options,
+        with those given here on top)."""
+        if self.last_trained is None:
+            raise UsageError(SCALE_NOTHING_TRAINED)
+        spec, cell = self.last_trained
+        if rest:
+            given = self.parse(rest)
+            spec = replace(spec, **{name: getattr(given, name) for name in given.given})
+        return self._scale(spec, cell)
+
     def _cmd_advise(self, rest: str):
         from .choose.advisor import advise, hardware_for
 
+        if self.last_scale is not None:  # measured figures first, then the rules
+            from .scale.probe import quote
+
+            quote(self.last_scale)
         return advise(self.shell.user_ns, self.parse(rest), hardware=hardware_for(self))
 
     def close(self) -> None:

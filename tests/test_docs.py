@@ -56,7 +56,7 @@ def test_every_line_command_has_help_text_and_is_dispatched():
     from kdist_tables import line_commands, line_help
 
     commands = line_commands()
-    assert set(commands) == {"start", "run", "status", "stop", "restart", "advise"}
+    assert set(commands) == {"start", "run", "status", "stop", "restart", "advise", "scale"}
     for name, text in commands.items():
         assert len(text.split()) >= 3, f"%kdist {name} has no help text (messages.LINE_COMMANDS)"
         assert callable(getattr(KDist, f"_cmd_{name}", None)), f"%kdist {name} has no handler"

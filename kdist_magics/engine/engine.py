@@ -90,11 +90,13 @@ def threads_per_rank(ranks_here: int, chosen: int | None = 0) -> int:
 
 def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
           checkpoint: str | None = None, freeze_gc: bool = True,
-          tf_info_logs: bool = False, helper_nice: int = 0) -> dict[str, Any]:
+          tf_info_logs: bool = False, helper_nice: int = 0,
+          probe: tuple[int, float | None] | None = None) -> dict[str, Any]:
     """Before the cell: telemetry around ``fit``, a checkpoint callback (rank 0 saves), TF's INFO
     lines quiet (see :mod:`kdist_magics.watch.tf_logs`); the engine's helper threads (IOPub,
     heartbeat, control, telemetry) ``helper_nice`` below the main thread, which runs the cell
-    (:mod:`kdist_magics.cluster.priority`)."""
+    (:mod:`kdist_magics.cluster.priority`). ``probe``: ``(steps, batch_scale)`` for
+    ``%kdist scale``'s runs (:func:`kdist_magics.watch.telemetry.attached`)."""
     from ..watch.tf_logs import quiet_info
 
     from IPython import get_ipython
@@ -116,7 +118,9 @@ def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
         from ..watch.sampling import sampling
         from ..watch.telemetry import attached
 
-        stack.enter_context(attached(feed.sink, rank=rank))
+        stop_after, batch_scale = probe or (None, None)
+        stack.enter_context(attached(feed.sink, rank=rank, stop_after=stop_after,
+                                     batch_scale=batch_scale))
         stack.enter_context(sampling(feed.sink, rank=rank))
     if checkpoint:
         stack.enter_context(_checkpointing(checkpoint, rank))

@@ -244,6 +244,9 @@ LINE_COMMANDS = {
     "restart": "stop everything kdist started, as stop does; the next cell starts new engines",
     "advise": "show --strategy auto's reasoning as a table (criterion, observation, consequence), "
               "the deciding row marked; takes the options a %%kdist cell takes",
+    "scale": "will more devices help? probe the last %%kdist cell that trained at 1, 2, ... ranks "
+             "(up to its --np, or the --np given), measure the link, predict more; "
+             "kdist_magics.last_scale() holds the table (%%kdist scale [options] probes its own cell)",
 }
 
 
@@ -255,8 +258,9 @@ def line_help() -> str:
     rows = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:<{width}}  ",
                                     subsequent_indent=" " * (width + 4))
                       for name, text in LINE_COMMANDS.items())
-    usage = " | ".join(f"{name} [options]" if name in ("start", "advise") else
-                        "run [options] script.py [args]" if name == "run" else name for name in LINE_COMMANDS)
+    usage = " | ".join(f"{name} [options]" if name in ("start", "advise", "scale") else
+                        "run [options] script.py [args]" if name == "run" else name
+                        for name in LINE_COMMANDS)
     return (f"%kdist {usage}\n\n{rows}\n\n"
             "Example: %kdist start --strategy horovod --np 4 (then write the first cell).\n")
 
@@ -302,4 +306,10 @@ from .slurm import (  # noqa: E402
     slurm_loopback,
     phase_queue,
     unresolved_hosts,
+)
+from .scale import (  # noqa: E402
+    SCALE_NOTHING_TRAINED,
+    scale_cannot_probe,
+    scale_quoted,
+    scale_trained_nothing,
 )

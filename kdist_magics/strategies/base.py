@@ -43,6 +43,8 @@ class RunContext:
     record: RunRecord
     options: RunOptions = field(default_factory=RunOptions)
     quiet: bool = False  # no news lines (%kdist start's background thread)
+    #: ``(steps, batch_scale)``: a run of ``%kdist scale``'s probe (kdist_magics.scale)
+    probe: tuple[int, float | None] | None = None
 
 
 class Strategy:

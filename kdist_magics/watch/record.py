@@ -50,6 +50,8 @@ class RunRecord:
         # telemetry batches the ranks sent that never arrived: their rows are missing from
         # ``metrics``/``samples`` (the curves have gaps there); training itself is unaffected
         self.lost_batches = 0
+        #: a rank's compute per step alone, from ``%kdist scale`` of this cell and strategy
+        self.probe_compute_s: float | None = None
         # an elastic run's re-formings: {"time", "lost": [ranks], "size": world size after}
         self.resizes: list[dict[str, Any]] = []
         # what the run did before and around training, in order: {"name", "started", "ended",
@@ -217,6 +219,14 @@ class RunRecord:
 
             say(no_layout(self.strategy, self.status))
         return self.layout_table
+
+    def split(self) -> list[dict[str, Any]]:
+        """Each rank's mean seconds per step in compute, communication and the rest
+        (:mod:`kdist_magics.watch.split`); compute and communication apart once ``%kdist
+        scale`` has probed this cell with this strategy (``probe_compute_s``)."""
+        from .split import split
+
+        return split(list(self.metrics), self.probe_compute_s)
 
     def summary(self) -> str:
         done = sum(1 for s in self.ranks.values() if s.state == "done")

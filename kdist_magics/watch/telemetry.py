@@ -278,12 +278,28 @@ def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
         return None
 
 
+def _probe(sink: Sink, rank: int, stop_after: int, batch_scale: float | None,
+           args: tuple, kwargs: dict[str, Any]):
+    """The probe's callback for one ``fit``; its ``batch_size`` scaled first where asked."""
+    from .probe import make_probe
+
+    batch = _batch_size(args, kwargs)
+    if batch_scale and batch and (kwargs.get("batch_size") or (args and hasattr(args[0], "shape"))):
+        kwargs["batch_size"] = batch = max(1, round(batch * batch_scale))
+    return make_probe(sink, rank, stop_after, batch)
+
+
 @contextlib.contextmanager
-def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL):
+def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL,
+             stop_after: int | None = None, batch_scale: float | None = None):
     """Within the block, ``keras.Model.fit`` gets the kdist callback appended.
 
     A ``fit`` that already carries a callback with ``kdist_opt_out = True`` (or is
     called with ``kdist=False``) is left alone: that is the per-call opt-out.
+    ``stop_after`` (``%kdist scale``'s runs): every ``fit`` also gets a
+    :class:`~kdist_magics.watch.probe.StepProbe`, which stops it after that many steps and
+    sends the step timings; ``batch_scale`` multiplies a ``batch_size`` ``fit`` is given (a
+    strategy whose cells give the global batch keeps each rank's batch as the probe asks).
     """
     import keras
 
@@ -295,6 +311,8 @@ def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL):
         enabled = kwargs.pop("kdist", True)
         callbacks = list(kwargs.pop("callbacks", None) or [])
         cb = None
+        if stop_after:
+            callbacks.append(_probe(sink, rank, stop_after, batch_scale, args, kwargs))
         if enabled and not any(getattr(c, "kdist_opt_out", False) for c in callbacks):
             cb = make_callback(sink, rank, batch_size=_batch_size(args, kwargs),
                                min_interval=min_interval, step_offset=done["steps"],

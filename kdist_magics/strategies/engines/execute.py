@@ -22,7 +22,7 @@ def begin_ranks(strategy, cluster, ctx: RunContext, ranks: list[int]) -> None:
     with waiting.named_deaths(strategy, ranks, "as the run began"):
         begun = [cluster.client[e.engine_id].apply_async(
             engine.begin, rank, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
-            ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice)
+            ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice, ctx.probe)
             for e, rank in zip(cluster.engines, ranks)]
         waiting.gather(strategy, begun, ranks, 60, "as the run began")
 

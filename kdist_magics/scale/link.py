@@ -1,0 +1,135 @@
+"""The engines' link, measured: a ring all-reduce of the model's gradient bytes between them.
+
+kdist's own ring over plain TCP sockets (NumPy arrays, no framework), on the address each
+engine's library would listen on (:func:`kdist_magics.cluster.network.engine_address`), so it
+runs the same for every strategy and backend: reduce-scatter then all-gather, ``2 (N - 1)``
+steps, each rank sending one chunk to the next while it receives one from the previous. Every
+rank starts with ``rank + 1`` everywhere, so the result (``N (N + 1) / 2`` everywhere) checks the
+ring itself. The seconds of the slowest rank per repeat, median over the repeats, for the
+gradient bytes and for a tiny array (the latency) give a
+:class:`~kdist_magics.scale.model.Link`.
+
+:func:`listen` and :func:`allreduce` run on the engines; :func:`measure` in the kernel.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+_ring: dict[str, Any] = {}
+
+#: bytes of the tiny all-reduce that measures latency (one float32 per rank and more)
+TINY = 64
+
+
+def listen(mode: str) -> str:
+    """Open this engine's listening socket for the ring; ``host:port``."""
+    import socket
+
+    from ..cluster.network import engine_address, join
+
+    close()
+    address = engine_address(mode)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    server = socket.socket(family, socket.SOCK_STREAM)
+    server.bind((address, 0))
+    server.listen(2)
+    _ring["server"] = server
+    return join(address, server.getsockname()[1])
+
+
+def close() -> None:
+    for key in ("server", "right", "left"):
+        sock = _ring.pop(key, None)
+        if sock is not None:
+            sock.close()
+
+
+def _connect(peers: list[str], rank: int, timeout: float) -> None:
+    import socket
+
+    host, port = peers[(rank + 1) % len(peers)].rsplit(":", 1)
+    right = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    server = _ring["server"]
+    server.settimeout(timeout)
+    left, _ = server.accept()
+    for sock in (right, left):
+        sock.settimeout(timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _ring.update(right=right, left=left)
+
+
+def _exchange(send, recv_into) -> None:
+    """Send ``send`` to the right while receiving into ``recv_into`` from the left."""
+    import threading
+
+    sender = threading.Thread(target=_ring["right"].sendall, args=(memoryview(send).cast("B"),))
+    sender.start()
+    view = memoryview(recv_into).cast("B")
+    got = 0
+    while got < len(view):
+        n = _ring["left"].recv_into(view[got:])
+        if not n:
+            raise ConnectionError("the ring's left neighbour closed its connection")
+        got += n
+    sender.join()
+
+
+def _ring_allreduce(data, n: int, rank: int) -> None:
+    import numpy as np
+
+    chunks = np.array_split(data, n)
+    scratch = np.empty_like(chunks[0])
+    for k in range(n - 1):  # reduce-scatter
+        send, recv = chunks[(rank - k) % n], chunks[(rank - k - 1) % n]
+        buf = scratch[:len(recv)]
+        _exchange(np.ascontiguousarray(send), buf)
+        recv += buf
+    for k in range(n - 1):  # all-gather
+        send, recv = chunks[(rank + 1 - k) % n], chunks[(rank - k) % n]
+        _exchange(np.ascontiguousarray(send), recv)
+
+
+def allreduce(peers: list[str], rank: int, nbytes: int, repeats: int,
+              timeout: float = 60.0) -> dict[str, Any]:
+    """On an engine: ``repeats`` ring all-reduces of ``nbytes`` and of :data:`TINY` bytes; the
+    seconds of each, and whether the sums were right."""
+    import time
+
+    import numpy as np
+
+    n = len(peers)
+    _connect(peers, rank, timeout)
+    try:
+        out: dict[str, Any] = {"big": [], "tiny": [], "right": True}
+        for key, size in (("tiny", TINY), ("big", nbytes)):
+            for _ in range(repeats + 1):  # the first is a warm-up
+                data = np.full(max(size // 4, n), rank + 1, dtype=np.float32)
+                start = time.perf_counter()
+                _ring_allreduce(data, n, rank)
+                out[key].append(time.perf_counter() - start)
+                out["right"] = out["right"] and bool(np.all(data == n * (n + 1) / 2))
+            out[key] = out[key][1:]
+        return out
+    finally:
+        close()
+
+
+def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):
+    """In the kernel: the :class:`~kdist_magics.scale.model.Link` between ``cluster``'s
+    engines (all of them, in their order)."""
+    from .model import link_from
+
+    engines = list(cluster.engines)
+    client = cluster.client
+    peers = [client[e.engine_id].apply_sync(listen, mode) for e in engines]
+    runs = [client[e.engine_id].apply_async(allreduce, peers, rank, int(nbytes), repeats)
+            for rank, e in enumerate(engines)]
+    results = [r.get(timeout=600) for r in runs]
+    if not all(r["right"] for r in results):
+        raise RuntimeError("the ring all-reduce between the engines summed wrongly")
+    slowest = [max(t) for t in zip(*(r["big"] for r in results))]
+    tiny = [max(t) for t in zip(*(r["tiny"] for r in results))]
+    return link_from(statistics.median(slowest), int(nbytes), statistics.median(tiny),
+                     len(engines), hosts)

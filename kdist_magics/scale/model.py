@@ -1,0 +1,136 @@
+"""The stated model behind ``%kdist scale``'s predictions, and the verdicts drawn from figures.
+
+A data-parallel step on N ranks, each with the same per-rank batch ``b``:
+
+    step(N) = compute + rest + allreduce(N)
+    allreduce(N) = 2 (N - 1) / N * G / B  +  2 (N - 1) * a      (a ring all-reduce; 0 at N = 1)
+
+``compute`` and ``rest`` (input, callbacks) are a rank's seconds per step as measured by the
+probe, ``G`` the gradient bytes (the model's trainable variables), ``B`` the link's bus
+bandwidth and ``a`` its latency per ring step, both measured by an all-reduce of ``G`` bytes
+between the engines (:mod:`.link`). Then samples/s(N) = N b / step(N), speed-up = samples/s(N)
+/ samples/s(1), efficiency = speed-up / N, communication share = allreduce(N) / step(N).
+
+The assumptions, printed beside the figures (:data:`ASSUMPTIONS`): communication does not
+overlap compute (frameworks overlap some, so a predicted step is an upper bound); each rank's
+compute stays as measured at the largest N probed (on a CPU host, ranks share its cores); more
+ranks talk over a link like the one measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: printed beside every prediction
+ASSUMPTIONS = (
+    "ring all-reduce of the gradient bytes at the measured bus bandwidth and latency",
+    "communication does not overlap compute (a predicted step is an upper bound)",
+    "each rank's compute and input time stay as measured at the largest N probed",
+    "the same per-rank batch at every N; more ranks talk over a link like the one measured",
+)
+
+#: a step that is at least this much communication is communication-bound (the threshold an
+#: Ascend profiler's advice uses for its wait ratio)
+COMM_BOUND = 0.2
+#: a speed-up below this many times is "more ranks will not help"
+WORTH_IT = 1.1
+
+
+@dataclass(frozen=True)
+class Link:
+    """The engines' link as measured: bus bandwidth (bytes/s) and latency per ring step (s)."""
+
+    bandwidth: float
+    latency: float
+    ranks: int
+    hosts: int = 1
+
+    def allreduce(self, nbytes: float, n: int) -> float:
+        """Seconds for a ring all-reduce of ``nbytes`` over ``n`` ranks."""
+        if n <= 1:
+            return 0.0
+        return 2 * (n - 1) / n * nbytes / self.bandwidth + 2 * (n - 1) * self.latency
+
+
+def link_from(times_big: float, nbytes: int, times_small: float, n: int, hosts: int = 1) -> Link:
+    """A :class:`Link` from the seconds of an all-reduce of ``nbytes`` and of a tiny one
+    (its latency) over ``n`` ranks."""
+    latency = times_small / (2 * (n - 1))
+    moving = max(times_big - 2 * (n - 1) * latency, 1e-9)
+    return Link(bandwidth=2 * (n - 1) / n * nbytes / moving, latency=latency, ranks=n, hosts=hosts)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One N of the table: measured by the probe, or predicted by the model."""
+
+    n: int
+    samples_per_s: float
+    step_s: float
+    compute_s: float | None
+    communication_s: float | None
+    rest_s: float | None
+    speedup: float = 1.0
+    efficiency: float = 1.0
+    measured: bool = True
+
+    @property
+    def communication_share(self) -> float | None:
+        if self.communication_s is None or not self.step_s:
+            return None
+        return self.communication_s / self.step_s
+
+
+def predict(n: int, compute: float, rest: float, batch: int, grad_bytes: float, link: Link,
+            base_samples_per_s: float) -> Row:
+    """The model's row for ``n`` ranks (see the module doc)."""
+    comm = link.allreduce(grad_bytes, n)
+    step = compute + rest + comm
+    sps = n * batch / step
+    return Row(n=n, samples_per_s=sps, step_s=step, compute_s=compute, communication_s=comm,
+               rest_s=rest, speedup=sps / base_samples_per_s, efficiency=sps / base_samples_per_s / n,
+               measured=False)
+
+
+def with_speedup(row: Row, base_samples_per_s: float) -> Row:
+    from dataclasses import replace
+
+    speedup = row.samples_per_s / base_samples_per_s
+    return replace(row, speedup=speedup, efficiency=speedup / row.n)
+
+
+def advice(rows: list[Row], batch: int, grad_bytes: float, link: Link, horovod: bool) -> list[str]:
+    """What the figures say, each suggestion with the figure behind it (``%kdist advise`` and
+    ``--strategy auto`` quote these)."""
+    if not rows:
+        return []
+    measured = [r for r in rows if r.measured]
+    top = max(measured, key=lambda r: r.n)
+    base = next((r for r in rows if r.n == 1), None)
+    out = []
+    share = top.communication_share
+    if share is not None and top.n > 1:
+        kind = "communication-bound" if share >= COMM_BOUND else "compute-bound"
+        out.append(f"{kind}: {share:.0%} of a step is all-reduce at {top.n} ranks "
+                   f"(speed-up {top.speedup:.2f}x, efficiency {top.efficiency:.0%})")
+    if top.n > 1 and max(r.speedup for r in rows) < WORTH_IT:
+        out.append(f"more ranks will not help this model here ({top.n} ranks give "
+                   f"{top.speedup:.2f}x): use 1 and a bigger batch")
+        return out
+    more = [r for r in rows if not r.measured and r.n > top.n]
+    if more:
+        r = more[0]
+        out.append(f"{r.n} ranks would give ~{r.speedup:.1f}x (predicted)")
+    if share is not None and share >= COMM_BOUND and top.compute_s and base:
+        bigger = predict(top.n, top.compute_s * 2, top.rest_s or 0.0, batch * 2, grad_bytes, link,
+                         base.samples_per_s)  # the step's compute grows with the batch
+        out.append(f"a per-rank batch of {batch * 2} would give ~{bigger.speedup:.1f}x at "
+                   f"{top.n} ranks over 1 rank at batch {batch} (predicted: the step's compute "
+                   f"grows with the batch, its all-reduce does not)")
+        if horovod:
+            half = predict(top.n, top.compute_s, top.rest_s or 0.0, batch, grad_bytes / 2, link,
+                           base.samples_per_s)
+            out.append(f"fp16 gradient compression (hvd.DistributedOptimizer(..., "
+                       f"compression=hvd.Compression.fp16)) would give ~{half.speedup:.1f}x at "
+                       f"{top.n} ranks (predicted: half the bytes)")
+    return out

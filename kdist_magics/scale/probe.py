@@ -1,0 +1,117 @@
+"""``%kdist scale``: the training of a cell, probed at N = 1, 2, 4, ... ranks, the link measured,
+larger N predicted (:mod:`.model`).
+
+Each N is a run of the cell through the magics' one execute path, with no dashboard and no
+output, whose every ``fit`` stops after :data:`STEPS` steps on every rank
+(:mod:`kdist_magics.watch.probe`), with the same per-rank batch at every N (a strategy whose
+cells give the global batch, multiworker, has its ``batch_size`` scaled). Per N: a rank's
+seconds in a step, between steps (the rest) and per step (the period), medians over the ranks.
+The split: *compute* is the 1-rank step (no collective), *communication* the N-rank step
+less that (the gradient collective and the wait for the other ranks; on a host whose cores
+the ranks share, their slower compute counts here too), the *rest* as measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+
+from .. import messages
+from ..errors import StrategyUnavailable
+from ..spec import KINDS
+from ..watch.record import RunRecord
+from . import link as linkmod
+from .model import Row, advice, predict, with_speedup
+from .table import ScaleTable
+
+#: steps each rank runs per N (the first few, compilation, are left out of the figures)
+STEPS = 20
+#: strategies whose cells give the global batch (the probe keeps the per-rank batch)
+GLOBAL_BATCH = ("multiworker",)
+
+
+def ranks_to_probe(top: int) -> list[int]:
+    """1, 2, 4, ... below ``top``, and ``top``."""
+    ns, n = [], 1
+    while n < top:
+        ns.append(n)
+        n *= 2
+    return ns + [top]
+
+
+def scale(magics, spec, cell: str) -> ScaleTable:
+    """``%kdist scale`` / ``%%kdist scale``: probe, keep the table as ``last_scale()``, and let
+    the last run of the same cell split its steps with the probe's compute."""
+    if spec.strategy == "auto":
+        spec, _ = magics.choose(spec)
+    magics.last_scale = table = probe(magics, spec, cell)
+    table.cell = cell
+    last = magics.last_record
+    if (last is not None and last.strategy == spec.strategy and magics.last_trained
+            and magics.last_trained[1] == cell):
+        last.probe_compute_s = table.compute_s  # last_run().split() splits its steps now
+    return table
+
+
+def probe(magics, spec, cell: str, steps: int = STEPS) -> ScaleTable:
+    """Run the probe (see the module doc); the table, also ``kdist_magics.last_scale()``."""
+    if KINDS.get(spec.strategy) != "engines":
+        raise StrategyUnavailable(messages.scale_cannot_probe(spec.strategy))
+    started = time.monotonic()
+    top = spec.np or magics.np or 2
+    strategy = magics.strategy_object(spec.strategy)
+    figures, record = {}, None
+    for n in ranks_to_probe(top):
+        scale = n / top if spec.strategy in GLOBAL_BATCH else None
+        run_spec = replace(spec, np=n, dashboard=False, out="none", tensorboard=None,
+                           checkpoint=None)
+        record = RunRecord(spec.strategy, size=n, spec=run_spec, reason="kdist scale")
+        magics.execute(strategy, cell, run_spec, record, probe=(steps, scale))
+        figures[n] = _figures(record, n, spec.strategy)
+    hosts = len({s.host for s in record.ranks.values() if s.host}) or 1
+    grad = figures[top]["grad_bytes"]
+    link = linkmod.measure(strategy.cluster, magics.worker_network, grad, hosts=hosts)
+    return _table(spec.strategy, figures, link, grad, top, time.monotonic() - started)
+
+
+def _figures(record: RunRecord, n: int, strategy: str) -> dict:
+    rows = [m for m in record.metrics if m.get("kind") == "probe"]
+    usable = [r for r in rows if r.get("step_s") is not None and r.get("period_s")]
+    if not usable:
+        raise StrategyUnavailable(messages.scale_trained_nothing(
+            "trained nothing" if not rows else f"trained {max(r['steps'] for r in rows)} steps"))
+    batch = usable[0]["batch_size"] or 32
+    per_rank = batch // n if strategy in GLOBAL_BATCH else batch
+    return {"step": statistics.median(r["step_s"] for r in usable),
+            "period": statistics.median(r["period_s"] for r in usable),
+            "rest": statistics.median(r["rest_s"] for r in usable),
+            "batch": per_rank, "grad_bytes": usable[0].get("grad_bytes") or 0}
+
+
+def _table(strategy: str, figures: dict, link, grad: int, top: int, cost: float) -> ScaleTable:
+    one = figures[1]
+    compute1 = one["step"]
+    base = one["batch"] / one["period"]
+    rows = []
+    for n, f in sorted(figures.items()):
+        comm = max(f["step"] - compute1, 0.0) if n > 1 else 0.0
+        rows.append(with_speedup(Row(n=n, samples_per_s=n * f["batch"] / f["period"], step_s=f["period"],
+                                     compute_s=compute1, communication_s=comm, rest_s=f["rest"]), base))
+    last = figures[top]
+    compute_top = max(last["step"] - link.allreduce(grad, top), 0.0) if top > 1 else compute1
+    for n in (top * 2, top * 4):
+        rows.append(predict(n, compute_top, last["rest"], last["batch"], grad, link, base))
+    from_one = {n: predict(n, compute1, one["rest"], one["batch"], grad, link, base).step_s
+                for n in figures if n > 1}
+    table = ScaleTable(strategy, rows, link, grad, one["batch"], predicted_from_one=from_one,
+                       cost_s=cost)
+    table.advice = advice(rows, one["batch"], grad, link, horovod=strategy == "horovod")
+    return table
+
+
+def quote(table: ScaleTable) -> None:
+    """``%kdist advise`` after a probe: the measured figures and what they say, before the rules."""
+    messages.say(messages.scale_quoted(table.strategy, table.batch, table.cost_s))
+    for line in table.advice:
+        messages.say("  " + line)

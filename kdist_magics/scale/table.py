@@ -1,0 +1,104 @@
+"""``kdist_magics.last_scale()``: the probe's table (one row per N, measured or predicted), the
+link it measured, the assumptions and the advice, as text, HTML, a DataFrame and a plot."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import asdict, dataclass, field
+
+from .model import ASSUMPTIONS, Link, Row
+
+COLUMNS = ("N", "samples/s", "speed-up", "efficiency", "step ms", "compute ms",
+           "communication ms", "rest ms", "comm share", "")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+@dataclass
+class ScaleTable:
+    strategy: str
+    rows: list[Row]
+    link: Link
+    grad_bytes: int
+    batch: int
+    advice: list[str] = field(default_factory=list)
+    #: measured N -> the step the 1-rank figures and the link predicted for it (P10's error)
+    predicted_from_one: dict[int, float] = field(default_factory=dict)
+    cost_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    cell: str = ""  # the cell probed (a run of the same cell splits with this probe's compute)
+
+    @property
+    def compute_s(self) -> float | None:
+        """A rank's compute per step alone: the 1-rank step."""
+        return next((r.compute_s for r in self.rows if r.n == 1 and r.measured), None)
+
+    def cells(self, row: Row) -> list[str]:
+        share = row.communication_share
+        return [str(row.n), f"{row.samples_per_s:,.0f}", f"{row.speedup:.2f}x",
+                f"{row.efficiency:.0%}", _ms(row.step_s), _ms(row.compute_s),
+                _ms(row.communication_s), _ms(row.rest_s),
+                "-" if share is None else f"{share:.0%}",
+                "measured" if row.measured else "predicted"]
+
+    def head(self) -> str:
+        return (f"kdist scale: {self.strategy}, per-rank batch {self.batch}, gradients "
+                f"{self.grad_bytes / 2**20:.2f} MiB; link {self.link.bandwidth / 2**20:,.0f} MiB/s bus "
+                f"bandwidth, {self.link.latency * 1e6:,.0f} us per ring step ({self.link.ranks} ranks"
+                f"{f', {self.link.hosts} hosts' if self.link.hosts > 1 else ''}); probe took "
+                f"{self.cost_s:.0f} s")
+
+    def __repr__(self) -> str:
+        table = [list(COLUMNS)] + [self.cells(r) for r in self.rows]
+        widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+        text = [self.head()]
+        text += ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)).rstrip() for line in table]
+        text += [f"  checked: {n} ranks predicted {_ms(p)} ms a step from 1 rank, measured "
+                 f"{_ms(self.step_of(n))} ms" for n, p in sorted(self.predicted_from_one.items())]
+        text += ["  assumes: " + "; ".join(ASSUMPTIONS)]
+        text += [f"  note: {n}" for n in self.notes]
+        text += [f"  advice: {a}" for a in self.advice]
+        return "\n".join(text)
+
+    def _repr_html_(self) -> str:
+        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self.cells(r)) + "</tr>"
+                       for r in self.rows)
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+        extra = "".join(f"<li>{html.escape(a)}</li>" for a in self.advice + self.notes)
+        return (f"<div class='kdist-scale'><p>{html.escape(self.head())}</p><table><tr>{head}</tr>"
+                f"{rows}</table><p><small>assumes: {html.escape('; '.join(ASSUMPTIONS))}</small></p>"
+                f"<ul>{extra}</ul></div>")
+
+    def step_of(self, n: int) -> float | None:
+        return next((r.step_s for r in self.rows if r.n == n and r.measured), None)
+
+    def prediction_errors(self) -> dict[int, float]:
+        """|predicted - measured| / measured of each measured N > 1, predicted from 1 rank."""
+        return {n: abs(p - self.step_of(n)) / self.step_of(n)
+                for n, p in self.predicted_from_one.items() if self.step_of(n)}
+
+    def to_pandas(self):
+        import pandas as pd
+
+        return pd.DataFrame([{**asdict(r), "communication_share": r.communication_share}
+                             for r in self.rows])
+
+    def plot(self, ax=None):
+        """Speed-up against N, measured (filled) and predicted (hollow), beside the ideal."""
+        import matplotlib.pyplot as plt
+
+        ax = ax or plt.subplots(figsize=(5, 3.5))[1]
+        ns = [r.n for r in self.rows]
+        ax.plot(ns, ns, ":", color="grey", label="ideal (N x)")
+        for measured, style in ((True, "o-"), (False, "o--")):
+            pts = [(r.n, r.speedup) for r in self.rows if r.measured is measured]
+            if pts:
+                ax.plot(*zip(*pts), style, mfc=None if measured else "none",
+                        label="measured" if measured else "predicted")
+        ax.set_xlabel("ranks (N)")
+        ax.set_ylabel("speed-up over 1 rank")
+        ax.set_title(f"kdist scale: {self.strategy}")
+        ax.legend()
+        return ax

@@ -1,0 +1,94 @@
+"""A probe's steps (``%kdist scale``): ``fit`` stops after a set number of steps on every rank
+alike, and each rank times every step itself.
+
+:class:`StepProbe` is a Keras callback that ``telemetry.attached(stop_after=N)`` adds to every
+``fit``. It is deliberately *not* ``async_safe``: Keras then runs batch-end callbacks on the
+training thread (JAX included), so every rank stops after exactly the same step (a rank that
+stopped one step later would wait in a collective forever) and each step's end is its real end.
+It times each step from batch begin to batch end (the step: forward, backward, the gradient
+collective, the update) and from one batch begin to the next (the period; the difference is
+the rest: input, callbacks). The first :data:`WARMUP` steps (compilation, first allocations)
+are left out. At the end it sends one row, ``kind: "probe"``, with the medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+#: steps left out at the start of a probe (tracing and compilation, first allocations)
+WARMUP = 3
+
+
+class StepProbe:
+    """Times each step and stops the ``fit`` after ``stop_after`` steps (see the module doc)."""
+
+    kdist_probe = True
+
+    def __init__(self, sink: Callable[[str, dict[str, Any]], None], rank: int, stop_after: int,
+                 batch_size: int | None, clock):
+        super().__init__()
+        self.sink, self.rank, self.stop_after = sink, rank, stop_after
+        self.batch_size, self.clock = batch_size, clock
+        self.begins: list[float] = []
+        self.ends: list[float] = []
+        self.sent = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.begins.append(self.clock())
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(self.clock())
+        if len(self.ends) >= self.stop_after:
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        if not self.sent:
+            self.sent = True
+            self.sink("metric", self.row())
+
+    def row(self) -> dict[str, Any]:
+        """Medians over the steps after the warm-up: seconds in a step, seconds a step takes
+        from begin to begin (its period), and the rest between steps."""
+        n = min(len(self.begins), len(self.ends))
+        steps = [self.ends[i] - self.begins[i] for i in range(WARMUP, n)]
+        periods = [self.begins[i + 1] - self.begins[i] for i in range(WARMUP, n - 1)]
+        step = statistics.median(steps) if steps else None
+        period = statistics.median(periods) if periods else None
+        rest = max(period - step, 0.0) if step is not None and period is not None else None
+        return {"rank": self.rank, "kind": "probe", "steps": n, "measured_steps": len(steps),
+                "step_s": step, "period_s": period, "rest_s": rest,
+                "batch_size": self.batch_size, "grad_bytes": gradient_bytes(self.model)}
+
+
+def gradient_bytes(model) -> int | None:
+    """Bytes of the model's trainable variables: what one all-reduce of its gradients moves."""
+    try:
+        total = 0
+        for v in model.trainable_variables:
+            size = 1
+            for d in v.shape:
+                size *= int(d)
+            total += size * _itemsize(v.dtype)
+        return total
+    except Exception:
+        return None
+
+
+def _itemsize(dtype) -> int:
+    import numpy as np
+
+    try:
+        return np.dtype(str(getattr(dtype, "name", dtype))).itemsize
+    except TypeError:
+        return 4
+
+
+def make_probe(sink, rank: int, stop_after: int, batch_size: int | None, clock=None):
+    """A :class:`StepProbe` that is also a ``keras.callbacks.Callback``."""
+    import time
+
+    import keras
+
+    cls = type("KDistStepProbe", (StepProbe, keras.callbacks.Callback), {})
+    return cls(sink, rank, stop_after, batch_size, clock or time.perf_counter)

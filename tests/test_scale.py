@@ -1,0 +1,189 @@
+"""``%kdist scale`` (issue 46): the stated model, the advice drawn from figures, the probe's
+step timing, kdist's ring all-reduce between processes, and the probe on real engines."""
+
+from __future__ import annotations
+
+import multiprocessing
+import textwrap
+
+import pytest
+
+from kdist_magics.scale.model import Link, Row, advice, link_from, predict, with_speedup
+from kdist_magics.scale.probe import ranks_to_probe
+from kdist_magics.scale.table import ScaleTable
+from kdist_magics.watch.probe import StepProbe
+
+MiB = 2 ** 20
+
+
+def test_a_ring_all_reduce_costs_2_n_minus_1_over_n_of_the_bytes_plus_latency():
+    link = Link(bandwidth=100 * MiB, latency=1e-4, ranks=2)
+    assert link.allreduce(64 * MiB, 1) == 0.0
+    assert link.allreduce(64 * MiB, 2) == pytest.approx(64 / 100 + 2e-4)
+    assert link.allreduce(64 * MiB, 4) == pytest.approx(1.5 * 64 / 100 + 6e-4)
+    # measured times give the link back
+    again = link_from(link.allreduce(8 * MiB, 4), 8 * MiB, link.allreduce(64, 4) - 2 * 3 / 4 * 64 / link.bandwidth, 4)
+    assert again.bandwidth == pytest.approx(link.bandwidth, rel=1e-3)
+    assert again.latency == pytest.approx(link.latency, rel=1e-2)
+
+
+def table_of(compute: float, rest: float, step2: float, grad: float, link: Link, horovod=False):
+    batch = 64
+    base = batch / (compute + rest)
+    rows = [Row(1, base, compute + rest, compute, 0.0, rest),
+            with_speedup(Row(2, 2 * batch / (step2 + rest), step2 + rest, compute, step2 - compute, rest), base)]
+    rows += [predict(n, step2 - link.allreduce(grad, 2), rest, batch, grad, link, base) for n in (4, 8)]
+    return rows, advice(rows, batch, grad, link, horovod)
+
+
+def test_advice_from_a_communication_bound_probe_names_each_change_with_its_figure():
+    link = Link(bandwidth=12.5 * MiB, latency=1e-4, ranks=2)  # a 100 Mbit/s link
+    grad = 4 * MiB
+    rows, said = table_of(0.2, 0.01, 0.2 + link.allreduce(grad, 2), grad, link, horovod=True)
+    assert said[0].startswith("communication-bound: ") and "of a step is all-reduce at 2 ranks" in said[0]
+    assert any(s.startswith("4 ranks would give ~") and "(predicted)" in s for s in said)
+    assert any(s.startswith("a per-rank batch of 128 would give ~") for s in said)
+    assert any("hvd.Compression.fp16" in s for s in said)
+    _, not_horovod = table_of(0.2, 0.01, 0.2 + link.allreduce(grad, 2), grad, link)
+    assert not any("fp16" in s for s in not_horovod)  # only an option kdist's strategy has
+
+
+def test_advice_from_a_compute_bound_probe_and_from_one_that_does_not_pay():
+    fast = Link(bandwidth=1000 * MiB, latency=1e-5, ranks=2)
+    rows, said = table_of(0.5, 0.01, 0.5 + fast.allreduce(MiB, 2), MiB, fast)
+    assert said[0].startswith("compute-bound: ") and rows[1].speedup > 1.9
+    assert not any("batch" in s for s in said)  # no change suggested without a reason
+    slow = Link(bandwidth=1 * MiB, latency=1e-3, ranks=2)
+    _, said = table_of(0.001, 0.0, 0.001 + slow.allreduce(8 * MiB, 2), 8 * MiB, slow)
+    assert "more ranks will not help this model here" in said[-1] and "use 1 and a bigger batch" in said[-1]
+
+
+def test_the_table_says_measured_or_predicted_and_its_assumptions():
+    link = Link(bandwidth=100 * MiB, latency=1e-4, ranks=2)
+    rows, said = table_of(0.01, 0.001, 0.02, MiB, link)
+    table = ScaleTable("multiworker", rows, link, MiB, 64, advice=said, predicted_from_one={2: 0.018})
+    text = repr(table)
+    assert "kdist scale: multiworker, per-rank batch 64" in text
+    assert [ln.split()[-1] for ln in text.splitlines()[2:6]] == ["measured", "measured", "predicted", "predicted"]
+    assert "assumes: ring all-reduce of the gradient bytes" in text and "checked: 2 ranks predicted" in text
+    assert table.prediction_errors() == {2: pytest.approx(abs(0.018 - 0.021) / 0.021)}
+    assert "<table>" in table._repr_html_()
+    assert ranks_to_probe(1) == [1] and ranks_to_probe(2) == [1, 2] and ranks_to_probe(6) == [1, 2, 4, 6]
+
+
+def test_a_runs_split_is_compute_communication_and_rest_per_rank_once_probed():
+    from kdist_magics.watch.split import split
+
+    rows = [{"rank": r, "kind": "step", "step": s, "step_time": 0.010 + 0.004 * r, "gap_time": 0.002}
+            for r in (0, 1) for s in range(1, 6)] + [{"rank": 0, "kind": "epoch", "step": 5}]
+    live = split(rows)
+    assert [(r["rank"], r["compute_s"], r["rest_s"]) for r in live] == [(0, None, pytest.approx(0.002)),
+                                                                        (1, None, pytest.approx(0.002))]
+    assert live[1]["in_step_s"] == pytest.approx(0.014) and "run %kdist scale" in live[1]["source"]
+    probed = split(rows, compute=0.009)
+    assert probed[0]["communication_s"] == pytest.approx(0.001)
+    assert probed[1]["communication_s"] == pytest.approx(0.005)  # waiting counts as communication
+    assert probed[1]["compute_s"] == 0.009
+
+
+class _Model:
+    stop_training = False
+    trainable_variables = ()
+
+
+def test_the_step_probe_stops_every_rank_after_the_same_step_and_times_after_the_warm_up():
+    now = [0.0]
+    rows = []
+    probe = StepProbe(lambda kind, row: rows.append(row), 0, stop_after=8, batch_size=32, clock=lambda: now[0])
+    probe.model = _Model()
+    for step in range(8):
+        probe.on_train_batch_begin(step)
+        now[0] += 0.5 if step < 3 else 0.010  # compilation, then 10 ms steps
+        probe.on_train_batch_end(step)
+        now[0] += 0.002  # input and callbacks
+        assert probe.model.stop_training is (step == 7)
+    probe.on_train_end()
+    (row,) = rows
+    assert row["kind"] == "probe" and row["measured_steps"] == 5
+    assert row["step_s"] == pytest.approx(0.010) and row["rest_s"] == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_kdists_ring_all_reduce_sums_right_between_processes(n):
+    """The link probe's ring (kdist_magics.scale.link) between real processes: every rank ends
+    with the sum, and each repeat is timed."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(n) as pool, ctx.Manager() as manager:
+        barrier = manager.Barrier(n)
+        peers = manager.list([None] * n)
+        runs = [pool.apply_async(_ring_rank, (rank, n, peers, barrier)) for rank in range(n)]
+        results = [r.get(timeout=60) for r in runs]
+    for r in results:
+        assert r["right"] and len(r["big"]) == 2 and all(t > 0 for t in r["big"] + r["tiny"])
+
+
+def _ring_rank(rank, n, peers, barrier):
+    from kdist_magics.scale import link
+
+    peers[rank] = link.listen("loopback")
+    barrier.wait()
+    return link.allreduce(list(peers), rank, 3 * 2 ** 20 + 12, repeats=2)
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(600)
+def test_kdist_scale_probes_the_last_trained_cell_and_answers_bad_input_in_one_line():
+    from conftest import run_in_fresh_shell
+
+    cell = textwrap.dedent("""
+        import keras
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        """)
+    out = run_in_fresh_shell(f"""
+import io, contextlib
+from IPython.core.error import UsageError
+try:
+    ip.run_line_magic("kdist", "scale")
+except UsageError as exc:
+    out["before"] = str(exc)
+ip.run_cell("import numpy as np\\nx = np.random.default_rng(0).normal(size=(2048, 32)).astype('float32')\\ny = x[:, :1] * 2")
+_, err = attempt("--strategy multiworker --np 2 --no-dashboard --push x,y", {cell!r})
+out["run"] = repr(err)
+table = ip.run_line_magic("kdist", "scale")
+out["same"] = table is kdist_magics.last_scale()
+out["rows"] = [[r.n, r.measured, r.speedup, r.compute_s, r.communication_s] for r in table.rows]
+out["link"] = [table.link.bandwidth, table.link.latency, table.link.ranks]
+out["batch"], out["grad"], out["text"] = table.batch, table.grad_bytes, repr(table)
+out["engines"] = len(kdist_magics._extension._strategies["multiworker"].cluster.engines)
+out["split"] = kdist_magics.last_run().split()
+with contextlib.redirect_stdout(io.StringIO()) as said:
+    ip.run_line_magic("kdist", "advise --strategy multiworker --np 2")
+out["advise"] = said.getvalue()
+_, err = attempt("scale --strategy default", {cell!r})
+out["in kernel"] = [type(err).__name__, str(err)]
+_, err = attempt("scale --strategy multiworker --np 2 --push x", "x = 1")
+out["nothing"] = [type(err).__name__, str(err)]
+ip.run_line_magic("kdist", "stop")
+""", {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
+    assert out["before"].startswith("%kdist scale: no %%kdist cell has trained in this kernel yet")
+    assert out["run"] == "None", out["_stdout"][-3000:]
+    assert out["same"] is True
+    assert [r[:2] for r in out["rows"]] == [[1, True], [2, True], [4, False], [8, False]]
+    assert out["rows"][0][2] == 1.0 and all(r[2] > 0 for r in out["rows"])
+    assert out["rows"][1][4] >= 0 and out["rows"][1][3] > 0  # the split: compute, communication
+    bandwidth, latency, ranks = out["link"]
+    assert bandwidth > 0 and latency > 0 and ranks == 2
+    assert out["batch"] == 32  # 64 global over 2 ranks: kept at every N
+    assert out["grad"] == (32 * 128 + 128 + 128 + 1) * 4
+    assert "assumes:" in out["text"] and "advice:" in out["text"]
+    assert out["engines"] == 2  # the probe leaves the engines as the cell had them
+    # Keras on JAX times no step live: the run's split says so, rank by rank
+    assert [r["rank"] for r in out["split"]] == [0, 1]
+    assert all(r["in_step_s"] is None and r["source"].startswith("not timed live") for r in out["split"])
+    assert "measured by %kdist scale (multiworker, per-rank batch 32" in out["advise"]
+    name, said = out["in kernel"]
+    assert name == "StrategyUnavailable" and "\\n" not in said and said.endswith("Nothing ran")
+    name, said = out["nothing"]
+    assert name == "StrategyUnavailable" and "the cell trained nothing" in said and "\\n" not in said
