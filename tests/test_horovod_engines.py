@@ -709,3 +709,32 @@ def test_kernel_exit_leaves_no_engine_processes(tmp_path):
     left = [p for p in facts["pids"] if psutil.pid_exists(p)
             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"still running after the kernel exited: {left}"
+
+
+def test_an_attached_clusters_engines_with_different_pasts_train_together(shell):
+    """A run on one engine of an attached cluster, then on both: the engine that trained before
+    has named more layers (Keras' counters) and more eager ops (TensorFlow's), and Horovod,
+    which matches the ranks' collectives by name, waited for ever. kdist clears every rank's
+    session when the counters differ (strategies/horovod/strategy.py); the run trains, in sync."""
+    import ipyparallel as ipp
+
+    theirs = ipp.Cluster(n=2, cluster_id="kd-pasts", controller_ip="127.0.0.1", log_level=40)
+    theirs.start_cluster_sync()
+    cell = """
+import numpy as np, keras
+x = np.random.default_rng(hvd.rank()).normal(size=(128, 8)).astype("float32"); y = x[:, :1]
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+kd_weights = [w.tolist() for w in model.get_weights()]
+"""
+    try:
+        for n in (1, 2):
+            shell.run_cell_magic("kdist", f"--strategy horovod --np {n} --no-dashboard --timeout 90 "
+                                          f"--cluster-id kd-pasts", cell)
+        weights = theirs.connect_client_sync()[:].pull("kd_weights", block=True)
+        assert weights[0] == weights[1]
+    finally:
+        shell.run_line_magic("kdist", "stop")
+        theirs.stop_cluster_sync()

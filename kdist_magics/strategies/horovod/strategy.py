@@ -113,6 +113,7 @@ class HorovodStrategy(EngineStrategy):
             if info["rank"] != rank:  # pragma: no cover - defensive
                 raise KDistError(f"engine became Horovod rank {info['rank']}, expected {rank}")
             infos[rank] = info
+        self._align_keras_names(cluster, [infos[r].get("keras_names") for r in sorted(infos)])
         if elastic:
             self.rendezvous.plan.started()
         if spec.max_np is not None:
@@ -120,6 +121,18 @@ class HorovodStrategy(EngineStrategy):
 
             self.growth = Growth(self, cluster, ctx, self.cell, spec.max_np,
                                  infos[0].get("keras_names"))
+
+    @staticmethod
+    def _align_keras_names(cluster: EngineCluster, names: list) -> None:
+        """Horovod matches the ranks' collectives by op name, and names come from per-process
+        counters (Keras' automatic layer names, "dense_3"; TensorFlow's default graph's, which
+        names eager broadcasts): engines that ran different cells before (an attached
+        cluster's, or a run on fewer of them) would name the same cell's ops apart and wait for
+        each other for ever. Keras' counters tell: where they differ, every rank's session is
+        cleared (``keras.backend.clear_session()``: both counters start again) before the cell."""
+        names = [n or {} for n in names]  # None: Keras not imported there yet, no name given
+        if any(n != names[0] for n in names[1:]):
+            cluster.view().apply_sync(_clear_session)
 
     def rank_engines(self, cluster: EngineCluster) -> dict | None:
         rdv = self.rendezvous
@@ -177,3 +190,10 @@ class HorovodStrategy(EngineStrategy):
 
     def status(self) -> dict[str, Any]:
         return super().status()
+
+
+def _clear_session() -> None:
+    """On an engine: Keras' and TensorFlow's name counters start again."""
+    import keras
+
+    keras.backend.clear_session()
