@@ -9,6 +9,8 @@ Runs, each in its own process (own temp IPython/Jupyter dirs, own kernel):
 * ``sharded_memory.py``     -- P8 (memory per process: ``--strategy sharded`` against DataParallel)
 * ``push_memory.py``       -- P11 (``--push`` of 1 GiB to local engines against a pickle round trip;
   the host's memory growth, a second push of unchanged data, 4 engines against 2)
+* ``scale_prediction.py``   -- P10 (``%kdist scale``'s 2-rank prediction against the measured
+  step, on a ``tc``-limited link, for a communication-bound and a compute-bound model; needs root)
 * ``bench_multiworker.py``  -- P7's multiworker half (a ``multiworker`` cell against TensorFlow's
   own launch by hand, ``TF_CONFIG``), shown in the table beside P7
 
@@ -20,6 +22,7 @@ and prints their tables, then::
     P6 <ratio> (goal <= 0.8)
     P7 <ratio> (goal >= 0.99)
     P8 <ratio> (goal <= 0.6)
+    P10 <error> (goal <= 0.15)
     P11 <ratio> (goal <= 1.5)
 
 Options: ``--quick`` (1 repeat, short runs: a smoke test, not figures to quote),
@@ -39,7 +42,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 PY = sys.executable
 GOALS = {"P1": ">= 0.99", "P2": "<= 0.1", "P3": ">= 0.99", "P4": ">= 0.98", "P5": "<= 0.5",
-         "P6": "<= 0.8", "P7": ">= 0.99", "P8": "<= 0.6", "P11": "<= 1.5"}
+         "P6": "<= 0.8", "P7": ">= 0.99", "P8": "<= 0.6", "P10": "<= 0.15", "P11": "<= 1.5"}
 
 
 def run(script: str, args: list[str], out: Path) -> dict | None:
@@ -85,6 +88,7 @@ def main(argv=None) -> int:
                   tmp / "sharded.json")
     pushed = run("push_memory.py", ["--repeats", "1", "--mib", "256"] if args.quick else [],
                  tmp / "push.json")
+    scaled = run("scale_prediction.py", [], tmp / "scale.json")
 
     values: dict[str, float | None] = {k: None for k in GOALS}
     if horovod:
@@ -98,6 +102,8 @@ def main(argv=None) -> int:
         values["P8"] = sharded["goals"]["P8"]["value"]
     if pushed:
         values["P11"] = pushed["goals"]["P11"]["value"]
+    if scaled:
+        values["P10"] = scaled["goals"]["P10"]["value"]
     p3_from = None
     if dashboard and (dashboard.get("direct") or {}).get("ratio") is not None:
         # judged by the direct share of the dashboard's and telemetry's threads, which a
@@ -190,12 +196,21 @@ def main(argv=None) -> int:
         two = pushed["two"]
         print(f"{'P11':<5} {'s, %%kdist --push 1 GiB, 2 local engines':<46} "
               f"{'s, pickle round trip in the kernel':<44} {two['A']:>8.2f} {two['B']:>8.2f}")
+    if scaled:
+        g = scaled["goals"]
+        print(f"{'P10':<5} {'error, 2-rank step predicted from 1 rank':<46} "
+              f"{'wide (comm-bound) / cnn (compute-bound)':<44} {g['P10 wide']['value']:>8.3f} "
+              f"{g['P10 cnn']['value']:>8.3f}")
+        print(f"(P10) the probe's cost: wide {scaled['models']['wide']['cost_s']:.0f} s, cnn "
+              f"{scaled['models']['cnn']['cost_s']:.0f} s, over a {scaled['rate']} link; the live "
+              f"split reads the telemetry's rows: its cost on steps/s is P3's")
     if p3_from:
         print(f"P3 from {p3_from}")
     if args.json:
         Path(args.json).write_text(json.dumps({"horovod": horovod, "dashboard": dashboard,
                                                "cold_start": cold, "cnn": cnn,
                                                "multiworker": multiworker, "sharded": sharded,
+                                               "scale": scaled,
                                                "values": values}, indent=1))
     print()
     for key, goal in GOALS.items():
