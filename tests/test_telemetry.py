@@ -7,6 +7,7 @@ import json
 import sys
 import threading
 import types
+from pathlib import Path
 
 import pytest
 
@@ -479,3 +480,33 @@ def test_a_tpu_that_nothing_reports_on_is_said_and_a_broken_sdk_falls_back(monke
     monkeypatch.setattr(hardware, "nvidia_gpu_present", lambda: False)
     row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=None).sample()
     assert row["accelerator"] is None and row["accelerator_note"] == sampling_mod.TPU_UNREAD
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(),
+                    reason="PSS needs Linux's /proc/<pid>/smaps_rollup")
+def test_memory_shared_with_another_process_counts_once_in_the_proportional_set_size():
+    """A --push's shared segment is mapped by every local engine: each one's RSS counts all of
+    it, its PSS half of it when two processes map it, so the ranks' PSS add up to the host's."""
+    import subprocess
+    import sys
+    from multiprocessing import shared_memory
+
+    size = 64 * 2**20
+    seg = shared_memory.SharedMemory(create=True, size=size)
+    try:
+        seg.buf[::4096] = b"\x01" * (size // 4096)  # this process maps every page
+        child = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time; from multiprocessing import shared_memory as s; "
+            f"m = s.SharedMemory(name={seg.name!r}); sum(m.buf[::4096]); print('in', flush=True); "
+            "time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "in"
+            row = sampling_mod.Sampler(lambda k, r: None, pid=child.pid, nvml=False,
+                                       tpu_probe=no_tpu).sample()
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        seg.close()
+        seg.unlink()
+    assert row["rss_bytes"] - row["pss_bytes"] > 0.4 * size, row  # half the segment is ours

@@ -65,6 +65,7 @@ def add_sample(entry: dict[str, Any], sample: dict[str, Any], st: dict[str, Any]
         "cpu_percent": rounded(sample.get("cpu_percent")),
         "cpu_count": sample.get("cpu_count"),
         "rss_bytes": sample.get("rss_bytes"),
+        "pss_bytes": sample.get("pss_bytes"),
         "gpus": gpus, "tpus": sample.get("tpus") or [],
         "accelerator_note": sample.get("accelerator_note"),
     })

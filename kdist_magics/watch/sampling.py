@@ -2,6 +2,8 @@
 
 :func:`sampling` -- a daemon thread samples this process every ``interval`` seconds and feeds
 ``sink("sample", row)`` with ``{rank, time, pid, host, cpu_percent, cpu_count, rss_bytes,
+pss_bytes (Linux: the proportional set size, so pages mapped by several processes -- a
+``--push``'s shared memory -- count once over the ranks),
 accelerator, gpus: [...], gpu_util_percent, gpu_mem_used_bytes, gpu_mem_total_bytes,
 tpus: [...], accelerator_note}``. GPUs come from NVML (``pynvml``, from the ``nvidia-ml-py``
 package) when it initialises, the rank's own GPU first (``CUDA_VISIBLE_DEVICES``, or where
@@ -297,6 +299,8 @@ class Sampler:
                     self._cpu_since = now
             with contextlib.suppress(Exception):
                 row["rss_bytes"] = int(self.process.memory_info().rss)
+            with contextlib.suppress(Exception):  # Linux: shared pages split between their users
+                row["pss_bytes"] = int(self.process.memory_full_info().pss)
         gpus = []
         if self.gpu is not None:
             with contextlib.suppress(Exception):

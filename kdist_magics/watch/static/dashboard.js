@@ -428,7 +428,12 @@ function render({ model, el }) {
       const ncpu = r.cpu_count || 1;
       bars.appendChild(bar("CPU", r.cpu_percent === undefined || r.cpu_percent === null ? null : r.cpu_percent / (100 * ncpu),
         r.cpu_percent === undefined || r.cpu_percent === null ? "–" : `${Math.round(r.cpu_percent)}% of ${ncpu} core${ncpu === 1 ? "" : "s"}`, "kdist-cpu"));
-      bars.appendChild(h("div", "kdist-rss", `RSS ${fmtBytes(r.rss_bytes)}`));
+      const pss = r.pss_bytes !== undefined && r.pss_bytes !== null;
+      const mem = h("div", "kdist-rss", pss ? `memory ${fmtBytes(r.pss_bytes)} (PSS)` : `RSS ${fmtBytes(r.rss_bytes)}`);
+      mem.title = pss ? `proportional set size: pages this process shares with others (a --push's shared memory) `
+        + `are split between them, so the ranks' figures add up to what the host holds; RSS ${fmtBytes(r.rss_bytes)}`
+        : "resident set size: pages shared with other processes count in each";
+      bars.appendChild(mem);
       for (const g of r.gpus || []) {
         bars.appendChild(bar(`GPU${g.index}`, g.util_percent === null ? null : g.util_percent / 100,
           g.util_percent === null ? "–" : `${Math.round(g.util_percent)}%`, "kdist-gpu"));
