@@ -337,6 +337,13 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
             assert len(own) == 2 and "waits" in own[0] and "waits" not in own[1], own
         else:
             assert sum(slow) == 0 and notes == []
+        # each step's split, one stacked bar per process that times its steps (in-kernel
+        # replicas are one process): inside the step and the rest, until a probe splits it
+        split = dash.locator(".kdist-split .kdist-bar-text").all_inner_texts()
+        assert len(split) == (2 if strategy == "horovod" else 1), split
+        assert all(t.startswith("in step ") and " · rest " in t for t in split), split
+        assert dash.locator(".kdist-split .kdist-split-seg").count() == 2 * len(split)
+        assert "inside the step" in dash.locator(".kdist-split-legend").inner_text()
         dash.screenshot(path=str(test_output / f"dashboard-{strategy}.png"))
         seen = check_curves(page, dash)
         assert_readable_curves(seen, ranks=1 if strategy != "horovod" else 2, epochs=5)

@@ -30,7 +30,7 @@ def feed(rec, rank, steps, t0=1000.0, total=None, loss0=1.0):
 
 def sample(rank, **extra):
     row = {"rank": rank, "time": 1.0, "pid": 100 + rank, "host": "h", "cpu_percent": 50.0,
-           "cpu_count": 2, "rss_bytes": 2**20, "gpus": [], "accelerator": None,
+           "cpu_count": 2, "rss_bytes": 2**20, "pss_bytes": 2**19, "gpus": [], "accelerator": None,
            "accelerator_note": "not available: NVML sees no GPU"}
     row.update(extra)
     return row
@@ -51,6 +51,7 @@ def test_snapshot_has_ranks_curves_progress_and_eta():
     assert [r["rank"] for r in state["ranks"]] == [0, 1]
     r0, r1 = state["ranks"]
     assert r0["state"] == "running" and r0["cpu_percent"] == 50.0 and r0["rss_bytes"] == 2**20
+    assert r0["pss_bytes"] == 2**19  # the memory shown: shared pages split between processes
     assert r0["accelerator_note"].startswith("not available")
     assert r1["gpus"][0]["util_percent"] == 80.0 and r1["loss"] == pytest.approx(0.2)
     # curves: loss first, one line per rank, x = step
@@ -173,6 +174,53 @@ def test_a_sharded_run_shows_its_mesh_in_the_widget_and_the_static_view():
     assert "<b>kdist sharded</b>, mesh 1x4 &middot;" in dash.html()
     other = Dashboard(RunRecord("mirrored", size=2), interval=None)
     assert other.snapshot()[0]["mesh"] is None and "mesh" not in other.html()
+
+
+def _timed_steps(rec, rank, step_s, gap_s, n=12):
+    for s in range(1, n + 1):
+        rec.add("metric", {"rank": rank, "epoch": 0, "step": s, "time": 1000.0 + s, "kind": "step",
+                           "loss": 1.0 / s, "steps_per_s": 1 / (step_s + gap_s),
+                           "step_time": step_s, "gap_time": gap_s})
+
+
+def test_each_ranks_step_split_is_a_bar_live_and_in_the_static_view_and_a_probe_splits_it():
+    rec = RunRecord("horovod", size=2)
+    for r in (0, 1):
+        rec.set_rank(r, state="running")
+    dash = Dashboard(rec, interval=None)
+    _timed_steps(rec, 0, 0.030, 0.002)
+    _timed_steps(rec, 1, 0.040, 0.010)  # rank 1: a slow input pipeline (the rest)
+    state, _ = dash.snapshot()
+    assert [r["split"] for r in state["ranks"]] == [{"in_step": 0.03, "rest": 0.002},
+                                                   {"in_step": 0.04, "rest": 0.01}]
+    assert "inside the step" in state["split_legend"]
+    page = dash.html()
+    assert page.count('fill="#7e57c2"') == 2 and page.count('fill="#bdbdbd"') == 2  # in step, rest
+    assert "<th>step split</th>" in page
+    assert "in step 40 ms &middot; rest 10 ms" in page and "inside the step" in page
+    # the same cell after %kdist scale measured a rank's compute alone: 25 ms
+    probed = RunRecord("horovod", size=2)
+    probed.probe_compute_s = 0.025
+    probed.set_rank(0, state="running")
+    dash = Dashboard(probed, interval=None)
+    _timed_steps(probed, 0, 0.030, 0.002)
+    state, _ = dash.snapshot()
+    assert state["ranks"][0]["split"] == {"compute": 0.025, "communication": 0.005, "rest": 0.002}
+    assert state["split_legend"].startswith("each rank's mean step: compute (its 1-rank step")
+    assert "compute 25 ms &middot; communication 5 ms &middot; rest 2 ms" in dash.html()
+    assert probed.split()[0]["communication_s"] == pytest.approx(0.005)
+
+
+def test_a_run_whose_steps_are_not_timed_live_says_so_instead_of_a_bar():
+    rec = RunRecord("multiworker", size=1)  # Keras on JAX: rows without step_time
+    rec.set_rank(0, state="running")
+    dash = Dashboard(rec, interval=None)
+    feed(rec, 0, 5)
+    state, _ = dash.snapshot()
+    assert state["ranks"][0]["split"] is None
+    assert state["split_legend"].startswith("step split: not timed live: Keras on JAX")
+    assert "<th>step split</th>" not in dash.html() and "not timed live" in dash.html()
+    assert Dashboard(RunRecord("default", size=1), interval=None).snapshot()[0]["split_legend"] == ""
 
 
 def test_in_kernel_replicas_share_the_process_sample():

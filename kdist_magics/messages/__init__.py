@@ -309,6 +309,14 @@ from .slurm import (  # noqa: E402
 )
 from .scale import (  # noqa: E402
     SCALE_NOTHING_TRAINED,
+    SPLIT_LEGEND_LIVE,
+    SPLIT_LEGEND_PROBED,
+    SPLIT_LIVE,
+    SPLIT_PROBED,
+    SPLIT_UNTIMED,
+    auto_from_probe,
+    auto_not_worth_it,
+    contention,
     scale_cannot_probe,
     scale_quoted,
     scale_trained_nothing,

@@ -22,3 +22,38 @@ SCALE_NOTHING_TRAINED = ("%kdist scale: no %%kdist cell has trained in this kern
 def scale_quoted(strategy: str, batch: int, cost: float) -> str:
     return (f"measured by %kdist scale ({strategy}, per-rank batch {batch}, {cost:.0f} s; "
             f"kdist_magics.last_scale() has the table):")
+
+
+#: why a run's rows carry no step timing (Keras on JAX): the split's source and the dashboard's note
+SPLIT_UNTIMED = ("not timed live: Keras on JAX runs batch ends late, on a thread pool; %kdist "
+                 "scale's table has the split")
+#: the split's source once %kdist scale has probed this cell with this strategy
+SPLIT_PROBED = "telemetry and %kdist scale's 1-rank step"
+#: ... and before: compute and communication are one figure inside a step
+SPLIT_LIVE = "telemetry (run %kdist scale to split compute from communication)"
+#: the dashboard's legend of a rank's step split
+SPLIT_LEGEND_PROBED = ("each rank's mean step: compute (its 1-rank step, from %kdist scale), "
+                       "communication (the gradient collective and the wait for slower ranks), "
+                       "the rest (input, callbacks)")
+SPLIT_LEGEND_LIVE = ("each rank's mean step: inside the step (compute and the gradient collective "
+                     "together: %kdist scale splits them), the rest (input, callbacks)")
+
+
+def auto_from_probe(strategy: str, n: int, speedup: float, share: float | None) -> str:
+    said = f", {share:.0%} of a step all-reduce" if share is not None else ""
+    return (f"measured by %kdist scale on this cell: {n} ranks of {strategy} give {speedup:.2f}x "
+            f"over 1{said}")
+
+
+def auto_not_worth_it(strategy: str, n: int, speedup: float) -> str:
+    return (f"measured by %kdist scale on this cell: {n} ranks of {strategy} give only "
+            f"{speedup:.2f}x over 1, so more ranks will not help this model here (one rank; "
+            f"a bigger batch is the cheaper speed-up)")
+
+
+def contention(n: int, extra: float, link: float, speedup: float) -> str:
+    return (f"the ranks slow each other down: at {n} ranks a step takes {extra * 1000:.1f} ms "
+            f"more than at 1, of which the measured link's all-reduce explains "
+            f"{link * 1000:.1f} ms (speed-up {speedup:.2f}x): they share cores, memory bandwidth "
+            f"or a device, or one rank is slower; the predicted rows assume ranks on devices of "
+            f"their own")

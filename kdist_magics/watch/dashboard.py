@@ -31,6 +31,8 @@ import anywidget
 import traitlets
 
 from . import stragglers
+from .split import split
+from ..messages import SPLIT_LEGEND_LIVE, SPLIT_LEGEND_PROBED, SPLIT_UNTIMED
 from ..messages import CURVES_NOTE, NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
 from .dashboard_rows import (add_sample, current_phase, fraction_eta, layout_note, rounded,
                              slowest_progress, thinned)
@@ -181,13 +183,16 @@ class Dashboard:
         slow = {s.rank: straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
                 for s in stragglers.find(recent, cpu)}
         slowest_progress(progress, per_rank)
-        ranks, throughput = self._rank_entries(rank_states, timed, slow)
+        splits = {s["rank"]: split_entry(s) for s in split(recent, rec.probe_compute_s)}
+        ranks, throughput = self._rank_entries(rank_states, timed, slow, splits)
         state = self._state(now, phases, progress, ranks, throughput, slow)
+        state["split_legend"] = split_legend(splits, rec.probe_compute_s)
         if not with_curves:
             return state, None
         return state, self._curves()
 
-    def _rank_entries(self, rank_states, timed, slow) -> tuple[list[dict[str, Any]], float | None]:
+    def _rank_entries(self, rank_states, timed, slow,
+                      splits) -> tuple[list[dict[str, Any]], float | None]:
         """One entry per rank for the table; the ranks' summed samples/s (None: none said)."""
         ranks = []
         throughput = None
@@ -201,7 +206,9 @@ class Dashboard:
                      "total_steps": self.progress_by_rank.get(r, {}).get("total_steps"),
                      "own_step_s": rounded(timed[r][0]) if r in timed else None,
                      "wait_step_s": rounded(timed[r][1]) if r in timed else None,
-                     "straggler": slow.get(r)}
+                     "straggler": slow.get(r),
+                     # the step split's bar: mean seconds per step (watch/split.py)
+                     "split": splits.get(r)}
             if sample:
                 add_sample(entry, sample, st, shared)
             sps = step.get("samples_per_s") or None
@@ -330,6 +337,24 @@ class Dashboard:
     def html(self) -> str:
         """A self-contained HTML summary with an inline SVG of the loss curves."""
         return static_summary(*self.snapshot())
+
+
+def split_entry(row: dict[str, Any]) -> dict[str, Any] | None:
+    """A rank's split for the bar: ``compute``/``communication`` once probed, else ``in_step``;
+    ``rest``; None where its rows carry no step timing (Keras on JAX)."""
+    if row["in_step_s"] is None:
+        return None
+    parts = ({"compute": row["compute_s"], "communication": row["communication_s"]}
+             if row["compute_s"] is not None else {"in_step": row["in_step_s"]})
+    parts["rest"] = row["rest_s"] or 0.0
+    return {k: rounded(v) for k, v in parts.items()}
+
+
+def split_legend(splits: dict[int, Any], compute: float | None) -> str:
+    """What the bars show, or why there are none (a run whose steps are not timed live)."""
+    if any(splits.values()):
+        return SPLIT_LEGEND_PROBED if compute is not None else SPLIT_LEGEND_LIVE
+    return f"step split: {SPLIT_UNTIMED}" if splits else ""
 
 
 def show(record: RunRecord, **kwargs: Any) -> Dashboard:  # kwargs: Dashboard's (nice, interval)

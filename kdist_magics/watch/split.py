@@ -1,5 +1,5 @@
-"""``last_run().split()``: each rank's mean seconds per step in compute, communication and the
-rest, from the telemetry's step rows.
+"""``last_run().split()`` and the dashboard's step split: each rank's mean seconds per step in
+compute, communication and the rest, from the telemetry's step rows.
 
 The telemetry times each step from its begin to its end (``step_time``: the forward and
 backward pass, the gradient collective, the update) and the time between steps (``gap_time``:
@@ -17,10 +17,10 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable
 
+from ..messages import SPLIT_LIVE, SPLIT_PROBED, SPLIT_UNTIMED
 
-#: why a run's rows carry no step timing (Keras on JAX)
-UNTIMED = ("not timed live: Keras on JAX runs batch ends late, on a thread pool; %kdist scale's "
-           "table has the split")
+#: kept importable by its first name
+UNTIMED = SPLIT_UNTIMED
 
 
 def split(rows: Iterable[dict[str, Any]], compute: float | None = None) -> list[dict[str, Any]]:
@@ -30,14 +30,15 @@ def split(rows: Iterable[dict[str, Any]], compute: float | None = None) -> list[
     for row in rows:
         if row.get("kind", "step") == "step" and isinstance(row.get("step"), (int, float)):
             by_rank.setdefault(int(row.get("rank", 0) or 0), []).append(row)
-    return [_rank_split(rank, steps, compute) for rank, steps in sorted(by_rank.items())]
+    return [rank_split(rank, steps, compute) for rank, steps in sorted(by_rank.items())]
 
 
-def _rank_split(rank: int, steps: list[dict[str, Any]], compute: float | None) -> dict[str, Any]:
+def rank_split(rank: int, steps: list[dict[str, Any]], compute: float | None) -> dict[str, Any]:
+    """One rank's split from its step rows (see :func:`split`)."""
     timed = [r["step_time"] for r in steps if isinstance(r.get("step_time"), (int, float))]
     if not timed:
         return {"rank": rank, "in_step_s": None, "compute_s": None, "communication_s": None,
-                "rest_s": None, "source": UNTIMED}
+                "rest_s": None, "source": SPLIT_UNTIMED}
     in_step = statistics.fmean(timed)
     gaps = [r["gap_time"] for r in steps if isinstance(r.get("gap_time"), (int, float))]
     return {
@@ -45,5 +46,4 @@ def _rank_split(rank: int, steps: list[dict[str, Any]], compute: float | None) -
         "compute_s": min(compute, in_step) if compute is not None else None,
         "communication_s": max(in_step - compute, 0.0) if compute is not None else None,
         "rest_s": statistics.fmean(gaps) if gaps else None,
-        "source": "telemetry and %kdist scale's 1-rank step" if compute is not None
-        else "telemetry (run %kdist scale to split compute from communication)"}
+        "source": SPLIT_PROBED if compute is not None else SPLIT_LIVE}

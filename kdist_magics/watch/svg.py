@@ -74,6 +74,34 @@ def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,
     return "".join(parts)
 
 
+#: the step split's colours and names, as in static/dashboard.css and dashboard.js
+SPLIT_PARTS = (("compute", "compute", "#42a5f5"), ("communication", "communication", "#ef5350"),
+               ("in_step", "in step", "#7e57c2"), ("rest", "rest", "#bdbdbd"))
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1000:.0f} ms" if v >= 0.01 else f"{v * 1000:.2g} ms"
+
+
+def svg_split(split: dict | None, longest: float, width: int = 120, height: int = 9) -> str:
+    """A rank's step split as one stacked bar (inline SVG, scaled to the longest rank's step)
+    and its figures in words; "" where the rank's steps were not timed."""
+    if not split or longest <= 0:
+        return ""
+    rects, words, x = [], [], 0.0
+    for key, name, colour in SPLIT_PARTS:
+        v = split.get(key)
+        if v is None:
+            continue
+        w = min(1.0, v / longest) * width
+        rects.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="{height}" fill="{colour}">'
+                     f'<title>{name} {_ms(v)}</title></rect>')
+        words.append(f"{name} {_ms(v)}")
+        x += w
+    return (f'<svg width="{width}" height="{height}" style="vertical-align:middle">'
+            + "".join(rects) + f'</svg> <span style="color:#666">{" &middot; ".join(words)}</span>')
+
+
 def static_summary(state: dict, curves: dict) -> str:
     """The dashboard's static view: a self-contained HTML summary of a snapshot (state and
     curves as the widget gets them), with an inline SVG of the loss curves."""
@@ -105,11 +133,18 @@ def static_summary(state: dict, curves: dict) -> str:
         lines.append(svg_curves(curves["series"][name], title=name,
                                 val=curves["series"].get(f"val_{name}")))
         lines.append(f'<div style="color:#666;font-size:11px">{esc(state.get("curves_note", ""))}</div>')
+    longest = max((sum(v or 0 for v in r["split"].values()) for r in state["ranks"]
+                   if r.get("split")), default=0.0)
     rows = "".join(
         f"<tr><td>{r['rank']}</td><td>{esc(str(r['state']))}</td>"
         f"<td>{esc(str(r.get('host') or ''))}</td><td>{r.get('pid') or ''}</td>"
-        f"<td>{'' if r.get('loss') is None else r['loss']}</td></tr>"
+        f"<td>{'' if r.get('loss') is None else r['loss']}</td>"
+        + (f"<td>{svg_split(r.get('split'), longest)}</td>" if longest else "") + "</tr>"
         for r in state["ranks"])
     lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
-                 f'<th>last loss</th></tr>{rows}</table></div>')
+                 '<th>last loss</th>' + ("<th>step split</th>" if longest else "")
+                 + f'</tr>{rows}</table>')
+    if state.get("split_legend"):
+        lines.append(f'<div style="color:#666;font-size:11px">{esc(state["split_legend"])}</div>')
+    lines.append("</div>")
     return "\n".join(lines)

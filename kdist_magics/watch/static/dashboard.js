@@ -55,6 +55,29 @@ function bar(label, fraction, text, cls) {
   return row;
 }
 
+// a rank's step split as one stacked bar (watch/split.py): scaled to the longest rank's step
+export const SPLIT_PARTS = [["compute", "compute"], ["communication", "communication"],
+  ["in_step", "in step"], ["rest", "rest"]];
+export function splitBar(split, longest) {
+  const row = h("div", "kdist-bar kdist-split");
+  row.appendChild(h("span", "kdist-bar-label", "step"));
+  const track = h("span", "kdist-bar-track");
+  const ms = v => `${v >= 0.01 ? Math.round(v * 1000) : +(v * 1000).toPrecision(2)} ms`;
+  const words = [];
+  for (const [key, name] of SPLIT_PARTS) {
+    const v = split[key];
+    if (v === undefined || v === null) continue;
+    const seg = h("span", `kdist-split-seg kdist-split-${key}`);
+    seg.style.width = `${(longest > 0 ? Math.min(1, v / longest) * 100 : 0).toFixed(1)}%`;
+    seg.title = `${name} ${ms(v)}`;
+    track.appendChild(seg);
+    words.push(`${name} ${ms(v)}`);
+  }
+  row.appendChild(track);
+  row.appendChild(h("span", "kdist-bar-text", words.join(" · ")));
+  return row;
+}
+
 // -- axes: the rules of kdist_magics/watch/axes.py (tests/test_dashboard_js.py compares the two) --
 export const LOG_SPAN = 10, SMOOTHING = 0.6;
 const clean = v => +v.toPrecision(12);
@@ -408,6 +431,8 @@ function render({ model, el }) {
 
     // one row per rank / device
     const table = h("div", "kdist-ranks");
+    const stepOf = sp => sp ? Object.values(sp).reduce((a, b) => a + (b || 0), 0) : 0;
+    const longest = Math.max(0, ...ranks.map(r => stepOf(r.split)));
     for (const r of ranks) {
       const row = h("div", `kdist-rank kdist-rank-${r.state}${r.straggler ? " kdist-rank-straggler" : ""}`);
       row.dataset.rank = r.rank;
@@ -450,6 +475,7 @@ function render({ model, el }) {
                 `${fmtBytes(t.mem_used_bytes)} / ${fmtBytes(t.mem_total_bytes)}`, "kdist-gpumem")
           : h("div", "kdist-tpu", `TPU${t.index} memory ${fmtBytes(t.mem_used_bytes)}`));
       }
+      if (r.split) bars.appendChild(splitBar(r.split, longest));
       if ((r.tpus || []).length && r.tpus[0].source) {
         bars.appendChild(h("div", "kdist-note", `TPU figures: ${r.tpus[0].source}`));
       }
@@ -472,6 +498,7 @@ function render({ model, el }) {
       table.appendChild(row);
     }
     bottom.appendChild(table);
+    if (st.split_legend) bottom.appendChild(h("div", "kdist-note kdist-split-legend", st.split_legend));
   }
 
   let parsedText = null, parsed = { names: [], series: {} };
