@@ -164,7 +164,7 @@ class KDist(Magics):
         spec = self.parse(line)
         reason = None
         if spec.strategy == "auto":
-            spec, reason = self.choose(spec)
+            spec, reason = self.choose(spec, cell)
             say(f"--strategy auto chose {spec.strategy}: {reason}")
         if spec.strategy == "multiworker":
             self._check_launcher_code(cell)
@@ -271,9 +271,15 @@ class KDist(Magics):
         record.finish("done")
         return value
 
-    def choose(self, spec: specmod.RunSpec) -> tuple[specmod.RunSpec, str]:
-        """Resolve ``--strategy auto``."""
+    def choose(self, spec: specmod.RunSpec, cell: str | None = None) -> tuple[specmod.RunSpec, str]:
+        """Resolve ``--strategy auto``: from ``%kdist scale``'s figures on this cell where there
+        are any (the ranks too, unless --np was given), else by the rules."""
         from .choose.advisor import choose, hardware_for
+
+        if cell is not None and self.last_scale is not None and self.last_scale.cell == cell:
+            from .scale.probe import choose_measured
+
+            return choose_measured(self.last_scale, spec)
 
         name, reason = choose(self.shell.user_ns, spec, hardware=hardware_for(self))
         return spec.with_strategy(name), reason

@@ -116,6 +116,11 @@ def allreduce(peers: list[str], rank: int, nbytes: int, repeats: int,
         close()
 
 
+#: the link's bandwidth is timed on at least this many bytes: below it, an all-reduce is mostly
+#: latency, and bytes / (its time less the latency) is noise (a 0.3 MiB model read 271 TB/s)
+MIN_BYTES = 4 * 2**20
+
+
 def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):
     """In the kernel: the :class:`~kdist_magics.scale.model.Link` between ``cluster``'s
     engines (all of them, in their order)."""
@@ -123,6 +128,7 @@ def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):
 
     engines = list(cluster.engines)
     client = cluster.client
+    nbytes = max(int(nbytes), MIN_BYTES)  # a small model's bytes would time the latency only
     peers = [client[e.engine_id].apply_sync(listen, mode) for e in engines]
     runs = [client[e.engine_id].apply_async(allreduce, peers, rank, int(nbytes), repeats)
             for rank, e in enumerate(engines)]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import messages
+
 #: printed beside every prediction
 ASSUMPTIONS = (
     "ring all-reduce of the gradient bytes at the measured bus bandwidth and latency",
@@ -34,6 +36,10 @@ ASSUMPTIONS = (
 COMM_BOUND = 0.2
 #: a speed-up below this many times is "more ranks will not help"
 WORTH_IT = 1.1
+#: an N-rank step longer than the 1-rank one by more than this many times what the link's
+#: all-reduce explains (and CONTENTION_S more) is the ranks slowing each other, not the link
+CONTENTION = 3.0
+CONTENTION_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,12 @@ def advice(rows: list[Row], batch: int, grad_bytes: float, link: Link, horovod: 
     base = next((r for r in rows if r.n == 1), None)
     out = []
     share = top.communication_share
-    if share is not None and top.n > 1:
+    link_s = link.allreduce(grad_bytes, top.n)
+    contention = (share is not None and share >= COMM_BOUND and top.communication_s is not None
+                  and top.communication_s > CONTENTION * link_s + CONTENTION_S)
+    if contention:
+        out.append(messages.contention(top.n, top.communication_s, link_s, top.speedup))
+    elif share is not None and top.n > 1:
         kind = "communication-bound" if share >= COMM_BOUND else "compute-bound"
         out.append(f"{kind}: {share:.0%} of a step is all-reduce at {top.n} ranks "
                    f"(speed-up {top.speedup:.2f}x, efficiency {top.efficiency:.0%})")
@@ -121,7 +132,7 @@ def advice(rows: list[Row], batch: int, grad_bytes: float, link: Link, horovod: 
     if more:
         r = more[0]
         out.append(f"{r.n} ranks would give ~{r.speedup:.1f}x (predicted)")
-    if share is not None and share >= COMM_BOUND and top.compute_s and base:
+    if share is not None and share >= COMM_BOUND and top.compute_s and base and not contention:
         bigger = predict(top.n, top.compute_s * 2, top.rest_s or 0.0, batch * 2, grad_bytes, link,
                          base.samples_per_s)  # the step's compute grows with the batch
         out.append(f"a per-rank batch of {batch * 2} would give ~{bigger.speedup:.1f}x at "

@@ -22,7 +22,7 @@ from ..errors import StrategyUnavailable
 from ..spec import KINDS
 from ..watch.record import RunRecord
 from . import link as linkmod
-from .model import Row, advice, predict, with_speedup
+from .model import WORTH_IT, Row, advice, predict, with_speedup
 from .table import ScaleTable
 
 #: steps each rank runs per N (the first few, compilation, are left out of the figures)
@@ -108,6 +108,22 @@ def _table(strategy: str, figures: dict, link, grad: int, top: int, cost: float)
                        cost_s=cost)
     table.advice = advice(rows, one["batch"], grad, link, horovod=strategy == "horovod")
     return table
+
+
+def choose_measured(table: ScaleTable, spec):
+    """``--strategy auto`` on a cell ``%kdist scale`` probed: (spec, why) from the measured
+    rows: the probed strategy at its best measured N where that pays (``--np`` kept where it
+    was given), else one device: ``default`` in the kernel, or one rank of the probed strategy
+    where the cell needs engines (a Horovod cell's ``hvd`` calls, ``--push``/``--pull``)."""
+    best = max((r for r in table.rows if r.measured and r.n > 1), key=lambda r: r.speedup)
+    if best.speedup < WORTH_IT:
+        why = messages.auto_not_worth_it(table.strategy, best.n, best.speedup)
+        if table.strategy == "horovod" or {"push", "pull", "out"} & spec.given:
+            return replace(spec, np=1).with_strategy(table.strategy), why
+        return spec.with_strategy("default"), why
+    why = messages.auto_from_probe(table.strategy, best.n, best.speedup, best.communication_share)
+    spec = spec if "np" in spec.given else replace(spec, np=best.n)
+    return spec.with_strategy(table.strategy), why
 
 
 def quote(table: ScaleTable) -> None:
