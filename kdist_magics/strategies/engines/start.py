@@ -44,7 +44,7 @@ def cluster_for(strategy, ctx: RunContext) -> EngineCluster:
                                 preload=strategy.warm_modules if ctx.options.preload else (),
                                 threads=ctx.options.threads_per_rank or 0)
         if not spec.attach:
-            news(f"starting {n} engines on this machine (loopback only)...")
+            news(f"starting {n} engine{'s' if n != 1 else ''} on this machine (loopback only)...")
         strategy.cluster = cluster
         start_phase(cluster, ctx, cluster.start)
     strategy.needs_restart = None
@@ -59,7 +59,7 @@ def _reuse(strategy, cluster: EngineCluster, ctx: RunContext, n: int, news) -> E
     current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile,
                getattr(cluster, "options", None))
     if current != key:
-        news(f"{n} ranks requested; restarting the engines (had {cluster.n})")
+        news(f"{n} rank{'s' if n != 1 else ''} requested; restarting the engines (had {cluster.n})")
         strategy.teardown()
         return None
     if why := strategy.needs_restart or cluster.why_restart():
