@@ -13,6 +13,14 @@ has it) and nothing else. Importing it imports neither TensorFlow nor Keras.
 ``y_train`` / ``x_test`` / ``y_test`` in one ``.npz``) under ``data/`` for
 notebooks that want to show the usual ``np.load("mnist.npz")`` pattern, still
 offline.
+
+Data that does not fit in the notebook: each rank reads its own files.
+``shard_files(pattern)`` gives this process its part of the files (by its place on the data
+axis: its Horovod or torch.distributed rank, its MultiWorkerMirroredStrategy task, its JAX
+process's position on the mesh's data axis, so processes that share a position read the same
+files in the same order), and ``npz_shards(files, batch_size)`` reads them as a Keras
+``PyDataset`` with the same number of batches on every rank (``write_npz_shards`` writes such
+files from arrays).
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["load_digits_split", "build_model", "mnist_like_file", "describe", "gpu_count"]
+__all__ = ["load_digits_split", "build_model", "mnist_like_file", "describe", "gpu_count",
+           "data_position", "shard_files", "npz_shards", "write_npz_shards"]
 
 
 def load_digits_split(test_fraction: float = 0.2, seed: int = 0, flat: bool = True):
@@ -118,3 +127,156 @@ def gpu_count() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+# -- each rank its own files ----------------------------------------------------------------
+
+def data_position() -> tuple[int, int]:
+    """``(position, positions)``: which part of the data this process reads, found from what
+    runs it (nothing is started to look): a JAX process under a Keras distribution over several
+    processes, its position on the data axis (``sharded`` with a model axis across processes
+    gives every process on one position the same part); Horovod's rank and size; a
+    ``torch.distributed`` group's rank and world size; TensorFlow's ``TF_CONFIG`` task among
+    the workers (and chief); else ``(0, 1)``, every file."""
+    import json
+    import os
+    import sys
+
+    keras = sys.modules.get("keras")
+    if keras is not None and "jax" in sys.modules:
+        try:
+            dist = keras.distribution.distribution()
+        except Exception:  # another backend
+            dist = None
+        if dist is not None and getattr(dist, "batch_dim_name", None):
+            import jax
+
+            if jax.process_count() > 1:
+                from .strategies.sharded.positions import data_position as on_mesh
+
+                return on_mesh(dist)
+    for name in ("kdist_magics.keras_horovod", "horovod.tensorflow"):
+        hvd = sys.modules.get(name)
+        if hvd is not None and hvd.is_initialized():
+            return hvd.rank(), hvd.size()
+    torch_dist = sys.modules.get("torch.distributed")
+    if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_rank(), torch_dist.get_world_size()
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    if config.get("cluster"):
+        tasks = [("chief", i) for i in range(len(config["cluster"].get("chief", [])))]
+        tasks += [("worker", i) for i in range(len(config["cluster"].get("worker", [])))]
+        task = config.get("task", {})
+        me = (task.get("type"), int(task.get("index", 0)))
+        if me in tasks:
+            return tasks.index(me), len(tasks)
+    return 0, 1
+
+
+def shard_files(files, position: int | None = None, positions: int | None = None) -> list[str]:
+    """This process's files: every ``positions``-th of ``files`` (a glob pattern, or a list),
+    sorted by name, from its ``position`` (:func:`data_position` where not given). Every
+    position gets as many files (the last ``len % positions`` are left out, and said); fewer
+    files than positions is an error naming both numbers."""
+    import glob
+
+    from .messages import say
+
+    names = sorted(glob.glob(files) if isinstance(files, (str, Path)) else map(str, files))
+    if position is None or positions is None:
+        position, positions = data_position()
+    if len(names) < positions:
+        where = f" matching {files!r}" if isinstance(files, (str, Path)) else ""
+        raise ValueError(f"{len(names)} files{where} for {positions} data positions: give every "
+                         f"rank at least one file (split them finer, or run fewer ranks)")
+    extra = len(names) % positions
+    if extra and position == 0:
+        say(f"{len(names)} files over {positions} ranks: leaving out the last {extra} so every "
+            f"rank reads as many")
+    return _part(names, position, positions)
+
+
+def _part(names: list[str], position: int, positions: int) -> list[str]:
+    return names[: len(names) - len(names) % positions][position::positions]
+
+
+def write_npz_shards(folder: str | Path, x, y, shards: int, name: str = "part") -> list[Path]:
+    """``x`` and ``y`` cut into ``shards`` files ``<name>-00000.npz``, ... (arrays ``x`` and
+    ``y`` each, equal sizes but the last) in ``folder``; their paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, (xs, ys) in enumerate(zip(np.array_split(x, shards), np.array_split(y, shards))):
+        path = folder / f"{name}-{i:05d}.npz"
+        np.savez(path, x=xs, y=ys)
+        paths.append(path)
+    return paths
+
+
+def npz_shards(files, batch_size: int, shuffle_seed: int | None = None):
+    """A Keras ``PyDataset`` over this rank's part of ``files`` (a glob pattern or a list of
+    ``.npz`` files holding arrays ``x`` and ``y``; the part :func:`shard_files` gives, in
+    ``.files``), ``batch_size`` rows a batch, in file order (with ``shuffle_seed``, each
+    epoch's batch order shuffled alike on every rank). Every rank makes the same number of
+    batches, the fewest any position's files give: every file's rows are read from its
+    header (not its data), so no rank waits at a collective for one that has run out."""
+    import glob
+
+    import keras
+
+    every = sorted(glob.glob(files) if isinstance(files, (str, Path)) else map(str, files))
+    position, positions = data_position()
+    mine = shard_files(every, position, positions)
+    rows = {f: _npz_rows(f) for f in every}
+    batches = min(sum(rows[f] for f in _part(every, p, positions))
+                  for p in range(positions)) // batch_size
+
+    class NpzShards(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__()
+            self.files, self.order, self.epoch, self._open = mine, np.arange(batches), 0, (None,)
+
+        def __len__(self):
+            return batches
+
+        def on_epoch_end(self):
+            self.epoch += 1
+            if shuffle_seed is not None:
+                self.order = np.random.default_rng(shuffle_seed + self.epoch).permutation(batches)
+
+        def arrays(self, path):  # one file's arrays at a time
+            if self._open[0] != path:
+                with np.load(path) as data:
+                    self._open = (path, data["x"], data["y"])
+            return self._open[1:]
+
+        def __getitem__(self, i):
+            return _rows_of(self, rows, int(self.order[i]) * batch_size, batch_size)
+
+    return NpzShards()
+
+
+def _npz_rows(path: str) -> int:
+    """Rows of the ``x`` array in an ``.npz``, from its header (the data is not read)."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    with zipfile.ZipFile(path) as z, z.open("x.npy") as f:
+        major, _ = npy.read_magic(f)
+        header = npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0
+        return int(header(f)[0][0])
+
+
+def _rows_of(dataset, rows: dict[str, int], start: int, count: int):
+    """Rows ``start`` .. ``start + count`` of the dataset's files' ``x`` and ``y``, end to end."""
+    xs, ys, seen = [], [], 0
+    for f in dataset.files:
+        n = rows[f]
+        if seen + n > start and seen < start + count:
+            x, y = dataset.arrays(f)
+            lo, hi = max(start - seen, 0), min(start + count - seen, n)
+            xs.append(x[lo:hi])
+            ys.append(y[lo:hi])
+        seen += n
+    return np.concatenate(xs), np.concatenate(ys)
