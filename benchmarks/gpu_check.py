@@ -23,6 +23,10 @@ once) and prints ``PASS``/``FAIL`` with what it saw:
    sharing GPU 0: both on the GPU, each holding half of the large kernels (the layout), the same
    falling loss on both, and each process's device memory (JAX's ``memory_stats``) printed.
 
+6. **scale** -- ``%%kdist scale --strategy multiworker --np 2`` (Keras on torch, whose steps
+   are timed live) with the two processes sharing GPU 0: the probe's table measured at 1 and
+   2 ranks on the GPU, the link measured, a verdict drawn; the table printed as it is.
+
 Needs kdist_magics importable with its dependencies (ipyparallel, IPython, ipywidgets,
 anywidget, psutil), JAX with CUDA and ``nvidia-ml-py``. Exits 0 when every check passed, 1
 otherwise, 2 when there is no GPU (and says so).
@@ -111,6 +115,19 @@ if err is None:
     ranks = eng.ranks(eng.cluster, None)
     for name in ("kd_loss", "kd_local", "kd_where", "kd_mem"):
         out[name] = [v for _, v in sorted(zip(ranks, eng.cluster.view().pull(name, block=True)))]
+ip.run_line_magic("kdist", "stop")
+"""
+
+
+SCALE = f"""
+ip.run_line_magic("config", "KDist.rank_gpus = 'shared'")
+CELL = {MODEL!r} + "\\nkd_where = next(iter(model.parameters())).device.type"
+table, err = attempt("scale --strategy multiworker --np 2 --no-dashboard", CELL)
+out["err"] = repr(err) if err is not None else None
+if err is None:
+    out["rows"] = [[r.n, r.measured, round(r.speedup, 2), r.communication_share] for r in table.rows]
+    out["bandwidth"], out["advice"], out["text"] = table.link.bandwidth, table.advice, repr(table)
+    out["kd_where"] = by_rank("kd_where")
 ip.run_line_magic("kdist", "stop")
 """
 
@@ -215,6 +232,21 @@ def main(argv=None) -> int:
                               f"on {r['kd_where']}, 256x256 kernel per process {halves}, same losses "
                               f"{losses[0] == losses[1]} ({losses[0][-1]:.4f}), device memory peak per "
                               f"process: {mem}", r["seconds"]))
+    if subprocess.run([sys.executable, "-c", "import torch"]).returncode:
+        print("SKIP scale: PyTorch is not installed here", flush=True)
+    else:
+        r = run(SCALE, {"KERAS_BACKEND": "torch"}, args.timeout)
+        if r.get("err"):
+            results.append(report("scale, 2 torch ranks sharing GPU 0", False, r["err"], r["seconds"]))
+        else:
+            print(r["text"], flush=True)
+            ok = ([row[:2] for row in r["rows"][:2]] == [[1, True], [2, True]] and r["bandwidth"] > 0
+                  and bool(r["advice"]) and all(w == "cuda" for w in r["kd_where"]))
+            results.append(report("scale, 2 torch ranks sharing GPU 0", ok,
+                                  f"on {r['kd_where']}, measured N {[row[0] for row in r['rows'] if row[1]]}, "
+                                  f"speed-ups {[row[2] for row in r['rows']]}, link "
+                                  f"{r['bandwidth'] / 2**20:,.0f} MiB/s, advice {r['advice'][:1]}",
+                                  r["seconds"]))
     print(f"gpu_check: {sum(results)}/{len(results)} passed")
     return 0 if all(results) else 1
 

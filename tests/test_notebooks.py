@@ -31,7 +31,10 @@ PAPERS = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
 CELL_TIMEOUT = 300  # seconds for one cell; the notebooks take far less here
 #: notebooks that need no TensorFlow as they are: they run on Colab's TPU pins too (marker notf)
 WITHOUT_TENSORFLOW = {"04-colab-tpu", "07-keras-on-jax-across-engines",
-                      "09-a-model-too-big-for-one-device"}
+                      "09-a-model-too-big-for-one-device", "10-will-more-devices-help"}
+#: ... of which these run there only (marker tfless): Keras on torch, no TensorFlow needed, and
+#: the main suite's time is spent elsewhere (tests/README.md)
+ONLY_WITHOUT_TENSORFLOW = {"10-will-more-devices-help"}
 
 
 def _nb_id(path: Path) -> str:
@@ -46,6 +49,7 @@ def _runs() -> list:
     runs = []
     for path in PAPERS:
         marks = [pytest.mark.notf] if path.stem in WITHOUT_TENSORFLOW else []
+        marks += [pytest.mark.tfless] if path.stem in ONLY_WITHOUT_TENSORFLOW else []
         runs.append(pytest.param(path, {}, id=path.stem, marks=marks))
         meta = json.loads(path.read_text()).get("metadata", {})
         for env in meta.get("kdist", {}).get("variants", []):
@@ -118,7 +122,8 @@ def test_first_code_cell_checks_prerequisites(path):
     first = next(c for c in nb.cells if c.cell_type == "code").source
     assert "from kdist_magics.prerequisites import check" in first, f"{path.name}: no check first"
     needs = _check_args(first)
-    assert "sklearn" in needs, f"{path.name}: its data (kdist_magics.datasets) needs scikit-learn"
+    if "kdist_magics.datasets" in "".join(c.source for c in nb.cells):
+        assert "sklearn" in needs, f"{path.name}: its data (kdist_magics.datasets) needs scikit-learn"
     if _uses_horovod(path):
         assert "horovod" in needs, f"{path.name} runs Horovod: its first cell must check it is built"
     if _uses_torch(path):
