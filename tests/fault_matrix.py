@@ -40,12 +40,14 @@ CELLS = {
     "multiworker": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"
                     "import time; time.sleep(1.5)\nkd_r = strategy.cluster_resolver.task_id\n"
                     "strategy.num_replicas_in_sync"),
-    "jax": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"  # KERAS_BACKEND=jax
+    "jax": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r --push kd_big\n"  # KERAS_BACKEND=jax
             "import time, jax; time.sleep(1.5)\nkd_r = jax.process_index()\njax.process_count()"),
     "torch": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"  # KERAS_BACKEND=torch
               "import time, torch.distributed as dist; time.sleep(1.5)\nkd_r = dist.get_rank()\n"
               "dist.get_world_size()"),
 }
+#: what a kernel defines before its cells: the JAX cell pushes 4 MiB (one shared-memory segment)
+PRELUDE = {"jax": "import numpy as np\nkd_big = np.ones(2**20, dtype='float32')"}
 #: the kernel's Keras backend per strategy key (multiworker follows it)
 BACKENDS = {"horovod": "tensorflow", "multiworker": "tensorflow", "jax": "jax", "torch": "torch"}
 
@@ -98,6 +100,8 @@ EXPECTED = {"horovod": {
     # (JAX raises "Failed to start RPC server" there, or crashes: both are named)
     ("setup", "port-taken"): [("KDistError", "joining jax.distributed failed: rank 0: "),
                               ("RankDied", "While jax.distributed started: rank 0 was killed by SIGSEGV")],
+    # --push's segment is named in /dev/shm: an engine dies before mapping it (the name goes)
+    ("push", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
     ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
     ("init", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}", "The cell did not run"),
     ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
@@ -124,6 +128,8 @@ COVERED_ELSEWHERE = {("horovod", "cell", "engine-kill"), ("horovod", "cell", "en
 #: (strategy, phase, fault) with the kernel as the victim: nothing may be left 10 s later
 KERNEL_CASES = [("horovod", "controller", "kernel-kill"), ("horovod", "engines", "kernel-kill"),
                 ("horovod", "init", "kernel-kill"), ("horovod", "cell", "kernel-restart"),
+                # the kernel dies with --push's segment named: its cluster's guard removes it
+                ("jax", "push", "kernel-kill"),
                 ("multiworker", "init", "kernel-restart")]
 #: kernel cases ``make test`` leaves to the benchmark: a restart is the same for every strategy
 KERNEL_CASES_BENCH_ONLY = {("multiworker", "init", "kernel-restart")}
@@ -184,7 +190,24 @@ class Outcome:
 def new_kernel(tmp: Path, strategy: str = "horovod") -> tuple[Kernel, Holds]:
     holds = Holds(tmp / "holds")
     env = isolated_env(tmp / "home", KDIST_HOLD_DIR=str(holds.dir), KERAS_BACKEND=BACKENDS[strategy])
-    return Kernel(cwd=tmp, env=env), holds
+    k = Kernel(cwd=tmp, env=env)
+    if strategy in PRELUDE:
+        k.check(PRELUDE[strategy])
+    return k, holds
+
+
+def segments(pid: int) -> list[str]:
+    """``--push``'s shared-memory names of kernel ``pid`` still in ``/dev/shm``."""
+    import glob
+
+    return glob.glob(f"/dev/shm/kdist-{pid}-*")
+
+
+def segments_gone(pid: int, within: float) -> list[str]:
+    deadline = time.monotonic() + within
+    while segments(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return segments(pid)
 
 
 def victim(facts: dict) -> int | None:
@@ -209,6 +232,8 @@ def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None 
     if k is None:
         k, holds = new_kernel(tmp, strategy)
     cell = STOP if phase == "stopping" else CELLS[strategy]
+    if phase == "push":  # changed, so it is sent (an unchanged value is not: no segment then)
+        k.check("kd_big = kd_big + 1")
     holds.arm(phase)
     msg_id = k.send(cell)
     facts = holds.wait(phase)
@@ -242,6 +267,7 @@ def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None 
             return out, k
         if fault == "kernel-kill":
             out.gone_s = _gone(k.seen_pids - {k.pid}, out)
+            out.left += segments_gone(k.pid, GONE_WITHIN)
             k.cleanup()  # (by pid) whatever a failing case left
             return out, None
         holds.release(phase)
@@ -256,6 +282,7 @@ def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None 
             out.error = f"{err['ename']}: {err['evalue']}"
             out.lines = len([ln for ln in err.get("traceback", []) if ln.strip()])
         out.next_ok = _next_ok(k, strategy, out)
+        out.left += segments(k.pid)  # nothing of --push stays named once the cell is over
         return out, k
     finally:
         holds.release(phase)
@@ -336,17 +363,46 @@ def run_strategy(strategy: str, table: dict, tmp: Path, skip=frozenset()):
             warm = True
             yield out, expected
         left = leftovers(k)
-        assert not left, f"left after %kdist stop: {left}"
+        assert not left, f"left after %kdist stop: {described(left)}"
     finally:
         k.shutdown()
         k.cleanup()
 
 
+def described(pids) -> list[str]:
+    """Each pid with its command line (for a failure's message)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            out.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:300]}")
+        except psutil.Error:
+            out.append(f"{pid}: gone")
+    return out
+
+
 def leftovers(k: Kernel) -> list[int]:
-    """Processes below the kernel once ``%kdist stop`` has run: none should be."""
+    """Processes below the kernel once ``%kdist stop`` has run: none should be, but Python's
+    own multiprocessing resource tracker, which ``--push``'s first shared-memory segment starts
+    in the kernel: it lives as long as the kernel (it ends when its pipe from the kernel
+    closes, a killed kernel's too, and removes any segment still registered then)."""
     k.check("%kdist stop")
-    left, _ = wait_gone(started(k), 60)
+    left, _ = wait_gone(started(k) - resource_trackers(k), 60)
     return left
+
+
+def resource_trackers(k: Kernel) -> set[int]:
+    import psutil
+
+    found = set()
+    for pid in started(k):
+        try:
+            if "multiprocessing.resource_tracker" in " ".join(psutil.Process(pid).cmdline()):
+                found.add(pid)
+        except psutil.Error:
+            pass
+    return found
 
 
 def scratch() -> Path:

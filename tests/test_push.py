@@ -18,14 +18,20 @@ import pytest
 from conftest import run_in_fresh_shell
 from kdist_magics.engine import shared
 
-LINE = "--strategy multiworker --np 2 --no-dashboard --push x,pair,small,meta"
+LINE = "--strategy multiworker --np 2 --no-dashboard --push x,pair,small,meta,df"
 CELL = ("import numpy as np\n"
         "kd_root = x\n"
         "while isinstance(kd_root, np.ndarray) and kd_root.base is not None:\n"
         "    kd_root = kd_root.base  # what the array's memory is\n"
         "kd_root = kd_root.obj if isinstance(kd_root, memoryview) else kd_root\n"
         "kd_seen = [float(x.sum()), float(pair[1].sum()), small.tolist(), meta, id(x),\n"
-        "           type(kd_root).__name__, bool(x.flags.writeable)]\n")
+        "           type(kd_root).__name__, bool(x.flags.writeable)]\n"
+        "kd_col = df['a'].to_numpy()\n"
+        "while isinstance(kd_col, np.ndarray) and kd_col.base is not None:\n"
+        "    kd_col = kd_col.base\n"
+        "kd_col = kd_col.obj if isinstance(kd_col, memoryview) else kd_col\n"
+        "kd_frame = [float(df['a'].sum()), int(df['b'].sum()), list(df.columns), int(df.index[-1]),\n"
+        "            type(kd_col).__name__, id(df)]\n")
 
 
 @pytest.mark.engines
@@ -37,14 +43,19 @@ rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 1024)).astype("float32")          # 2 MiB: shared
 pair = (np.arange(300_000, dtype="float64"), np.ones(400_000, dtype="float32"))
 small, meta = np.arange(5), {{"classes": 10}}                  # inline, as before
-ip.user_ns.update(x=x, pair=pair, small=small, meta=meta)     # the notebook's variables
+import pandas as pd                                           # a frame: column by column
+df = pd.DataFrame({{"a": rng.normal(size=300_000), "b": np.arange(300_000)}}, index=np.arange(300_000) * 2)
+ip.user_ns.update(x=x, pair=pair, small=small, meta=meta, df=df)  # the notebook's variables
 def cell(extra=""):
     _, err = attempt({LINE!r}, {CELL!r} + extra)
     assert err is None, repr(err)
     return by_rank("kd_seen")
 out["first"] = cell()
+out["frame"] = by_rank("kd_frame")
+out["frame sums"] = [float(df["a"].sum()), int(df["b"].sum())]
 out["shm_after"] = glob.glob("/dev/shm/kdist-*")
 out["again"] = cell()
+out["frame again"] = by_rank("kd_frame")
 x[0, 0] += 1.0                                               # changed in the notebook
 out["changed"] = cell()
 out["written"] = cell("import jax\\nif jax.process_index() == 0:\\n    x[:] = 0\\n"
@@ -61,6 +72,11 @@ out["shm_end"] = glob.glob("/dev/shm/kdist-*")
             assert seen[5] == "mmap" and seen[6] is True  # shared, and a cell may write (its own copy)
     assert first[0][0] == pytest.approx(first[1][0])  # the same data on both ranks
     assert out["shm_after"] == [] and out["shm_end"] == []  # no name left in /dev/shm
+    a_sum, b_sum = out["frame sums"]
+    for frame in out["frame"]:  # a DataFrame's columns on the shared pages, its index as it was
+        assert frame[0] == pytest.approx(a_sum) and frame[1:4] == [b_sum, ["a", "b"], 599_998]
+        assert frame[4] == "mmap", frame
+    assert [f[5] for f in out["frame again"]] == [f[5] for f in out["frame"]]  # not sent twice
     assert [r[4] for r in again] == [r[4] for r in first]  # unchanged: the same objects, not sent
     assert [r[4] for r in changed] != [r[4] for r in first]  # changed in the notebook: sent again
     assert changed[0][0] == pytest.approx(out["sums"][0], rel=1e-6) == changed[1][0]
@@ -68,6 +84,42 @@ out["shm_end"] = glob.glob("/dev/shm/kdist-*")
     assert written[0][0] == 0.0 and written[1][0] == pytest.approx(out["sums"][0], rel=1e-6)  # COW
     assert after[0][0] == pytest.approx(out["sums"][0], rel=1e-6)  # rank 0's written copy: sent again
     assert after[1][4] == written[1][4]  # rank 1's untouched copy: bound again, not sent
+
+
+def test_a_frame_of_numbers_travels_column_by_column_and_one_of_strings_as_before():
+    pd = pytest.importorskip("pandas")
+    from multiprocessing import shared_memory
+
+    made = []
+
+    def segment(nbytes):
+        seg = shared_memory.SharedMemory(create=True, size=nbytes)
+        made.append(seg)
+        return seg.name, seg.buf
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"a": rng.normal(size=200_000), "b": np.arange(200_000, dtype="int32"),
+                       "when": pd.date_range("2026-01-01", periods=200_000, freq="s")},
+                      index=np.arange(200_000) * 3)
+    assert shared.shareable(df) and [a.nbytes for a in shared.arrays(df)] == [1_600_000, 800_000, 1_600_000]
+    desc = None
+    try:
+        desc = shared.describe(df, segment)
+        assert [d[1][0] for d in desc[1]] == ["array", "value", "array"]  # b is under 1 MiB: inline
+        back = shared._build(desc)
+        pd.testing.assert_frame_equal(back, df)
+        assert shared.fingerprint(back) == shared.fingerprint(df)
+    finally:
+        del desc
+        for seg in made:
+            seg.close()
+            seg.unlink()
+    changed = df.copy()
+    changed.iloc[5, 0] += 1
+    assert shared.fingerprint(changed) != shared.fingerprint(df)
+    assert shared.fingerprint(df.set_axis(df.index + 1)) != shared.fingerprint(df)  # the index too
+    words = pd.DataFrame({"name": ["x"] * 300_000, "v": np.zeros(300_000)})
+    assert shared.frame_columns(words) is None and not shared.shareable(words)  # pickled, as before
 
 
 def test_the_fingerprint_sees_every_change_and_moved_rows():
@@ -131,3 +183,10 @@ def test_segments_of_a_kernel_that_died_mid_push_are_swept(tmp_path):
         (tmp_path / name).write_bytes(b"x")
     assert sweep(str(tmp_path)) == [f"kdist-{dead.pid}-0a1b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"kdist-{os.getpid()}-0a1b", "other-1-2"])
+    # the guard that follows a kernel's cluster removes that kernel's names as it dies
+    from kdist_magics.cluster.lifetime import remove_segments
+
+    (tmp_path / "kdist-12345-0a1b").write_bytes(b"x")
+    (tmp_path / "kdist-12346-0a1b").write_bytes(b"x")
+    assert remove_segments(of_pid=12345, folder=str(tmp_path)) == ["kdist-12345-0a1b"]
+    assert (tmp_path / "kdist-12346-0a1b").exists()

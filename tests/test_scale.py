@@ -276,3 +276,45 @@ out["split"] = kdist_magics.last_run().split()
         assert row["rest_s"] >= 0.03 and row["in_step_s"] < row["rest_s"], row
     else:
         assert row["in_step_s"] >= 0.03 and row["rest_s"] < row["in_step_s"], row
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(600)
+def test_a_probe_stopped_or_losing_a_rank_answers_as_any_run_and_leaves_no_table():
+    """Stop during the probe ends it in one line (Interrupted), a rank that dies while it is
+    probed is named as in any run, and neither leaves a table behind; the engines train the
+    next cell as usual (nothing of the probe still runs there)."""
+    from conftest import run_in_fresh_shell
+
+    train = textwrap.dedent("""
+        import keras, numpy as np
+        x = np.random.default_rng(0).normal(size=(4096, 32)).astype("float32")
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(x, x[:, :1], batch_size=32, epochs=50, verbose=0)
+        """)
+    dies = "import os\nif strategy.num_processes == 2 and strategy.process_index == 1:\n    os._exit(3)\n" + train
+    out = run_in_fresh_shell(f"""
+import threading, _thread, time
+threading.Timer(12, _thread.interrupt_main).start()
+t0 = time.monotonic()
+try:
+    ip.run_cell_magic("kdist", "scale --strategy multiworker --np 2 --no-dashboard", {train!r})
+    out["stopped"] = None
+except KeyboardInterrupt as exc:
+    out["stopped"] = [type(exc).__name__, str(exc), time.monotonic() - t0]
+out["table after stop"] = kdist_magics.last_scale() is None
+_, err = attempt("scale --strategy multiworker --np 2 --no-dashboard", {dies!r})
+out["died"] = [type(err).__name__, str(err)]
+out["table after death"] = kdist_magics.last_scale() is None
+_, err = attempt("--strategy multiworker --np 2 --no-dashboard", "x = 41 + 1")
+out["next"] = repr(err)
+out["x"] = by_rank("x")
+ip.run_line_magic("kdist", "stop")
+""", {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
+    name, said, seconds = out["stopped"]
+    assert name == "Interrupted" and "\\n" not in said and seconds < 60, out["_stdout"][-2000:]
+    assert out["table after stop"] is True and out["table after death"] is True
+    name, said = out["died"]
+    assert name == "RankDied" and said.startswith("rank 1 exited with status 3."), out["died"]
+    assert out["next"] == "None" and out["x"] == [42, 42]

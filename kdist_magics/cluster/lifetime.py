@@ -104,3 +104,25 @@ def _running(proc) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE  # killed, not yet reaped: done
     except psutil.Error:
         return False
+
+
+def remove_segments(of_pid: int | None = None, folder: str = "/dev/shm") -> list[str]:
+    """Remove ``--push``'s shared-memory names (``kdist-<kernel pid>-*``) of kernel ``of_pid``,
+    or of every kernel that is gone, other than this process; the names removed. A segment's
+    memory stays while a process maps it: only its name goes."""
+    import glob
+
+    import psutil
+
+    gone = []
+    for path in glob.glob(os.path.join(folder, "kdist-*-*")):
+        pid = os.path.basename(path).split("-")[1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        if (int(pid) == of_pid) if of_pid is not None else not psutil.pid_exists(int(pid)):
+            try:
+                os.unlink(path)
+                gone.append(os.path.basename(path))
+            except OSError:
+                pass
+    return gone

@@ -10,9 +10,11 @@ kernel, takes a port) and removes the file; what kdist then does is the behaviou
 
 The phases, in a run's order (:data:`PHASES`): ``controller`` (an owned cluster's controller
 runs, no engine is launched yet), ``engines`` (engines launched, not yet waited for: they are
-registering), ``setup`` (all registered; before the strategy's set-up calls), ``init`` (the
-set-up calls are on their way: engines import the framework and meet in its rendezvous),
-``cell`` (the cell was sent to every rank), ``pull`` (the cell is done; before ``--pull`` and
+registering), ``setup`` (all registered; before the engines are prepared and ``--push`` sends
+its values), ``push`` (``--push``'s shared-memory segments are made and named in ``/dev/shm``,
+the engines not yet told: only with a large array pushed to this host's engines), ``init``
+(the set-up calls are on their way: engines import the framework and meet in its
+rendezvous), ``cell`` (the cell was sent to every rank), ``pull`` (the cell is done; before ``--pull`` and
 its value), ``finishing`` (before the engines' end-of-run calls); and ``stopping``, outside a
 run: ``%kdist stop`` (or a restart, or another ``--np``) is about to end the engines.
 """
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-PHASES = ("controller", "engines", "setup", "init", "cell", "pull", "finishing", "stopping")
+PHASES = ("controller", "engines", "setup", "push", "init", "cell", "pull", "finishing", "stopping")
 AT_MOST = 600.0  # a forgotten hold file cannot keep a kernel for ever
 
 

@@ -10,8 +10,9 @@ the memory goes when the last process that maps it ends. An unchanged value push
 same :func:`fingerprint`) is bound again from what each engine holds (:func:`rebind`), after
 the engine checked that its copy is unchanged too.
 
-Values that are not arrays (or arrays under :data:`MIN_BYTES`) travel as ``--push`` always
-sent them. Nothing here imports TensorFlow.
+pandas DataFrames whose columns are plain NumPy arrays travel column by column the same way
+(the frame is rebuilt on the engine around the mapped columns, without a copy). Values that
+are not arrays (or arrays under :data:`MIN_BYTES`) travel as ``--push`` always sent them. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -33,10 +34,30 @@ def segment_worthy(value) -> bool:
     return isinstance(value, np.ndarray) and not value.dtype.hasobject and value.nbytes >= MIN_BYTES
 
 
+def frame_columns(value) -> list | None:
+    """A pandas ``DataFrame`` whose every column is a plain NumPy array (numbers, booleans,
+    datetimes; no objects, strings or categories): its ``(name, array)`` pairs; else None.
+    Each column travels as an array (one segment each where large); the index inline."""
+    if type(value).__name__ != "DataFrame" or not type(value).__module__.startswith("pandas"):
+        return None
+    import numpy as np
+
+    columns = []
+    for name, dtype in value.dtypes.items():
+        if not isinstance(dtype, np.dtype) or dtype.hasobject:
+            return None
+        columns.append((name, value[name].to_numpy()))
+    return columns if value.columns.is_unique else None
+
+
 def shareable(value) -> bool:
-    """Whether ``value`` is, or holds (tuples, lists, dicts), an array worth a segment."""
+    """Whether ``value`` is, or holds (tuples, lists, dicts), an array worth a segment (a
+    DataFrame's columns count as arrays)."""
     if segment_worthy(value):
         return True
+    columns = frame_columns(value)
+    if columns is not None:
+        return any(segment_worthy(a) for _, a in columns)
     if isinstance(value, (tuple, list)):
         return any(shareable(v) for v in value)
     if isinstance(value, dict):
@@ -64,6 +85,13 @@ def fingerprint(value) -> str:
             digest.update(np.array([blocks.sum(dtype=np.uint64),
                                     (blocks * weights).sum(dtype=np.uint64)]).tobytes())
             digest.update(raw[raw.size // 4096 * 4096:].tobytes())
+        elif frame_columns(v) is not None:
+            import pickle
+
+            digest.update(b"frame" + pickle.dumps(v.index, protocol=5))
+            for name, column in frame_columns(v):
+                digest.update(repr(name).encode())
+                add(column)
         elif isinstance(v, (tuple, list)):
             digest.update(f"{type(v).__name__}{len(v)}".encode())
             for item in v:
@@ -92,6 +120,10 @@ def describe(value, segment) -> Any:
         name, buffer = segment(value.nbytes)
         np.frombuffer(buffer, dtype=value.dtype, count=value.size).reshape(value.shape)[...] = value
         return ("array", name, value.shape, value.dtype.str, value.nbytes)
+    columns = frame_columns(value)
+    if columns is not None:
+        return ("frame", [(k, describe(np.ascontiguousarray(a), segment)) for k, a in columns],
+                value.index)
     if isinstance(value, (tuple, list)):
         return (type(value).__name__, [describe(v, segment) for v in value])
     if isinstance(value, dict):
@@ -116,6 +148,10 @@ def _build(desc) -> Any:
         return tuple(items) if kind == "tuple" else items
     if kind == "dict":
         return {k: _build(d) for k, d in desc[1]}
+    if kind == "frame":  # the columns stay on the mapped pages (no copy, no consolidation)
+        import pandas as pd
+
+        return pd.DataFrame({k: _build(d) for k, d in desc[1]}, index=desc[2], copy=False)
     return desc[1]
 
 
@@ -125,6 +161,9 @@ def arrays(value) -> list:
 
     if isinstance(value, np.ndarray):
         return [value]
+    columns = frame_columns(value)
+    if columns is not None:
+        return [a for _, a in columns]
     if isinstance(value, (tuple, list)):
         return [a for v in value for a in arrays(v)]
     if isinstance(value, dict):

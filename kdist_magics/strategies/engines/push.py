@@ -16,6 +16,7 @@ import socket
 from typing import Any
 
 from ...engine import shared
+from ...engine.faults import hold
 from ...errors import KDistError
 from . import waiting
 
@@ -55,21 +56,12 @@ def check_memory(values: dict[str, Any]) -> None:
 
 def sweep(folder: str = "/dev/shm") -> list[str]:
     """Remove segments a kernel that died between making and unnaming them left behind
-    (``kdist-<its pid>-*``, that pid gone); the names removed."""
-    import glob
+    (``kdist-<its pid>-*``, that pid gone); the names removed. The guard that follows each
+    kernel's cluster does the same as the kernel dies (:func:`~kdist_magics.cluster.lifetime.
+    remove_segments`)."""
+    from ...cluster.lifetime import remove_segments
 
-    import psutil
-
-    gone = []
-    for path in glob.glob(os.path.join(folder, "kdist-*-*")):
-        pid = os.path.basename(path).split("-")[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
-            try:
-                os.unlink(path)
-                gone.append(os.path.basename(path))
-            except OSError:
-                pass
-    return gone
+    return remove_segments(folder=folder)
 
 
 def _share(strategy, cluster, engines, values: dict[str, Any], ranks) -> None:
@@ -105,6 +97,7 @@ def _send(strategy, view, name: str, value, print_: str, ranks) -> None:
 
     try:
         desc = shared.describe(value, segment)
+        hold("push", strategy.cluster, segments=[mem.name for mem in made])
         waiting.gather(strategy, [view.apply_async(shared.attach, name, desc, print_)], ranks,
                        600, DURING)
     finally:
