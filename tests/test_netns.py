@@ -319,6 +319,57 @@ def test_multiworker_across_namespaced_hosts(shell, hosts):
     hosts.stop_engines()
 
 
+PUSH_CELL = """
+import os, re, socket, numpy as np
+kd_root = big
+while isinstance(kd_root, np.ndarray) and kd_root.base is not None:
+    kd_root = kd_root.base
+kd_root = kd_root.obj if isinstance(kd_root, memoryview) else kd_root
+with open("/proc/self/maps") as f:
+    kd_maps = sorted(set(re.findall(r"/dev/shm/(kdist-[0-9a-f-]+)", f.read())))  # "(deleted)" ones too
+kd_push = {"host": socket.gethostname(), "pid": os.getpid(), "sum": float(big.sum()),
+           "pair": float(pair[1].sum()), "root": type(kd_root).__name__, "maps": kd_maps, "id": id(big)}
+"""
+
+
+def test_a_push_travels_once_to_each_host_and_is_shared_there(shell, hosts):
+    """Issue 48.1: engines on other hosts get a large array in one transfer per host: that
+    host's first engine makes the shared-memory segment there, the others map it; a host with
+    one engine binds it as it came; no name is left in /dev/shm; unchanged, it is not sent again."""
+    import glob
+
+    shell.run_line_magic("kdist", "stop")
+    hosts.launch_engines()
+    rng = np.random.default_rng(0)
+    shell.user_ns.update(big=rng.normal(size=(1024, 1024)).astype("float32"),  # 4 MiB
+                         pair=(np.arange(10), np.ones(300_000)))
+    line = f"--strategy multiworker --np 3 --no-dashboard --cluster-id {hosts.cluster_id} --push big,pair"
+    try:
+        shell.run_cell_magic("kdist", line, PUSH_CELL)
+        first = engine_values("kd_push")
+        left = glob.glob("/dev/shm/kdist-*")
+        shell.run_cell_magic("kdist", line, PUSH_CELL)
+        again = engine_values("kd_push")
+    except Exception:
+        print("engine log:\n" + hosts.engine_log())
+        raise
+    finally:
+        shell.run_line_magic("kdist", "stop")
+    want = float(shell.user_ns["big"].sum())
+    assert all(p["sum"] == pytest.approx(want) and p["pair"] == 300_000.0 for p in first), first
+    on_a = [p for p in first if p["host"] == "kd-host-a"]
+    on_b = [p for p in first if p["host"] == "kd-host-b"]
+    assert len(on_a) == 2 and len(on_b) == 1
+    # host A: one segment, made by one of its engines, mapped by both (read from /proc/self/maps)
+    assert on_a[0]["maps"] == on_a[1]["maps"] and len(on_a[0]["maps"]) == 2, on_a  # big, pair[1]
+    makers = {int(name.split("-")[1]) for name in on_a[0]["maps"]}
+    assert makers <= {p["pid"] for p in on_a} and all(p["root"] == "mmap" for p in on_a)
+    assert on_b[0]["maps"] == []  # alone on its host: bound as it came
+    assert left == []  # every name removed once mapped
+    assert [p["id"] for p in again] == [p["id"] for p in first]  # unchanged: not sent again
+    hosts.stop_engines()
+
+
 HVD_CELL = """
 import socket, numpy as np, keras
 rng = np.random.default_rng(hvd.rank())                       # each rank its own data

@@ -214,6 +214,51 @@ def attach(name: str, desc, print_: str) -> None:  # runs on an engine
     get_ipython().user_ns[name] = value
 
 
+#: segments this engine made for the others on its host (:func:`host_share`), until :func:`unname`
+MADE: list = []
+
+
+def host_share(name: str, value, print_: str, others: bool):  # runs on an engine
+    """On another host's first engine, which got ``value`` in the push's one transfer there:
+    bind it; where other engines on this host are to map it, copy its large arrays into
+    segments named here (``kdist-<this pid>-*``) and return their description (None where there
+    is nobody to share with or no ``/dev/shm``: then the value is bound as it came)."""
+    from multiprocessing import shared_memory
+
+    if not others or not os.path.isdir("/dev/shm"):
+        HELD[name] = (print_, value)
+        from IPython import get_ipython
+
+        get_ipython().user_ns[name] = value
+        return None
+
+    def segment(nbytes: int):
+        mem = shared_memory.SharedMemory(create=True, size=nbytes,
+                                         name=f"kdist-{os.getpid()}-{os.urandom(4).hex()}")
+        MADE.append(mem)
+        return mem.name, mem.buf
+
+    desc = describe(value, segment)
+    del value  # the copy that came: this engine maps the segments like the others
+    attach(name, desc, print_)
+    return desc
+
+
+def unname() -> None:  # runs on an engine
+    """Remove the names of the segments :func:`host_share` made (every engine here has mapped
+    them) and this engine's writable mapping of them; the memory stays while mapped."""
+    while MADE:
+        mem = MADE.pop()
+        try:
+            mem.close()
+        except BufferError:
+            pass
+        try:
+            mem.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def rebind(names_prints: dict[str, str]) -> list[str]:  # runs on an engine
     """Bind each name again from what this engine holds where its fingerprint is the one given
     and its copy is unchanged (a cell may have written to it); the names it could not."""

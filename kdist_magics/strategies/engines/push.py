@@ -1,11 +1,12 @@
 """``--push``: the named values into every engine's namespace, large arrays once per host.
 
 The engines on the kernel's host get each large NumPy array (alone or in tuples, lists and
-dicts) through one shared-memory segment (:mod:`kdist_magics.engine.shared`), mapped
-copy-on-write, its name removed from ``/dev/shm`` once every engine has mapped it; a value
-pushed again unchanged (the same fingerprint, checked on each engine too) is bound again from
-what the engines hold and not sent. Engines on other hosts, and values without such arrays,
-get the value as ipyparallel sends it. A push larger than the host's free memory is refused
+dicts; a DataFrame's columns) through one shared-memory segment (:mod:`kdist_magics.engine.shared`),
+mapped copy-on-write, its name removed from ``/dev/shm`` once every engine has mapped it. On
+another host, the value travels once, to that host's first engine, which makes the segments
+there for the others. A value pushed again unchanged (the same fingerprint, checked on each
+engine too) is bound again from what the engines hold and not sent. Values without such
+arrays get the value as ipyparallel sends it. A push larger than the host's free memory is refused
 first, in one line with the sizes.
 """
 
@@ -26,20 +27,18 @@ DURING = "while --push sent its values"
 def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> None:
     """Every ``--push`` value into every engine of ``cluster`` (see the module doc)."""
     here = socket.gethostname()
-    local = [e for e in cluster.engines if e.hostname == here and os.path.isdir("/dev/shm")]
-    others = [e for e in cluster.engines if e not in local]
-    big = {n: v for n, v in pushed.items() if shared.shareable(v) and local}
+    hosts: dict[str, list] = {}
+    for e in cluster.engines:
+        hosts.setdefault(e.hostname, []).append(e)
+    if not os.path.isdir("/dev/shm"):  # no shared memory in the kernel: this host as others
+        here = None
+    big = {n: v for n, v in pushed.items() if shared.shareable(v)}
     plain = {n: v for n, v in pushed.items() if n not in big}
-    check_memory(big)
-    ars = []
+    check_memory(big if here in hosts else {})
     if plain:
-        ars.append(cluster.view().push(plain, block=False))
-    if big and others:
-        ars.append(cluster.view([e.engine_id for e in others]).push(big, block=False))
-    if ars:
-        waiting.gather(strategy, ars, ranks, 600, DURING)
+        waiting.gather(strategy, [cluster.view().push(plain, block=False)], ranks, 600, DURING)
     if big:
-        _share(strategy, cluster, local, big, ranks)
+        _share(strategy, cluster, hosts, here, big, ranks)
 
 
 def check_memory(values: dict[str, Any]) -> None:
@@ -64,23 +63,50 @@ def sweep(folder: str = "/dev/shm") -> list[str]:
     return remove_segments(folder=folder)
 
 
-def _share(strategy, cluster, engines, values: dict[str, Any], ranks) -> None:
-    """Bind ``values`` on ``engines`` (this host's) through shared memory."""
+def _share(strategy, cluster, hosts: dict[str, list], here, values: dict[str, Any], ranks) -> None:
+    """Bind ``values`` on every engine, one copy per host: this host's engines through
+    segments the kernel makes, another host's through segments its first engine makes from
+    the one transfer it gets; unchanged values bound again from what each engine holds."""
     sweep()
     prints = {name: shared.fingerprint(value) for name, value in values.items()}
     held = getattr(strategy, "shared_prints", {})
-    ids = [e.engine_id for e in engines]
+    ids = [e.engine_id for group in hosts.values() for e in group]
     again = {n: p for n, p in prints.items() if held.get(n) == p}
-    needs = {name: list(ids) for name in values if name not in again}  # name -> engines
+    needs = {name: set(ids) for name in values if name not in again}  # name -> engines
     if again:  # unchanged since the last push: each engine binds what it holds
         view = cluster.view(ids)
         for eid, names in zip(ids, waiting.gather(strategy, [view.apply_async(shared.rebind, again)],
                                                   ranks, 600, DURING)[0]):
             for name in names:  # this engine's copy is gone or was written to
-                needs.setdefault(name, []).append(eid)
+                needs.setdefault(name, set()).add(eid)
     for name in sorted(needs):
-        _send(strategy, cluster.view(needs[name]), name, values[name], prints[name], ranks)
+        for host, group in hosts.items():
+            wanted = [e.engine_id for e in group if e.engine_id in needs[name]]
+            if not wanted:
+                continue
+            if host == here:
+                _send(strategy, cluster.view(wanted), name, values[name], prints[name], ranks)
+            else:
+                _send_remote(strategy, cluster, wanted, name, values[name], prints[name], ranks)
     strategy.shared_prints = {**held, **prints}
+
+
+def _send_remote(strategy, cluster, ids: list[int], name: str, value, print_: str, ranks) -> None:
+    """Another host's engines ``ids``: the value travels once, to the first; it copies the large
+    arrays into segments there, the others map them, and the first removes their names."""
+    first, rest = cluster.client[ids[0]], ids[1:]
+    desc = waiting.gather(strategy, [first.apply_async(shared.host_share, name, value, print_,
+                                                       bool(rest))], ranks, 600, DURING)[0]
+    try:
+        if rest and desc is not None:
+            waiting.gather(strategy, [cluster.view(rest).apply_async(shared.attach, name, desc, print_)],
+                           ranks, 600, DURING)
+        elif rest:  # no shared memory on that host: each engine its own copy, as before
+            waiting.gather(strategy, [cluster.view(rest).push({name: value}, block=False)],
+                           ranks, 600, DURING)
+    finally:
+        if desc is not None:
+            waiting.gather(strategy, [first.apply_async(shared.unname)], ranks, 60, DURING)
 
 
 def _send(strategy, view, name: str, value, print_: str, ranks) -> None:
