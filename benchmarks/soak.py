@@ -8,13 +8,15 @@ worker stopped mid-collective costs them an engine restart). With
 SIGKILLed while the framework starts (held there by :mod:`kdist_magics.engine.faults`); the counts
 are judged on the other runs. After every run the script samples, by pid: the number of
 processes in the kernel's tree (kernel, controller, engines, nannies), the kernel's open file
-descriptors (psutil ``num_fds``) and the kernel's RSS. It prints a table and a verdict:
+descriptors (psutil ``num_fds``), the kernel's RSS and ``--push``'s shared-memory names of the
+kernel still in ``/dev/shm`` (the JAX successes push 4 MiB). It prints a table and a verdict:
 
 * processes and fds: least-squares slope over the runs after warm-up, times the number of
   those runs, must stay below 1 process / ``--fd-bound`` fds (a leak of one per run would be
   ~N); the last sample must equal the first after warm-up for processes.
 * RSS: the median of the last 10 samples minus the median of the first 10 after warm-up must be
   below ``--rss-bound-mib`` MiB.
+* ``/dev/shm``: no name of the kernel's left after any run.
 
 Usage: ``python benchmarks/soak.py [--runs 50] [--warmup 5] [--strategy S] [--faults] [--json out.json]``. Exit status 0
 when flat, 1 when not. Times are reported, never judged.
@@ -33,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from kernel_driver import Kernel, isolated_env, wait_gone  # noqa: E402
+from kernel_driver import Kernel, isolated_env, kernel_helpers, wait_gone  # noqa: E402
 
 HVD = "%%kdist --strategy horovod --np 2 --no-dashboard"
 MW = "%%kdist --strategy multiworker --np 2 --no-dashboard"
@@ -57,8 +59,8 @@ CELLS = {
         "held": f"{MW}\nstrategy.num_replicas_in_sync",
     },
     # Keras on JAX / PyTorch across engines (multiworker with the kernel's KERAS_BACKEND set)
-    "jax": {
-        "ok": f"{MW}\nimport jax.numpy as jnp\nfrom jax.experimental import multihost_utils\n"
+    "jax": {  # its successes --push 4 MiB (shared memory; sent again after each restart)
+        "ok": f"{MW} --push kd_big\nimport jax.numpy as jnp\nfrom jax.experimental import multihost_utils\n"
               "kd_sum = float(multihost_utils.process_allgather(jnp.ones(())).sum())\nkd_sum",
         "raise": f"{MW}\nraise ValueError('soak: every process fails')",
         "die": f"{MW}\nimport jax, os, time\nif jax.process_index() == 1:\n    os._exit(3)\ntime.sleep(60)",
@@ -102,11 +104,18 @@ def plan(runs: int, kinds=("ok", "raise", "interrupt", "timeout"), faults: bool 
     return out
 
 
+#: what the kernel defines first, per strategy (the JAX successes push it)
+PRELUDE = {"jax": "import numpy as np\nkd_big = np.ones(2**20, dtype='float32')"}
+
+
 def sample(k: Kernel) -> dict:
+    import glob
+
     import psutil
 
     proc = psutil.Process(k.pid)
-    return {"procs": len(k.tree()), "fds": proc.num_fds(), "rss_mib": proc.memory_info().rss / 2**20}
+    return {"procs": len(k.tree()), "fds": proc.num_fds(), "rss_mib": proc.memory_info().rss / 2**20,
+            "shm": len(glob.glob(f"/dev/shm/kdist-{k.pid}-*"))}  # --push's names left: none
 
 
 def slope(ys: list[float]) -> float:
@@ -164,6 +173,8 @@ def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: 
     rows = []
     try:
         k.check("import kdist_magics")
+        if strategy in PRELUDE:
+            k.check(PRELUDE[strategy])
         t0 = time.monotonic()
         k.check(cells["ok"], timeout=300)  # start the warm cluster (not counted)
         start_s = time.monotonic() - t0
@@ -175,6 +186,7 @@ def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: 
             print(f"{i:>4} {kind:<9} {outcome:<17} {seconds:7.2f} s  procs {row['procs']:>3}  "
                   f"fds {row['fds']:>4}  rss {row['rss_mib']:8.1f} MiB", file=out, flush=True)
         pids = k.children()  # recorded before the stop: afterwards they are no longer below the kernel
+        pids = set(pids) - kernel_helpers(pids)  # Python's resource tracker ends with the kernel
         k.check("%kdist stop")
         left, linger = wait_gone(pids, 120)
     finally:
@@ -196,12 +208,13 @@ def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: 
         "seconds_by_kind": {kind: round(statistics.median([r["seconds"] for r in rows if r["kind"] == kind]), 2)
                             for kind in sorted({r["kind"] for r in rows})},
         "left_after_stop": left, "stop_linger_s": round(linger, 1),
+        "shm_names_left": max(r["shm"] for r in rows) if rows else 0,
         "bounds": {"procs_drift": 1.0, "fd_drift": fd_bound, "rss_growth_mib": rss_bound_mib},
     }
     verdict["flat"] = (abs(verdict["procs_slope_per_run"]) * n < 1.0 and procs[0] == procs[-1]
                        and abs(verdict["fds_slope_per_run"]) * n < fd_bound
                        and verdict["rss_growth_mib"] < rss_bound_mib
-                       and not verdict["unexpected"] and not left)
+                       and not verdict["unexpected"] and not left and not verdict["shm_names_left"])
     print(f"\nafter {warmup} warm-up runs, over {n} runs:", file=out)
     print(f"  processes: slope {verdict['procs_slope_per_run']:+.4f}/run, first {procs[0]}, last {procs[-1]}",
           file=out)
@@ -209,6 +222,7 @@ def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: 
     print(f"  kernel RSS: growth {verdict['rss_growth_mib']:+.1f} MiB (median of last {tail} - first {tail})",
           file=out)
     print(f"  median seconds per run: {verdict['seconds_by_kind']}; cluster start {start_s:.1f} s", file=out)
+    print(f"  /dev/shm names of --push left after a run: at most {verdict['shm_names_left']}", file=out)
     print(f"  unexpected outcomes: {len(verdict['unexpected'])}; left after %kdist stop: {left} "
           f"(waited {linger:.1f} s)", file=out)
     print(f"verdict: {'FLAT' if verdict['flat'] else 'NOT FLAT'} (bounds: drift < 1 process, "

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernel_driver import Kernel, alive, isolated_env, wait_gone
+from kernel_driver import Kernel, alive, isolated_env, kernel_helpers, wait_gone
 
 FAULTS = ("engine-kill", "engine-stop", "controller-kill", "kernel-kill", "kernel-restart", "port-taken")
 KERNEL_FAULTS = ("kernel-kill", "kernel-restart")
@@ -384,25 +384,11 @@ def described(pids) -> list[str]:
 
 def leftovers(k: Kernel) -> list[int]:
     """Processes below the kernel once ``%kdist stop`` has run: none should be, but Python's
-    own multiprocessing resource tracker, which ``--push``'s first shared-memory segment starts
-    in the kernel: it lives as long as the kernel (it ends when its pipe from the kernel
-    closes, a killed kernel's too, and removes any segment still registered then)."""
+    own resource tracker, which lives as long as the kernel (``kernel_driver.kernel_helpers``)."""
     k.check("%kdist stop")
-    left, _ = wait_gone(started(k) - resource_trackers(k), 60)
+    pids = started(k)
+    left, _ = wait_gone(pids - kernel_helpers(pids), 60)
     return left
-
-
-def resource_trackers(k: Kernel) -> set[int]:
-    import psutil
-
-    found = set()
-    for pid in started(k):
-        try:
-            if "multiprocessing.resource_tracker" in " ".join(psutil.Process(pid).cmdline()):
-                found.add(pid)
-        except psutil.Error:
-            pass
-    return found
 
 
 def scratch() -> Path:

@@ -280,6 +280,23 @@ def alive(pids) -> list[int]:
     return out
 
 
+def kernel_helpers(pids) -> set[int]:
+    """Of ``pids``, Python's multiprocessing resource trackers: ``--push``'s first shared-memory
+    segment starts one in the kernel, and it lives as long as the kernel (it ends when its pipe
+    from the kernel closes, a killed kernel's too, removing any segment still registered), so
+    it is no process kdist left behind."""
+    import psutil
+
+    found = set()
+    for pid in pids:
+        try:
+            if "multiprocessing.resource_tracker" in " ".join(psutil.Process(pid).cmdline()):
+                found.add(pid)
+        except psutil.Error:
+            pass
+    return found
+
+
 def wait_gone(pids, timeout: float = 90.0, every: float = 0.25) -> tuple[list[int], float]:
     """Poll until none of ``pids`` is alive; returns (still alive, seconds waited)."""
     t0 = time.monotonic()
