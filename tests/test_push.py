@@ -38,7 +38,7 @@ CELL = ("import numpy as np\n"
 @pytest.mark.timeout(400)
 def test_pushed_arrays_are_shared_once_per_host_and_not_sent_twice():
     out = run_in_fresh_shell(f'''
-import glob, numpy as np
+import glob, os, numpy as np
 rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 1024)).astype("float32")          # 2 MiB: shared
 pair = (np.arange(300_000, dtype="float64"), np.ones(400_000, dtype="float32"))
@@ -53,7 +53,7 @@ def cell(extra=""):
 out["first"] = cell()
 out["frame"] = by_rank("kd_frame")
 out["frame sums"] = [float(df["a"].sum()), int(df["b"].sum())]
-out["shm_after"] = glob.glob("/dev/shm/kdist-*")
+out["shm_after"] = glob.glob(f"/dev/shm/kdist-{{os.getpid()}}-*")  # this kernel's
 out["again"] = cell()
 out["frame again"] = by_rank("kd_frame")
 x[0, 0] += 1.0                                               # changed in the notebook
@@ -63,7 +63,7 @@ out["written"] = cell("import jax\\nif jax.process_index() == 0:\\n    x[:] = 0\
 out["after_write"] = cell()
 out["sums"] = [float(x.sum()), float(pair[1].sum())]
 ip.run_line_magic("kdist", "stop")
-out["shm_end"] = glob.glob("/dev/shm/kdist-*")
+out["shm_end"] = glob.glob(f"/dev/shm/kdist-{{os.getpid()}}-*")
 ''', {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
     first, again, changed = out["first"], out["again"], out["changed"]
     for ranks in (first, again):
