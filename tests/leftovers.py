@@ -10,7 +10,10 @@ session's when its environment carries this session's ``KDIST_CLUSTER_LOG``
 (:mod:`account`: kernels, engines and their children inherit it), or when the process it
 follows is gone (an orphan, whoever started it). The same for network namespaces the tests
 made (``ip netns`` names starting ``kdist-``) and shared-memory segments named ``kdist`` in
-``/dev/shm``.
+``/dev/shm``, by the process whose pid their name carries (``kdist-<pid>-...``: the session's
+own pytest for a namespace, the kernel for a ``--push`` segment): one named by this session, or
+by a process that is gone, is left behind; one whose maker still runs belongs to another session
+running beside this one (``make test`` runs three), which checks its own.
 """
 
 from __future__ import annotations
@@ -74,6 +77,24 @@ def segments() -> list[str]:
     return sorted(p.name for p in shm.glob("*kdist*")) if shm.is_dir() else []
 
 
+def maker(name: str) -> int | None:
+    """The pid a ``kdist-...`` name carries (test_netns writes it modulo 100,000), if any."""
+    for part in name.split("-")[1:]:
+        if part.isdigit():
+            return int(part)
+    return None
+
+
+def in_use(name: str) -> bool:
+    """Made by a process of another session that still runs (see the module doc)."""
+    import psutil
+
+    pid = maker(name)
+    if pid is None or pid in (os.getpid(), os.getpid() % 100000):
+        return False
+    return psutil.pid_exists(pid)
+
+
 class Leftovers:
     def __init__(self):
         self.before: set[str] = set()
@@ -87,7 +108,7 @@ class Leftovers:
         deadline = time.monotonic() + GRACE
         while (left := kdist_processes(log)) and time.monotonic() < deadline:
             time.sleep(1)
-        others = [n for n in namespaces() + segments() if n not in self.before]
+        others = [n for n in namespaces() + segments() if n not in self.before and not in_use(n)]
         if not left and not others:
             return
         import psutil

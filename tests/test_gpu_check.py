@@ -18,8 +18,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
 @pytest.mark.engines
 @pytest.mark.slow
 @pytest.mark.gpucheck
-@pytest.mark.notf  # JAX and torch, no TensorFlow: make test runs it in .venv-colab-tpu only
-@pytest.mark.tfless
+@pytest.mark.long  # JAX and torch (~2 min): in the long tier's session, beside the Colab part
 @pytest.mark.timeout(900)
 def test_gpu_check_runs_through_on_the_cpu():
     pytest.importorskip("jax", reason="the GPU check is Keras on JAX (make test installs it)")

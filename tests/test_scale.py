@@ -180,6 +180,8 @@ def _ring_rank(rank, n, peers, barrier):
 
 
 @pytest.mark.engines
+@pytest.mark.notf  # Keras on JAX: make test runs it in .venv-colab-tpu only (its time is spare there)
+@pytest.mark.tfless
 @pytest.mark.timeout(600)
 def test_kdist_scale_probes_the_last_trained_cell_and_answers_bad_input_in_one_line():
     from conftest import run_in_fresh_shell
@@ -279,6 +281,8 @@ out["split"] = kdist_magics.last_run().split()
 
 
 @pytest.mark.engines
+@pytest.mark.notf  # Keras on JAX: in .venv-colab-tpu only, as above
+@pytest.mark.tfless
 @pytest.mark.timeout(600)
 def test_a_probe_stopped_or_losing_a_rank_answers_as_any_run_and_leaves_no_table():
     """Stop during the probe ends it in one line (Interrupted), a rank that dies while it is

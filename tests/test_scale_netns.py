@@ -21,7 +21,12 @@ from test_netns import netns_unavailable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from scale_prediction import probe_on_a_slow_link  # noqa: E402
 
-pytestmark = [pytest.mark.netns, pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(900)]
+#: not the netns tier's marker: that tier runs beside two other sessions, whose load on this
+#: 2-core machine a rank's compute would feel at 2 ranks and not at 1 (a rehearsal saw a CNN's
+#: 2-rank step 80% over its prediction there, and the probe rightly said the ranks slowed each
+#: other); its namespace's name is its own (kdist-scale-<pid>), so the main suite, which runs
+#: alone, takes it
+pytestmark = [pytest.mark.engines, pytest.mark.horovod, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_the_probe_predicts_two_ranks_within_20_percent_and_the_verdicts_differ():
