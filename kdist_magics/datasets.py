@@ -25,6 +25,7 @@ files from arrays).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -178,22 +179,26 @@ def shard_files(files, position: int | None = None, positions: int | None = None
     sorted by name, from its ``position`` (:func:`data_position` where not given). Every
     position gets as many files (the last ``len % positions`` are left out, and said); fewer
     files than positions is an error naming both numbers."""
-    import glob
+    from .messages import files_left_out, too_few_files, say
 
-    from .messages import say
-
-    names = sorted(glob.glob(files) if isinstance(files, (str, Path)) else map(str, files))
+    names = _names(files)
     if position is None or positions is None:
         position, positions = data_position()
     if len(names) < positions:
-        where = f" matching {files!r}" if isinstance(files, (str, Path)) else ""
-        raise ValueError(f"{len(names)} files{where} for {positions} data positions: give every "
-                         f"rank at least one file (split them finer, or run fewer ranks)")
+        raise ValueError(too_few_files(len(names), files, positions))
     extra = len(names) % positions
     if extra and position == 0:
-        say(f"{len(names)} files over {positions} ranks: leaving out the last {extra} so every "
-            f"rank reads as many")
+        say(files_left_out(len(names), positions, extra))
     return _part(names, position, positions)
+
+
+def _names(files) -> list[str]:
+    """A glob pattern's files (a ``str`` or a path), or a list's, sorted by name."""
+    import glob
+
+    if isinstance(files, (str, os.PathLike)):
+        return sorted(glob.glob(os.fspath(files)))
+    return sorted(os.fspath(f) for f in files)
 
 
 def _part(names: list[str], position: int, positions: int) -> list[str]:
@@ -216,44 +221,59 @@ def write_npz_shards(folder: str | Path, x, y, shards: int, name: str = "part") 
 def npz_shards(files, batch_size: int, shuffle_seed: int | None = None):
     """A Keras ``PyDataset`` over this rank's part of ``files`` (a glob pattern or a list of
     ``.npz`` files holding arrays ``x`` and ``y``; the part :func:`shard_files` gives, in
-    ``.files``), ``batch_size`` rows a batch, in file order (with ``shuffle_seed``, each
-    epoch's batch order shuffled alike on every rank). Every rank makes the same number of
-    batches, the fewest any position's files give: every file's rows are read from its
-    header (not its data), so no rank waits at a collective for one that has run out."""
-    import glob
-
+    ``.files``), ``batch_size`` rows a batch within one file (a file's last rows short of a
+    batch are left out), one file in memory at a time. With ``shuffle_seed``, each epoch,
+    the first included, takes the files in a shuffled order and each file's batches in a
+    shuffled order, alike on every rank. Every rank makes the same number of batches, the
+    fewest any position's files give: every file's rows are read from its header (not its
+    data), so no rank waits at a collective for one that has run out."""
     import keras
 
-    every = sorted(glob.glob(files) if isinstance(files, (str, Path)) else map(str, files))
+    from .messages import no_batches
+
+    every = _names(files)
     position, positions = data_position()
     mine = shard_files(every, position, positions)
-    rows = {f: _npz_rows(f) for f in every}
-    batches = min(sum(rows[f] for f in _part(every, p, positions))
-                  for p in range(positions)) // batch_size
+    per_file = {f: _npz_rows(f) // batch_size for f in every}
+    batches = min(sum(per_file[f] for f in _part(every, p, positions)) for p in range(positions))
+    if batches == 0:
+        raise ValueError(no_batches(batch_size, positions))
 
     class NpzShards(keras.utils.PyDataset):
         def __init__(self):
             super().__init__()
-            self.files, self.order, self.epoch, self._open = mine, np.arange(batches), 0, (None,)
+            self.files, self.epoch, self._open = mine, 0, (None,)
+            self.order = _batch_order(mine, per_file, batches, shuffle_seed, 0)
 
         def __len__(self):
             return batches
 
         def on_epoch_end(self):
             self.epoch += 1
-            if shuffle_seed is not None:
-                self.order = np.random.default_rng(shuffle_seed + self.epoch).permutation(batches)
-
-        def arrays(self, path):  # one file's arrays at a time
-            if self._open[0] != path:
-                with np.load(path) as data:
-                    self._open = (path, data["x"], data["y"])
-            return self._open[1:]
+            self.order = _batch_order(mine, per_file, batches, shuffle_seed, self.epoch)
 
         def __getitem__(self, i):
-            return _rows_of(self, rows, int(self.order[i]) * batch_size, batch_size)
+            path, k = self.order[i]
+            if self._open[0] != path:  # one file's arrays at a time
+                with np.load(path) as data:
+                    self._open = (path, data["x"], data["y"])
+            rows = slice(k * batch_size, (k + 1) * batch_size)
+            return self._open[1][rows], self._open[2][rows]
 
     return NpzShards()
+
+
+def _batch_order(files: list[str], per_file: dict[str, int], batches: int, seed: int | None,
+                 epoch: int) -> list[tuple[str, int]]:
+    """The epoch's ``batches`` (file, batch in it): files in order, or shuffled (files, then
+    each file's batches) with ``seed`` and ``epoch``; the first ``batches`` of them."""
+    rng = np.random.default_rng((seed, epoch)) if seed is not None else None
+    order = [files[i] for i in rng.permutation(len(files))] if rng is not None else list(files)
+    out = []
+    for f in order:
+        ks = rng.permutation(per_file[f]) if rng is not None else range(per_file[f])
+        out.extend((f, int(k)) for k in ks)
+    return out[:batches]
 
 
 def _npz_rows(path: str) -> int:
@@ -266,17 +286,3 @@ def _npz_rows(path: str) -> int:
         major, _ = npy.read_magic(f)
         header = npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0
         return int(header(f)[0][0])
-
-
-def _rows_of(dataset, rows: dict[str, int], start: int, count: int):
-    """Rows ``start`` .. ``start + count`` of the dataset's files' ``x`` and ``y``, end to end."""
-    xs, ys, seen = [], [], 0
-    for f in dataset.files:
-        n = rows[f]
-        if seen + n > start and seen < start + count:
-            x, y = dataset.arrays(f)
-            lo, hi = max(start - seen, 0), min(start + count - seen, n)
-            xs.append(x[lo:hi])
-            ys.append(y[lo:hi])
-        seen += n
-    return np.concatenate(xs), np.concatenate(ys)

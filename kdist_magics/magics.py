@@ -279,7 +279,8 @@ class KDist(Magics):
         if cell is not None and self.last_scale is not None and self.last_scale.cell == cell:
             from .scale.probe import choose_measured
 
-            return choose_measured(self.last_scale, spec)
+            if (chosen := choose_measured(self.last_scale, spec)) is not None:
+                return chosen
 
         name, reason = choose(self.shell.user_ns, spec, hardware=hardware_for(self))
         return spec.with_strategy(name), reason

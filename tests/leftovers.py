@@ -78,7 +78,7 @@ def segments() -> list[str]:
 
 
 def maker(name: str) -> int | None:
-    """The pid a ``kdist-...`` name carries (test_netns writes it modulo 100,000), if any."""
+    """The pid a ``kdist-...`` name carries, if any."""
     for part in name.split("-")[1:]:
         if part.isdigit():
             return int(part)
@@ -90,7 +90,7 @@ def in_use(name: str) -> bool:
     import psutil
 
     pid = maker(name)
-    if pid is None or pid in (os.getpid(), os.getpid() % 100000):
+    if pid is None or pid == os.getpid():
         return False
     return psutil.pid_exists(pid)
 

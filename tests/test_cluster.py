@@ -700,3 +700,39 @@ def test_a_stopped_engine_of_an_attached_cluster_counts_as_lost_but_is_never_end
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_guard_removes_the_push_names_of_a_kernel_that_died_and_of_its_own_process(tmp_path):
+    """Issue 48.3: a kernel killed while a --push segment is named (kdist-<kernel pid>-*), or an
+    engine that made segments for its host (kdist-<engine pid>-*), leaves nothing in /dev/shm:
+    the guard that follows the engine removes both names once they are gone."""
+    import os
+    import sys
+
+    import psutil
+
+    from kernel_driver import wait_gone
+
+    if not os.path.isdir("/dev/shm") or not hasattr(os, "pidfd_open"):
+        pytest.skip("needs /dev/shm and pidfds (Linux)")
+    kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    names = [f"/dev/shm/kdist-{kernel.pid}-guardtest", f"/dev/shm/kdist-{engine.pid}-guardtest"]
+    try:
+        for name in names:
+            open(name, "wb").close()
+        started = psutil.Process(kernel.pid).create_time()
+        guard = subprocess.Popen([sys.executable, "-m", "kdist_magics.cluster.follow", "--guard",
+                                  str(kernel.pid), repr(started), str(engine.pid)],
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+        time.sleep(0.5)  # the guard waits on the kernel's pidfd
+        kernel.kill()
+        guard.wait(timeout=30)
+        assert not wait_gone([engine.pid], 10)[0]  # the guard ended the engine
+        assert [n for n in names if os.path.exists(n)] == []
+    finally:
+        for proc in (kernel, engine):
+            proc.kill()
+        for name in names:
+            if os.path.exists(name):
+                os.unlink(name)

@@ -64,21 +64,31 @@ def test_the_position_comes_from_what_runs_the_process(monkeypatch):
 def test_every_rank_makes_as_many_batches_as_the_smallest_part_gives(tmp_path, monkeypatch):
     pytest.importorskip("keras")
     rng = np.random.default_rng(0)
-    sizes = [300, 100, 250, 120]  # positions 0 and 1 of 2: 550 and 220 rows
+    sizes = [300, 100, 250, 120]  # batches of 64 in each file: 4, 1, 3, 1
     for i, n in enumerate(sizes):
         np.savez(tmp_path / f"part-{i:05d}.npz", x=rng.normal(size=(n, 3)).astype("float32"),
                  y=np.full(n, i))
     seen = []
-    for position in (0, 1):
+    for position in (0, 1):  # position 0 reads files 0 and 2 (7 batches), 1 files 1 and 3 (2)
         monkeypatch.setattr(datasets, "data_position", lambda p=position: (p, 2))
-        ds = npz_shards(str(tmp_path / "part-*.npz"), batch_size=64, shuffle_seed=1)
-        assert len(ds) == 220 // 64
-        labels = np.concatenate([ds[i][1] for i in range(len(ds))])
-        assert len(labels) == len(ds) * 64 and set(labels) <= {position, position + 2}
+        ds = npz_shards(tmp_path / "part-*.npz", batch_size=64, shuffle_seed=1)  # a path works too
+        assert len(ds) == 2
+        for i in range(len(ds)):
+            x, y = ds[i]
+            assert x.shape == (64, 3) and len(set(y.tolist())) == 1  # a batch within one file
+            assert set(y.tolist()) <= {position, position + 2}
         seen.append([f.rsplit("-", 1)[1] for f in ds.files])
         ds.on_epoch_end()
-        assert sorted(ds.order.tolist()) == list(range(len(ds)))  # a new order, every batch once
+        assert len(set(ds.order)) == len(ds)  # every batch once in an epoch
     assert seen == [["00000.npz", "00002.npz"], ["00001.npz", "00003.npz"]]
+    # the first epoch is shuffled too, and alike wherever the seed is the same
+    monkeypatch.setattr(datasets, "data_position", lambda: (0, 1))
+    plain = npz_shards(str(tmp_path / "part-*.npz"), batch_size=64)
+    shuffled = [npz_shards(str(tmp_path / "part-*.npz"), batch_size=64, shuffle_seed=s) for s in (1, 1, 2)]
+    assert plain.order == sorted(plain.order) and shuffled[0].order == shuffled[1].order
+    assert shuffled[0].order != plain.order and shuffled[2].order != shuffled[0].order
+    with pytest.raises(ValueError, match="no rank's files hold a whole batch of 512 rows"):
+        npz_shards(str(tmp_path / "part-*.npz"), batch_size=512)
 
 
 # -- real engines --------------------------------------------------------------------------

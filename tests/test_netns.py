@@ -103,7 +103,9 @@ class Hosts:
         _run("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         for i, host in enumerate(HOSTS, start=1):
-            ns, veth, peer = f"kdist-{self.tag}-{i}", f"kdv{self.tag}{i}", f"kdp{self.tag}{i}"
+            # the namespace carries the whole pid (the session check reads its maker from it);
+            # link names are 15 characters at most, so they carry the short tag
+            ns, veth, peer = f"kdist-{os.getpid()}-{i}", f"kdv{self.tag}{i}", f"kdp{self.tag}{i}"
             address = f"10.213.{self.subnet}.{10 + i}"
             _run("ip", "netns", "add", ns)
             self.namespaces[host] = ns
@@ -249,7 +251,7 @@ def hosts():
         if h.log is not None:
             h.log.close()
         leftover = _run("ip", "netns", "list", check=False).stdout
-        assert h.tag not in leftover, f"namespaces left behind: {leftover}"
+        assert f"kdist-{os.getpid()}-" not in leftover, f"namespaces left behind: {leftover}"
 
 
 def engine_values(name: str) -> list:

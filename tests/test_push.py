@@ -190,3 +190,20 @@ def test_segments_of_a_kernel_that_died_mid_push_are_swept(tmp_path):
     (tmp_path / "kdist-12346-0a1b").write_bytes(b"x")
     assert remove_segments(of_pid=12345, folder=str(tmp_path)) == ["kdist-12345-0a1b"]
     assert (tmp_path / "kdist-12346-0a1b").exists()
+
+
+def test_no_room_in_dev_shm_means_each_engine_its_own_copy_not_a_crash(ip, monkeypatch):
+    """Writing a segment past a full /dev/shm (a container's is often 64 MiB) kills the writer
+    with SIGBUS: where there is no room, the value is bound as it came (another host's first
+    engine), and the kernel says so and sends each engine its own copy."""
+    import shutil
+
+    x = np.ones(2 ** 20, dtype="float32")
+    assert shared.room(4 * 2 ** 20) is None  # 4 MiB fit here
+    free = shutil.disk_usage("/dev/shm").free
+    assert shared.room(free * 2) is not None and shared.room(free * 2) <= free
+    monkeypatch.setattr(shared, "room", lambda nbytes, folder="/dev/shm": 1024)
+    made_before = list(shared.MADE)
+    assert shared.host_share("kd_x", x, "print", others=True) is None
+    assert ip.user_ns["kd_x"] is x and shared.MADE == made_before  # bound as it came, no segment
+    shared.HELD.pop("kd_x", None)

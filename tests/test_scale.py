@@ -97,6 +97,11 @@ def test_auto_on_a_probed_cell_decides_from_the_measured_figures_and_says_so(ip)
     assert (chosen.strategy, chosen.np) == ("horovod", 1)  # a Horovod cell keeps hvd's names
     chosen, _ = choose_measured(_probed("multiworker", 1.02, "fit()"), ext.parse("--push x"))
     assert (chosen.strategy, chosen.np) == ("multiworker", 1)  # --push needs an engine
+    chosen, _ = choose_measured(_probed("multiworker", 1.02, "fit()"), ext.parse("--np 2 --out all"))
+    assert (chosen.strategy, chosen.np) == ("multiworker", 2)  # ranks the user gave, kept
+    one = _probed("multiworker", 1.8, "fit()")
+    one.rows = one.rows[:1]  # %kdist scale --np 1: nothing to decide from
+    assert choose_measured(one, spec) is None
     # the magic: the probed cell is chosen for by its figures, any other cell by the rules
     saved = ext.last_scale
     try:

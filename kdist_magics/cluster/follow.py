@@ -128,9 +128,10 @@ def guard(pid: int, started: float, target: int, group: bool = False) -> None:
         if group:
             end_group(target)
         threading.Event().wait(0.05)
-    if not alive(pid, started):  # the kernel died, maybe in the middle of a --push
-        from .lifetime import remove_segments
+    from .lifetime import remove_segments
 
+    remove_segments(of_pid=target)  # an engine's own: another host's first engine makes some
+    if not alive(pid, started):  # the kernel died, maybe in the middle of a --push
         remove_segments(of_pid=pid)
 
 

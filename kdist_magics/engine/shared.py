@@ -40,6 +40,8 @@ def frame_columns(value) -> list | None:
     Each column travels as an array (one segment each where large); the index inline."""
     if type(value).__name__ != "DataFrame" or not type(value).__module__.startswith("pandas"):
         return None
+    if not value.columns.is_unique:  # a repeated name selects several columns at once
+        return None
     import numpy as np
 
     columns = []
@@ -47,7 +49,7 @@ def frame_columns(value) -> list | None:
         if not isinstance(dtype, np.dtype) or dtype.hasobject:
             return None
         columns.append((name, value[name].to_numpy()))
-    return columns if value.columns.is_unique else None
+    return columns
 
 
 def shareable(value) -> bool:
@@ -218,27 +220,55 @@ def attach(name: str, desc, print_: str) -> None:  # runs on an engine
 MADE: list = []
 
 
+def room(nbytes: int, folder: str = "/dev/shm") -> int | None:
+    """Bytes free in ``folder`` where fewer than ``nbytes`` (and a 5 % margin) are (a segment
+    written past a full tmpfs kills its writer with SIGBUS); None where they fit."""
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return 0
+    free = stat.f_bavail * stat.f_frsize
+    return None if free >= nbytes * 1.05 else free
+
+
+def new_segment(made: list, nbytes: int):
+    """A new named segment of ``nbytes`` (``kdist-<this pid>-<random>``), kept in ``made``:
+    its name and writable buffer, as :func:`describe` takes them."""
+    from multiprocessing import shared_memory
+
+    mem = shared_memory.SharedMemory(create=True, size=nbytes,
+                                     name=f"kdist-{os.getpid()}-{os.urandom(4).hex()}")
+    made.append(mem)
+    return mem.name, mem.buf
+
+
+def drop(mem) -> None:
+    """Close this process's mapping of a segment it made and remove its name, whatever it holds
+    (the memory stays while another process maps it)."""
+    try:
+        mem.close()
+    except BufferError:  # a NumPy view of it still alive here: the mapping goes with it
+        pass
+    try:
+        mem.unlink()
+    except FileNotFoundError:
+        pass
+
+
 def host_share(name: str, value, print_: str, others: bool):  # runs on an engine
     """On another host's first engine, which got ``value`` in the push's one transfer there:
     bind it; where other engines on this host are to map it, copy its large arrays into
     segments named here (``kdist-<this pid>-*``) and return their description (None where there
-    is nobody to share with or no ``/dev/shm``: then the value is bound as it came)."""
-    from multiprocessing import shared_memory
-
-    if not others or not os.path.isdir("/dev/shm"):
+    is nobody to share with, or no ``/dev/shm`` or no room in it: then the value is bound as it
+    came, and the others get it as ipyparallel sends it)."""
+    need = sum(a.nbytes for a in arrays(value) if segment_worthy(a))
+    if not others or not os.path.isdir("/dev/shm") or room(need) is not None:
         HELD[name] = (print_, value)
         from IPython import get_ipython
 
         get_ipython().user_ns[name] = value
         return None
-
-    def segment(nbytes: int):
-        mem = shared_memory.SharedMemory(create=True, size=nbytes,
-                                         name=f"kdist-{os.getpid()}-{os.urandom(4).hex()}")
-        MADE.append(mem)
-        return mem.name, mem.buf
-
-    desc = describe(value, segment)
+    desc = describe(value, lambda nbytes: new_segment(MADE, nbytes))
     del value  # the copy that came: this engine maps the segments like the others
     attach(name, desc, print_)
     return desc
@@ -248,15 +278,7 @@ def unname() -> None:  # runs on an engine
     """Remove the names of the segments :func:`host_share` made (every engine here has mapped
     them) and this engine's writable mapping of them; the memory stays while mapped."""
     while MADE:
-        mem = MADE.pop()
-        try:
-            mem.close()
-        except BufferError:
-            pass
-        try:
-            mem.unlink()
-        except FileNotFoundError:
-            pass
+        drop(MADE.pop())
 
 
 def rebind(names_prints: dict[str, str]) -> list[str]:  # runs on an engine

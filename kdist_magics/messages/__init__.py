@@ -313,6 +313,7 @@ from .scale import (  # noqa: E402
     SPLIT_LEGEND_PROBED,
     SPLIT_LIVE,
     SPLIT_PROBED,
+    SPLIT_TITLE,
     SPLIT_UNTIMED,
     auto_from_probe,
     auto_not_worth_it,
@@ -321,3 +322,26 @@ from .scale import (  # noqa: E402
     scale_quoted,
     scale_trained_nothing,
 )
+
+
+# -- kdist_magics.datasets: each rank its own files ----------------------------------------
+def too_few_files(found: int, files, positions: int) -> str:
+    where = f" matching {str(files)!r}" if isinstance(files, (str, __import__("os").PathLike)) else ""
+    return (f"{found} files{where} for {positions} data positions: give every rank at least one "
+            f"file (split them finer, or run fewer ranks)")
+
+
+def files_left_out(found: int, positions: int, extra: int) -> str:
+    return (f"{found} files over {positions} ranks: leaving out the last {extra} so every rank "
+            f"reads as many")
+
+
+def no_batches(batch_size: int, positions: int) -> str:
+    return (f"no rank's files hold a whole batch of {batch_size} rows for each of the "
+            f"{positions} data positions: give a smaller batch_size or more rows per file")
+
+
+def push_no_shm_room(need: int, free: int) -> str:
+    return (f"--push: /dev/shm has {free / 2**20:,.0f} MiB free, its arrays need "
+            f"{need / 2**20:,.0f} MiB: each engine gets its own copy (a container's /dev/shm is "
+            f"often 64 MiB: docker run --shm-size=8g makes room)")

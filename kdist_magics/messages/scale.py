@@ -27,6 +27,8 @@ def scale_quoted(strategy: str, batch: int, cost: float) -> str:
 #: why a run's rows carry no step timing (Keras on JAX): the split's source and the dashboard's note
 SPLIT_UNTIMED = ("not timed live: Keras on JAX runs batch ends late, on a thread pool; %kdist "
                  "scale's table has the split")
+#: the step split's name in the dashboard's static view and before a reason it has none
+SPLIT_TITLE = "step split"
 #: the split's source once %kdist scale has probed this cell with this strategy
 SPLIT_PROBED = "telemetry and %kdist scale's 1-rank step"
 #: ... and before: compute and communication are one figure inside a step

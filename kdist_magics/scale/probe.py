@@ -112,18 +112,29 @@ def _table(strategy: str, figures: dict, link, grad: int, top: int, cost: float)
 
 def choose_measured(table: ScaleTable, spec):
     """``--strategy auto`` on a cell ``%kdist scale`` probed: (spec, why) from the measured
-    rows: the probed strategy at its best measured N where that pays (``--np`` kept where it
-    was given), else one device: ``default`` in the kernel, or one rank of the probed strategy
-    where the cell needs engines (a Horovod cell's ``hvd`` calls, ``--push``/``--pull``)."""
-    best = max((r for r in table.rows if r.measured and r.n > 1), key=lambda r: r.speedup)
-    if best.speedup < WORTH_IT:
-        why = messages.auto_not_worth_it(table.strategy, best.n, best.speedup)
-        if table.strategy == "horovod" or {"push", "pull", "out"} & spec.given:
-            return replace(spec, np=1).with_strategy(table.strategy), why
-        return spec.with_strategy("default"), why
-    why = messages.auto_from_probe(table.strategy, best.n, best.speedup, best.communication_share)
-    spec = spec if "np" in spec.given else replace(spec, np=best.n)
-    return spec.with_strategy(table.strategy), why
+    rows, or None (the rules decide) where no N > 1 was measured. The probed strategy at its
+    best measured N where that pays (``--np`` kept where it was given); else one device:
+    ``default`` in the kernel where the line allows it, or one rank of the probed strategy
+    where the cell needs engines (a Horovod cell, ``--push``, ``--np`` and the like)."""
+    from IPython.core.error import UsageError
+
+    measured = [r for r in table.rows if r.measured and r.n > 1]
+    if not measured:
+        return None
+    best = max(measured, key=lambda r: r.speedup)
+    if best.speedup >= WORTH_IT:
+        why = messages.auto_from_probe(table.strategy, best.n, best.speedup, best.communication_share)
+        spec = spec if "np" in spec.given else replace(spec, np=best.n)
+        return spec.with_strategy(table.strategy), why
+    why = messages.auto_not_worth_it(table.strategy, best.n, best.speedup)
+    tries = [] if table.strategy == "horovod" else [lambda: spec.with_strategy("default")]
+    tries.append(lambda: (spec if "np" in spec.given else replace(spec, np=1)).with_strategy(table.strategy))
+    for attempt in tries:
+        try:
+            return attempt(), why
+        except UsageError:  # an option the first choice does not take
+            continue
+    return None
 
 
 def quote(table: ScaleTable) -> None:

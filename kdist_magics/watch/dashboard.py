@@ -32,7 +32,7 @@ import traitlets
 
 from . import stragglers
 from .split import split
-from ..messages import SPLIT_LEGEND_LIVE, SPLIT_LEGEND_PROBED, SPLIT_UNTIMED
+from ..messages import SPLIT_LEGEND_LIVE, SPLIT_LEGEND_PROBED, SPLIT_TITLE, SPLIT_UNTIMED
 from ..messages import CURVES_NOTE, NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
 from .dashboard_rows import (add_sample, current_phase, fraction_eta, layout_note, rounded,
                              slowest_progress, thinned)
@@ -354,7 +354,7 @@ def split_legend(splits: dict[int, Any], compute: float | None) -> str:
     """What the bars show, or why there are none (a run whose steps are not timed live)."""
     if any(splits.values()):
         return SPLIT_LEGEND_PROBED if compute is not None else SPLIT_LEGEND_LIVE
-    return f"step split: {SPLIT_UNTIMED}" if splits else ""
+    return f"{SPLIT_TITLE}: {SPLIT_UNTIMED}" if splits else ""
 
 
 def show(record: RunRecord, **kwargs: Any) -> Dashboard:  # kwargs: Dashboard's (nice, interval)

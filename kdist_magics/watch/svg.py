@@ -10,6 +10,7 @@ from __future__ import annotations
 import html as _html
 import math
 
+from ..messages import SPLIT_TITLE
 from .axes import linear_range, log_range, tick_label, wants_log
 
 #: one colour per rank, as in static/dashboard.js
@@ -142,7 +143,7 @@ def static_summary(state: dict, curves: dict) -> str:
         + (f"<td>{svg_split(r.get('split'), longest)}</td>" if longest else "") + "</tr>"
         for r in state["ranks"])
     lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
-                 '<th>last loss</th>' + ("<th>step split</th>" if longest else "")
+                 '<th>last loss</th>' + (f"<th>{SPLIT_TITLE}</th>" if longest else "")
                  + f'</tr>{rows}</table>')
     if state.get("split_legend"):
         lines.append(f'<div style="color:#666;font-size:11px">{esc(state["split_legend"])}</div>')

@@ -30,11 +30,17 @@ def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> 
     hosts: dict[str, list] = {}
     for e in cluster.engines:
         hosts.setdefault(e.hostname, []).append(e)
-    if not os.path.isdir("/dev/shm"):  # no shared memory in the kernel: this host as others
-        here = None
     big = {n: v for n, v in pushed.items() if shared.shareable(v)}
     plain = {n: v for n, v in pushed.items() if n not in big}
     check_memory(big if here in hosts else {})
+    need = sum(a.nbytes for v in big.values() for a in shared.arrays(v) if shared.segment_worthy(a))
+    if not os.path.isdir("/dev/shm"):  # no shared memory in the kernel: this host as others
+        here = None
+    elif here in hosts and (free := shared.room(need)) is not None:
+        from ...messages import push_no_shm_room, say
+
+        say(push_no_shm_room(need, free))
+        here = None  # this host as others: its first engine finds no room either
     if plain:
         waiting.gather(strategy, [cluster.view().push(plain, block=False)], ranks, 600, DURING)
     if big:
@@ -93,11 +99,12 @@ def _share(strategy, cluster, hosts: dict[str, list], here, values: dict[str, An
 
 def _send_remote(strategy, cluster, ids: list[int], name: str, value, print_: str, ranks) -> None:
     """Another host's engines ``ids``: the value travels once, to the first; it copies the large
-    arrays into segments there, the others map them, and the first removes their names."""
+    arrays into segments there, the others map them, and the first removes their names (also
+    when a step fails: what it made, it unnames)."""
     first, rest = cluster.client[ids[0]], ids[1:]
-    desc = waiting.gather(strategy, [first.apply_async(shared.host_share, name, value, print_,
-                                                       bool(rest))], ranks, 600, DURING)[0]
     try:
+        desc = waiting.gather(strategy, [first.apply_async(shared.host_share, name, value, print_,
+                                                           bool(rest))], ranks, 600, DURING)[0]
         if rest and desc is not None:
             waiting.gather(strategy, [cluster.view(rest).apply_async(shared.attach, name, desc, print_)],
                            ranks, 600, DURING)
@@ -105,39 +112,21 @@ def _send_remote(strategy, cluster, ids: list[int], name: str, value, print_: st
             waiting.gather(strategy, [cluster.view(rest).push({name: value}, block=False)],
                            ranks, 600, DURING)
     finally:
-        if desc is not None:
-            waiting.gather(strategy, [first.apply_async(shared.unname)], ranks, 60, DURING)
+        if rest:
+            try:
+                first.apply_sync(shared.unname)
+            except Exception:  # that engine is gone: its guard removes its names
+                pass
 
 
 def _send(strategy, view, name: str, value, print_: str, ranks) -> None:
     """One segment per large array of ``value``, mapped by every engine, then unnamed."""
-    from multiprocessing import shared_memory
-
     made: list[Any] = []
-
-    def segment(nbytes: int):
-        mem = shared_memory.SharedMemory(create=True, size=nbytes,
-                                         name=f"kdist-{os.getpid()}-{os.urandom(4).hex()}")
-        made.append(mem)
-        return mem.name, mem.buf
-
     try:
-        desc = shared.describe(value, segment)
+        desc = shared.describe(value, lambda nbytes: shared.new_segment(made, nbytes))
         hold("push", strategy.cluster, segments=[mem.name for mem in made])
         waiting.gather(strategy, [view.apply_async(shared.attach, name, desc, print_)], ranks,
                        600, DURING)
     finally:
         for mem in made:  # mapped by every engine now (or never will be): the names go
-            _drop(mem)
-
-
-def _drop(mem) -> None:
-    """Close the kernel's mapping and remove the segment's name, whatever it holds."""
-    try:
-        mem.close()
-    except BufferError:  # a NumPy view of it still alive here: the mapping goes with it
-        pass
-    try:
-        mem.unlink()
-    except FileNotFoundError:
-        pass
+            shared.drop(mem)
