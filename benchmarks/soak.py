@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from kernel_driver import Kernel, isolated_env, kernel_helpers, wait_gone  # noqa: E402
+from kernel_driver import PRELUDE, Kernel, isolated_env, kernel_helpers, push_names, wait_gone  # noqa: E402
 
 HVD = "%%kdist --strategy horovod --np 2 --no-dashboard"
 MW = "%%kdist --strategy multiworker --np 2 --no-dashboard"
@@ -104,18 +104,12 @@ def plan(runs: int, kinds=("ok", "raise", "interrupt", "timeout"), faults: bool 
     return out
 
 
-#: what the kernel defines first, per strategy (the JAX successes push it)
-PRELUDE = {"jax": "import numpy as np\nkd_big = np.ones(2**20, dtype='float32')"}
-
-
 def sample(k: Kernel) -> dict:
-    import glob
-
     import psutil
 
     proc = psutil.Process(k.pid)
     return {"procs": len(k.tree()), "fds": proc.num_fds(), "rss_mib": proc.memory_info().rss / 2**20,
-            "shm": len(glob.glob(f"/dev/shm/kdist-{k.pid}-*"))}  # --push's names left: none
+            "shm": len(push_names(k.pid))}  # --push's names left: none
 
 
 def slope(ys: list[float]) -> float:

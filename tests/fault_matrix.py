@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernel_driver import Kernel, alive, isolated_env, kernel_helpers, wait_gone
+from kernel_driver import PRELUDE, Kernel, alive, isolated_env, kernel_helpers, push_names, wait_gone
 
 FAULTS = ("engine-kill", "engine-stop", "controller-kill", "kernel-kill", "kernel-restart", "port-taken")
 KERNEL_FAULTS = ("kernel-kill", "kernel-restart")
@@ -46,8 +46,6 @@ CELLS = {
               "import time, torch.distributed as dist; time.sleep(1.5)\nkd_r = dist.get_rank()\n"
               "dist.get_world_size()"),
 }
-#: what a kernel defines before its cells: the JAX cell pushes 4 MiB (one shared-memory segment)
-PRELUDE = {"jax": "import numpy as np\nkd_big = np.ones(2**20, dtype='float32')"}
 #: the kernel's Keras backend per strategy key (multiworker follows it)
 BACKENDS = {"horovod": "tensorflow", "multiworker": "tensorflow", "jax": "jax", "torch": "torch"}
 
@@ -196,18 +194,11 @@ def new_kernel(tmp: Path, strategy: str = "horovod") -> tuple[Kernel, Holds]:
     return k, holds
 
 
-def segments(pid: int) -> list[str]:
-    """``--push``'s shared-memory names of kernel ``pid`` still in ``/dev/shm``."""
-    import glob
-
-    return glob.glob(f"/dev/shm/kdist-{pid}-*")
-
-
 def segments_gone(pid: int, within: float) -> list[str]:
     deadline = time.monotonic() + within
-    while segments(pid) and time.monotonic() < deadline:
+    while push_names(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return segments(pid)
+    return push_names(pid)
 
 
 def victim(facts: dict) -> int | None:
@@ -282,7 +273,7 @@ def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None 
             out.error = f"{err['ename']}: {err['evalue']}"
             out.lines = len([ln for ln in err.get("traceback", []) if ln.strip()])
         out.next_ok = _next_ok(k, strategy, out)
-        out.left += segments(k.pid)  # nothing of --push stays named once the cell is over
+        out.left += push_names(k.pid)  # nothing of --push stays named once the cell is over
         return out, k
     finally:
         holds.release(phase)

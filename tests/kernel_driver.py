@@ -280,6 +280,18 @@ def alive(pids) -> list[int]:
     return out
 
 
+#: what a kernel defines before its cells, per strategy key of the fault matrix and the soak:
+#: their JAX cells push 4 MiB (one shared-memory segment)
+PRELUDE = {"jax": "import numpy as np\nkd_big = np.ones(2**20, dtype='float32')"}
+
+
+def push_names(pid: int) -> list[str]:
+    """``--push``'s shared-memory names of kernel ``pid`` still in ``/dev/shm``."""
+    import glob
+
+    return glob.glob(f"/dev/shm/kdist-{pid}-*")
+
+
 def kernel_helpers(pids) -> set[int]:
     """Of ``pids``, Python's multiprocessing resource trackers: ``--push``'s first shared-memory
     segment starts one in the kernel, and it lives as long as the kernel (it ends when its pipe

@@ -27,6 +27,7 @@ also when a test fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -89,6 +90,18 @@ class Hosts:
         self.engines: list[subprocess.Popen] = []
         self.controller_pids: set[int] = set()
         self.log = None  # the engines' stderr, shown when a test fails
+
+    @contextlib.contextmanager
+    def watched(self, shell):
+        """The engines' log printed when the block fails, and ``%kdist stop`` after it,
+        whatever happens."""
+        try:
+            yield
+        except BaseException:
+            print("engine log:\n" + self.engine_log())
+            raise
+        finally:
+            shell.run_line_magic("kdist", "stop")
 
     def engine_log(self) -> str:
         if self.log is None:
@@ -293,16 +306,11 @@ kd_facts = {"host": socket.gethostname(), "task": strategy.cluster_resolver.task
 def test_multiworker_across_namespaced_hosts(shell, hosts):
     shell.run_line_magic("kdist", "stop")
     hosts.launch_engines()
-    try:
+    with hosts.watched(shell):
         shell.run_cell_magic("kdist", f"--strategy multiworker --np 3 --no-dashboard "
                                       f"--cluster-id {hosts.cluster_id}", MW_CELL)
         facts = engine_values("kd_facts")
         weights = engine_values("kd_weights")
-    except Exception:
-        print("engine log:\n" + hosts.engine_log())
-        raise
-    finally:
-        shell.run_line_magic("kdist", "stop")
     assert [f["task"] for f in facts] == [0, 1, 2]
     workers = facts[0]["tf_config"]["cluster"]["worker"]
     assert all(f["tf_config"]["cluster"]["worker"] == workers for f in facts)
@@ -346,17 +354,12 @@ def test_a_push_travels_once_to_each_host_and_is_shared_there(shell, hosts):
     shell.user_ns.update(big=rng.normal(size=(1024, 1024)).astype("float32"),  # 4 MiB
                          pair=(np.arange(10), np.ones(300_000)))
     line = f"--strategy multiworker --np 3 --no-dashboard --cluster-id {hosts.cluster_id} --push big,pair"
-    try:
+    with hosts.watched(shell):
         shell.run_cell_magic("kdist", line, PUSH_CELL)
         first = engine_values("kd_push")
         left = glob.glob("/dev/shm/kdist-*")
         shell.run_cell_magic("kdist", line, PUSH_CELL)
         again = engine_values("kd_push")
-    except Exception:
-        print("engine log:\n" + hosts.engine_log())
-        raise
-    finally:
-        shell.run_line_magic("kdist", "stop")
     want = float(shell.user_ns["big"].sum())
     assert all(p["sum"] == pytest.approx(want) and p["pair"] == 300_000.0 for p in first), first
     on_a = [p for p in first if p["host"] == "kd-host-a"]
@@ -398,16 +401,13 @@ def test_horovod_across_namespaced_hosts(shell, hosts):
     saved = ext.bind_address
     ext.bind_address = hosts.bridge_ip  # the rendezvous must be reachable from the namespaces
     try:
-        shell.run_cell_magic("kdist", f"--strategy horovod --np 3 --no-dashboard "
-                                      f"--cluster-id {hosts.cluster_id}", HVD_CELL)
-        facts = engine_values("kd_facts")
-        weights = engine_values("kd_weights")
-    except Exception:
-        print("engine log:\n" + hosts.engine_log())
-        raise
+        with hosts.watched(shell):
+            shell.run_cell_magic("kdist", f"--strategy horovod --np 3 --no-dashboard "
+                                          f"--cluster-id {hosts.cluster_id}", HVD_CELL)
+            facts = engine_values("kd_facts")
+            weights = engine_values("kd_weights")
     finally:
         ext.bind_address = saved
-        shell.run_line_magic("kdist", "stop")
     assert [f["rank"] for f in facts] == [0, 1, 2]
     check_host_grouping(facts)
     for f in facts:
@@ -439,15 +439,12 @@ def test_a_remote_engine_that_freezes_is_named_once_the_heartbeat_gives_up(shell
             "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGSTOP)).start()\ntime.sleep(300)")
     t0 = time.monotonic()
     try:
-        with pytest.raises(RankDied) as info:
-            shell.run_cell_magic("kdist", f"--strategy multiworker --np 3 --no-dashboard "
-                                          f"--cluster-id {hosts.cluster_id}", cell)
-        waited = time.monotonic() - t0
-    except BaseException:
-        print("engine log:\n" + hosts.engine_log())
-        raise
+        with hosts.watched(shell):
+            with pytest.raises(RankDied) as info:
+                shell.run_cell_magic("kdist", f"--strategy multiworker --np 3 --no-dashboard "
+                                              f"--cluster-id {hosts.cluster_id}", cell)
+            waited = time.monotonic() - t0
     finally:
-        shell.run_line_magic("kdist", "stop")
         frozen = [p.pid for p in hosts.engines
                   if p.poll() is None and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED]
         for pid in frozen:

@@ -98,6 +98,18 @@ def _controller_ip() -> str | None:
         return None
 
 
+def listening(address: str, backlog: int):
+    """A TCP socket bound to ``address`` (IPv4 or IPv6) on a port the system picks, listening
+    with ``backlog``; read its port with ``getsockname()[1]``."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.bind((address, 0))
+    sock.listen(backlog)
+    return sock
+
+
 def free_port(address: str) -> int:
     return free_ports(1, address)[0]
 

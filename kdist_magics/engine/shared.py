@@ -34,6 +34,11 @@ def segment_worthy(value) -> bool:
     return isinstance(value, np.ndarray) and not value.dtype.hasobject and value.nbytes >= MIN_BYTES
 
 
+def segment_bytes(value) -> int:
+    """Bytes of ``value``'s arrays that travel through segments (:func:`segment_worthy`)."""
+    return sum(a.nbytes for a in arrays(value) if segment_worthy(a))
+
+
 def frame_columns(value) -> list | None:
     """A pandas ``DataFrame`` whose every column is a plain NumPy array (numbers, booleans,
     datetimes; no objects, strings or categories): its ``(name, array)`` pairs; else None.
@@ -87,11 +92,11 @@ def fingerprint(value) -> str:
             digest.update(np.array([blocks.sum(dtype=np.uint64),
                                     (blocks * weights).sum(dtype=np.uint64)]).tobytes())
             digest.update(raw[raw.size // 4096 * 4096:].tobytes())
-        elif frame_columns(v) is not None:
+        elif (columns := frame_columns(v)) is not None:
             import pickle
 
             digest.update(b"frame" + pickle.dumps(v.index, protocol=5))
-            for name, column in frame_columns(v):
+            for name, column in columns:
                 digest.update(repr(name).encode())
                 add(column)
         elif isinstance(v, (tuple, list)):
@@ -261,8 +266,7 @@ def host_share(name: str, value, print_: str, others: bool):  # runs on an engin
     segments named here (``kdist-<this pid>-*``) and return their description (None where there
     is nobody to share with, or no ``/dev/shm`` or no room in it: then the value is bound as it
     came, and the others get it as ipyparallel sends it)."""
-    need = sum(a.nbytes for a in arrays(value) if segment_worthy(a))
-    if not others or not os.path.isdir("/dev/shm") or room(need) is not None:
+    if not others or not os.path.isdir("/dev/shm") or room(segment_bytes(value)) is not None:
         HELD[name] = (print_, value)
         from IPython import get_ipython
 

@@ -25,17 +25,11 @@ TINY = 64
 
 def listen(mode: str) -> str:
     """Open this engine's listening socket for the ring; ``host:port``."""
-    import socket
-
-    from ..cluster.network import engine_address, join
+    from ..cluster.network import engine_address, join, listening
 
     close()
     address = engine_address(mode)
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    server = socket.socket(family, socket.SOCK_STREAM)
-    server.bind((address, 0))
-    server.listen(2)
-    _ring["server"] = server
+    server = _ring["server"] = listening(address, 2)
     return join(address, server.getsockname()[1])
 
 

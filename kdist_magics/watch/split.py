@@ -19,9 +19,6 @@ from typing import Any, Iterable
 
 from ..messages import SPLIT_LIVE, SPLIT_PROBED, SPLIT_UNTIMED
 
-#: kept importable by its first name
-UNTIMED = SPLIT_UNTIMED
-
 
 def split(rows: Iterable[dict[str, Any]], compute: float | None = None) -> list[dict[str, Any]]:
     """One row per rank: ``rank``, ``in_step_s``, ``compute_s``, ``communication_s``,

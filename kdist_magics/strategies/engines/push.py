@@ -33,7 +33,7 @@ def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> 
     big = {n: v for n, v in pushed.items() if shared.shareable(v)}
     plain = {n: v for n, v in pushed.items() if n not in big}
     check_memory(big if here in hosts else {})
-    need = sum(a.nbytes for v in big.values() for a in shared.arrays(v) if shared.segment_worthy(a))
+    need = sum(shared.segment_bytes(v) for v in big.values())
     if not os.path.isdir("/dev/shm"):  # no shared memory in the kernel: this host as others
         here = None
     elif here in hosts and (free := shared.room(need)) is not None:
@@ -53,7 +53,7 @@ def check_memory(values: dict[str, Any]) -> None:
 
     from ...messages import push_too_big
 
-    need = sum(a.nbytes for v in values.values() for a in shared.arrays(v) if shared.segment_worthy(a))
+    need = sum(shared.segment_bytes(v) for v in values.values())
     free = psutil.virtual_memory().available
     if need and need > free:
         raise KDistError(push_too_big(need, free))

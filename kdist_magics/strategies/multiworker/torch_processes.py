@@ -44,7 +44,7 @@ from typing import Any
 
 from ...cluster.cluster import EngineCluster
 from ...errors import KDistError
-from ...cluster.network import engine_address, interface_of, join
+from ...cluster.network import engine_address, interface_of, join, listening
 from ...cluster.placement import host_grouped_ranks
 from ..engines import waiting
 from ..base import RunContext
@@ -147,15 +147,9 @@ def _probe() -> dict[str, Any]:  # runs on an engine
 def _listen(mode: str) -> dict[str, Any]:  # runs on rank 0's engine
     """Open the store's listening socket on this engine's address for ``mode`` (never every
     interface); ``TCPStore`` takes it over in :func:`_setup`."""
-    import socket
-
     _leave()
     address = engine_address(mode)
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.bind((address, 0))
-    sock.listen(128)
-    _run["socket"] = sock
+    sock = _run["socket"] = listening(address, 128)
     return {"address": address, "port": sock.getsockname()[1]}
 
 
