@@ -27,6 +27,41 @@ def test_a_ring_all_reduce_costs_2_n_minus_1_over_n_of_the_bytes_plus_latency():
     assert again.latency == pytest.approx(link.latency, rel=1e-2)
 
 
+
+def test_a_loaded_host_whose_tiny_all_reduce_is_as_slow_as_the_big_one_reads_a_finite_link():
+    # CI once timed the tiny all-reduce no faster than 4 MiB (a scheduler's delay, not the link)
+    # and read 4e15 B/s: the latency is held to half the big one's time, the bandwidth to twice
+    # bytes over the whole time
+    for tiny in (0.010, 0.020, 0.5):
+        link = link_from(0.010, 4 * MiB, tiny, 2)
+        naive = 2 * 1 / 2 * 4 * MiB / 0.010
+        assert naive <= link.bandwidth <= 2 * naive
+        assert link.allreduce(4 * MiB, 2) == pytest.approx(0.010)
+    assert link_from(0.0, 4 * MiB, 0.0, 2).bandwidth > 0  # never a division by zero
+
+
+def test_the_link_is_timed_on_more_bytes_while_they_take_under_four_times_the_latency(monkeypatch):
+    from kdist_magics.scale import link as ring
+
+    class Cluster:
+        engines = ["e0", "e1"]
+
+    asked = []
+
+    def timings(cluster, mode, nbytes, repeats):
+        asked.append(nbytes)
+        return nbytes / (1024 * MiB) + 0.010, 0.010  # a 10 ms latency swamps a few MiB
+
+    monkeypatch.setattr(ring, "_timings", timings)
+    link = ring.measure(Cluster(), "local", 1000)
+    assert asked == [4 * MiB, 16 * MiB, 64 * MiB]  # 4 MiB at least, at most 64
+    assert link.ranks == 2 and 0 < link.bandwidth < 1e12 and link.latency == pytest.approx(0.005)
+    asked.clear()
+    monkeypatch.setattr(ring, "_timings", lambda *a: (asked.append(a[2]) or 0.050, 0.001))
+    ring.measure(Cluster(), "local", 8 * MiB)
+    assert asked == [8 * MiB]  # the model's own bytes where they dwarf the latency
+
+
 def table_of(compute: float, rest: float, step2: float, grad: float, link: Link, horovod=False):
     batch = 64
     base = batch / (compute + rest)

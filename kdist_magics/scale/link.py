@@ -6,8 +6,8 @@ runs the same for every strategy and backend: reduce-scatter then all-gather, ``
 steps, each rank sending one chunk to the next while it receives one from the previous. Every
 rank starts with ``rank + 1`` everywhere, so the result (``N (N + 1) / 2`` everywhere) checks the
 ring itself. The seconds of the slowest rank per repeat, median over the repeats, for the
-gradient bytes and for a tiny array (the latency) give a
-:class:`~kdist_magics.scale.model.Link`.
+gradient bytes (4 MiB at least, more while they take under 4 times the tiny one) and the least
+for a tiny array (the latency) give a :class:`~kdist_magics.scale.model.Link`.
 
 :func:`listen` and :func:`allreduce` run on the engines; :func:`measure` in the kernel.
 """
@@ -113,16 +113,17 @@ def allreduce(peers: list[str], rank: int, nbytes: int, repeats: int,
 #: the link's bandwidth is timed on at least this many bytes: below it, an all-reduce is mostly
 #: latency, and bytes / (its time less the latency) is noise (a 0.3 MiB model read 271 TB/s)
 MIN_BYTES = 4 * 2**20
+#: ... and on more, up to this many, while the bytes' all-reduce takes under BIG_OVER_TINY times
+#: the tiny one's (a fast link, or a loaded host whose delays swamp 4 MiB)
+MAX_BYTES = 64 * 2**20
+BIG_OVER_TINY = 4
 
 
-def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):
-    """In the kernel: the :class:`~kdist_magics.scale.model.Link` between ``cluster``'s
-    engines (all of them, in their order)."""
-    from .model import link_from
-
+def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, float]:
+    """The median seconds of the slowest rank's all-reduce of ``nbytes``, and the least of a
+    tiny one's (the latency is a floor: a loaded host's delays only add to it)."""
     engines = list(cluster.engines)
     client = cluster.client
-    nbytes = max(int(nbytes), MIN_BYTES)  # a small model's bytes would time the latency only
     peers = [client[e.engine_id].apply_sync(listen, mode) for e in engines]
     runs = [client[e.engine_id].apply_async(allreduce, peers, rank, int(nbytes), repeats)
             for rank, e in enumerate(engines)]
@@ -131,5 +132,17 @@ def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):
         raise RuntimeError("the ring all-reduce between the engines summed wrongly")
     slowest = [max(t) for t in zip(*(r["big"] for r in results))]
     tiny = [max(t) for t in zip(*(r["tiny"] for r in results))]
-    return link_from(statistics.median(slowest), int(nbytes), statistics.median(tiny),
-                     len(engines), hosts)
+    return statistics.median(slowest), min(tiny)
+
+
+def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):
+    """In the kernel: the :class:`~kdist_magics.scale.model.Link` between ``cluster``'s
+    engines (all of them, in their order)."""
+    from .model import link_from
+
+    nbytes = max(int(nbytes), MIN_BYTES)  # a small model's bytes would time the latency only
+    big, tiny = _timings(cluster, mode, nbytes, repeats)
+    while big < BIG_OVER_TINY * tiny and nbytes < MAX_BYTES:
+        nbytes = min(4 * nbytes, MAX_BYTES)
+        big, tiny = _timings(cluster, mode, nbytes, repeats)
+    return link_from(big, nbytes, tiny, len(list(cluster.engines)), hosts)

@@ -61,9 +61,15 @@ class Link:
 def link_from(times_big: float, nbytes: int, times_small: float, n: int, hosts: int = 1) -> Link:
     """A :class:`Link` from the seconds of an all-reduce of ``nbytes`` and of a tiny one
     (its latency) over ``n`` ranks."""
-    latency = times_small / (2 * (n - 1))
-    moving = max(times_big - 2 * (n - 1) * latency, 1e-9)
-    return Link(bandwidth=2 * (n - 1) / n * nbytes / moving, latency=latency, ranks=n, hosts=hosts)
+    # On a loaded host the tiny all-reduce can take as long as the big one (a scheduler's
+    # delay, not the link): the latency then cannot be told apart from the bytes' time, so it is
+    # held to half the big one's, and the bandwidth is at most twice bytes / the whole time,
+    # never bytes / nothing (CI read 4e15 B/s once when it was not held).
+    steps = 2 * (n - 1)
+    times_big = max(times_big, 1e-9)
+    latency = min(times_small, times_big / 2) / steps
+    moving = times_big - steps * latency
+    return Link(bandwidth=steps / n * nbytes / moving, latency=latency, ranks=n, hosts=hosts)
 
 
 @dataclass(frozen=True)
