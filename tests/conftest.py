@@ -115,3 +115,40 @@ kd_weights = [w.tolist() for w in model.get_weights()]
 kd_loss = history.history["loss"]
 kd_steps = seen.steps
 """
+
+
+@pytest.fixture
+def user_cluster(tmp_path):
+    """A user's cluster of 2 engines (test_multiworker, test_scale): ``ipcluster start`` on
+    loopback with a known cluster id; stopped by the test, by its pids."""
+    import time
+
+    import ipyparallel as ipp
+    import psutil
+
+    from kdist_magics.cluster.cluster import kill_pids
+
+    cluster_id = f"kdist-user-{int(time.time())}"
+    cluster = ipp.Cluster(n=2, cluster_id=cluster_id, controller_ip="127.0.0.1", log_level=40,
+                          shutdown_atexit=False)
+    cluster.start_cluster_sync()
+    client = cluster.connect_client_sync()
+    client.wait_for_engines(2, timeout=120)
+    engine_pids = set(client[:].apply_sync(__import__("os").getpid))
+    client.close()
+    roots = {cluster.controller.pid} | {l.pid for es in cluster.engines.values()
+                                        for l in es.launchers.values()}
+    tree = set(roots)
+    for pid in roots:
+        try:
+            tree |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+    try:
+        yield cluster_id, engine_pids
+    finally:
+        try:
+            cluster.stop_cluster_sync()
+        except Exception:
+            pass
+        kill_pids(tree, grace=5)  # nannies may linger ~30 s after stop_cluster: end ours by pid

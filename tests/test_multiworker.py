@@ -19,7 +19,6 @@ import pytest
 
 import kdist_magics
 import kernel_driver
-from kdist_magics.cluster.cluster import kill_pids
 from kdist_magics.errors import KDistError, RankFailed, RunTimedOut
 from kdist_magics.cluster.network import engine_address, free_port, free_ports, join
 from kdist_magics.cluster.placement import host_grouped_ranks
@@ -436,38 +435,6 @@ def stop_owned_engines_and_check(shell):
     left = [p for p in started
             if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes left after %kdist stop: {left}"
-
-
-@pytest.fixture
-def user_cluster(tmp_path):
-    """``ipcluster start`` on loopback with a known cluster id; stopped by the test, by its pids."""
-    import ipyparallel as ipp
-    import psutil
-
-    cluster_id = f"kdist-user-{int(time.time())}"
-    cluster = ipp.Cluster(n=2, cluster_id=cluster_id, controller_ip="127.0.0.1", log_level=40,
-                          shutdown_atexit=False)
-    cluster.start_cluster_sync()
-    client = cluster.connect_client_sync()
-    client.wait_for_engines(2, timeout=120)
-    engine_pids = set(client[:].apply_sync(__import__("os").getpid))
-    client.close()
-    roots = {cluster.controller.pid} | {l.pid for es in cluster.engines.values()
-                                        for l in es.launchers.values()}
-    tree = set(roots)
-    for pid in roots:
-        try:
-            tree |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
-        except psutil.Error:
-            pass
-    try:
-        yield cluster_id, engine_pids
-    finally:
-        try:
-            cluster.stop_cluster_sync()
-        except Exception:
-            pass
-        kill_pids(tree, grace=5)  # nannies may linger ~30 s after stop_cluster: end ours by pid
 
 
 @pytest.mark.engines

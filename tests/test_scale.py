@@ -147,6 +147,52 @@ def test_auto_on_a_probed_cell_decides_from_the_measured_figures_and_says_so(ip)
         ext.last_scale = saved
 
 
+def test_auto_on_a_cell_probed_on_the_kernels_devices_sets_devices_and_keeps_a_model_axis(ip):
+    from dataclasses import replace
+
+    import kdist_magics
+    from kdist_magics.scale.probe import choose_measured
+
+    ext = kdist_magics._extension
+    fitted = replace(Link(bandwidth=100 * MiB, latency=0.0, ranks=2), fitted=True)
+    table = _probed("mirrored", 1.8, "fit()")
+    table.link = fitted
+    chosen, why = choose_measured(table, ext.parse(""))
+    assert (chosen.strategy, chosen.devices, chosen.np) == ("mirrored", 2, None)
+    assert "2 ranks of mirrored give 1.80x" in why
+    assert choose_measured(table, ext.parse("--devices 4"))[0].devices == 4  # given: kept
+    table = _probed("mirrored", 1.02, "fit()")
+    table.link = fitted
+    assert choose_measured(table, ext.parse(""))[0].strategy == "default"
+    table = _probed("sharded", 1.8, "fit()")
+    table.link, table.model_axis = fitted, 2
+    chosen, _ = choose_measured(table, ext.parse(""))
+    assert (chosen.strategy, chosen.devices, chosen.mesh) == ("sharded", 4, (2, 2))
+    table = _probed("sharded", 1.02, "fit()")
+    table.link, table.model_axis = fitted, 2
+    chosen, _ = choose_measured(table, ext.parse(""))  # the model stays split over its axis
+    assert (chosen.strategy, chosen.devices, chosen.mesh) == ("sharded", 2, (1, 2))
+
+
+def test_a_link_fitted_to_the_kernels_devices_explains_their_communication():
+    from kdist_magics.scale.model import link_fitted
+
+    true = Link(bandwidth=200 * MiB, latency=5e-5, ranks=8)
+    comm = {n: true.allreduce(4 * MiB, n) for n in (2, 4, 8)}
+    link = link_fitted(comm, 4 * MiB, 8)
+    assert link.fitted and link.ranks == 8
+    assert link.bandwidth == pytest.approx(true.bandwidth, rel=1e-6)
+    assert link.latency == pytest.approx(true.latency, rel=1e-6)
+    one = link_fitted({2: 0.01}, 4 * MiB, 2)  # one N: the bytes explain it all
+    assert one.latency == 0 and one.allreduce(4 * MiB, 2) == pytest.approx(0.01)
+    none = link_fitted({2: -0.001}, 4 * MiB, 2)  # 2 devices no slower than 1: nothing to add
+    assert none.bandwidth == float("inf") and none.allreduce(4 * MiB, 16) == 0
+    flat = link_fitted({2: 0.002, 4: 0.006}, 4 * MiB, 4)  # latency only: a >= 0, 1/B >= 0
+    assert flat.latency >= 0 and flat.bandwidth > 0
+    table = ScaleTable("mirrored", [], none, 4 * MiB, 32)
+    assert "no communication measured between the kernel's devices" in table.head()
+    assert "per-replica batch 32" in table.head()
+
 def test_the_table_says_measured_or_predicted_and_its_assumptions():
     link = Link(bandwidth=100 * MiB, latency=1e-4, ranks=2)
     rows, said = table_of(0.01, 0.001, 0.02, MiB, link)
@@ -276,9 +322,9 @@ ip.run_line_magic("kdist", "stop")
     assert all(r["in_step_s"] is None and r["source"].startswith("not timed live") for r in out["split"])
     assert "measured by %kdist scale (multiworker, per-rank batch 32" in out["advise"]
     name, said = out["in kernel"]
-    assert name == "StrategyUnavailable" and "\\n" not in said and said.endswith("Nothing ran")
+    assert name == "StrategyUnavailable" and "\n" not in said and said.endswith("Nothing ran")
     name, said = out["nothing"]
-    assert name == "StrategyUnavailable" and "the cell trained nothing" in said and "\\n" not in said
+    assert name == "StrategyUnavailable" and "the cell trained nothing" in said and "\n" not in said
 
 
 SLOW_INPUT = textwrap.dedent("""
@@ -357,8 +403,166 @@ out["x"] = by_rank("x")
 ip.run_line_magic("kdist", "stop")
 """, {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
     name, said, seconds = out["stopped"]
-    assert name == "Interrupted" and "\\n" not in said and seconds < 60, out["_stdout"][-2000:]
+    assert name == "Interrupted" and "\n" not in said and seconds < 60, out["_stdout"][-2000:]
     assert out["table after stop"] is True and out["table after death"] is True
     name, said = out["died"]
     assert name == "RankDied" and said.startswith("rank 1 exited with status 3."), out["died"]
     assert out["next"] == "None" and out["x"] == [42, 42]
+
+
+DEVICES_CELL = textwrap.dedent("""
+    import keras
+    print("the cell's own words")
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, y, batch_size=64, epochs=2, verbose=0)
+    """)
+DEVICES_BODY = """
+import io, contextlib
+ip.run_cell("import numpy as np\\nx = np.random.default_rng(0).normal(size=(4096, 32)).astype('float32')\\ny = x[:, :1] * 2")
+_, err = attempt({line!r}, {cell!r})
+out["run"] = repr(err)
+with contextlib.redirect_stdout(io.StringIO()) as said:
+    table = ip.run_line_magic("kdist", "scale")
+out["said"] = said.getvalue()
+out["rows"] = [[r.n, r.measured, r.speedup, r.compute_s, r.communication_s] for r in table.rows]
+out["link"] = [table.link.fitted, table.link.bandwidth, table.link.latency, table.link.ranks]
+out["batch"], out["axis"], out["text"] = table.batch, table.model_axis, repr(table)
+with contextlib.redirect_stdout(io.StringIO()) as said:
+    _, err = attempt({auto!r}, {cell!r})
+out["auto"] = [repr(err), said.getvalue(), kdist_magics.last_run().strategy, kdist_magics.last_run().size]
+out["rank_devices"] = [s.device for s in kdist_magics.last_run().ranks.values()]
+_, err = attempt("scale --strategy default", {cell!r})
+out["default"] = [type(err).__name__, str(err)]
+"""
+
+
+def _probed_on_devices(out, model_axis):
+    assert out["run"] == "None", out["_stdout"][-3000:] + out["_stderr"][-3000:]
+    print(out["text"], out["auto"][1], sep="\n")
+    assert "the cell's own words" not in out["said"]  # each probe run's output held back
+    assert [r[:2] for r in out["rows"]] == [[1, True], [2, True], [4, False], [8, False]]
+    assert out["rows"][0][2] == 1.0 and all(r[2] > 0 for r in out["rows"])
+    assert out["rows"][1][3] > 0 and out["rows"][1][4] >= 0  # compute, communication at 2
+    fitted, bandwidth, latency, ranks = out["link"]
+    assert fitted is True and bandwidth > 0 and latency >= 0 and ranks == 2
+    assert out["batch"] == 32 and out["axis"] == model_axis  # 64 global over 2 replicas, kept
+    assert "link fitted from the measured steps" in out["text"] or "no communication" in out["text"]
+    err, said, strategy, size = out["auto"]
+    assert err == "None" and "measured by %kdist scale on this cell" in said, said
+    name, said = out["default"]
+    assert name == "StrategyUnavailable" and "\n" not in said and "one device" in said
+    assert said.endswith("Nothing ran")
+    return strategy, size
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_mirrored_is_probed_on_the_kernels_devices_largest_first_and_auto_decides_from_it():
+    """The kernel's 2 logical CPU devices (TensorFlow fixes them at start: the probe's first run
+    makes both), N = 1 and 2 of them with the same per-replica batch, the link fitted from the
+    steps, larger N predicted; auto on the same cell decides from the figures."""
+    from conftest import run_in_fresh_shell
+
+    out = run_in_fresh_shell(DEVICES_BODY.format(
+        line="--strategy mirrored --devices 2 --no-dashboard", cell=DEVICES_CELL,
+        auto="--no-dashboard"), {"KERAS_BACKEND": "tensorflow"})
+    strategy, size = _probed_on_devices(out, 1)
+    assert strategy in ("mirrored", "default") and size in (1, 2)
+
+
+@pytest.mark.kernel
+@pytest.mark.notf
+@pytest.mark.timeout(300)
+def test_sharded_is_probed_over_its_data_axis_keeping_the_model_axis():
+    """--mesh 2,2 on 4 logical CPU devices (JAX fixes them at start): N = 1 and 2 data replicas,
+    each over 2 devices of the model axis; auto keeps the model split."""
+    from conftest import run_in_fresh_shell
+
+    out = run_in_fresh_shell(DEVICES_BODY.format(
+        line="--strategy sharded --devices 4 --mesh 2,2 --no-dashboard", cell=DEVICES_CELL,
+        auto="--no-dashboard"), {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
+    strategy, size = _probed_on_devices(out, 2)
+    assert strategy == "sharded" and size in (2, 4)  # 1 or 2 replicas, each on 2 devices
+
+
+def test_an_attached_cluster_with_fewer_engines_than_asked_is_probed_over_those_it_has(monkeypatch, capsys):
+    from IPython.core.error import UsageError  # noqa: F401  (the spec's own errors)
+
+    from kdist_magics.errors import StrategyUnavailable
+    from kdist_magics.scale import probe as probemod
+    from kdist_magics.spec import parse_line
+
+    spec = parse_line("--strategy horovod --np 4 --cluster-id mine")
+    monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: 2)
+    assert probemod._engines_to_probe(spec, 4) == 2
+    said = capsys.readouterr().out.strip()
+    assert said.endswith("%kdist scale --np 4: cluster mine has 2 engines; probing N = 1 to 2, "
+                         "and larger N are predicted") and "\n" not in said
+    monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: 1)
+    with pytest.raises(StrategyUnavailable, match=r"cluster mine has 1 engine, and the probe needs 2 at least.*Nothing ran$"):
+        probemod._engines_to_probe(spec, 4)
+    monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: 6)
+    assert probemod._engines_to_probe(spec, 4) == 4  # more than asked: as asked
+    monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: None)
+    assert probemod._engines_to_probe(spec, 4) == 4  # not reachable: the run says why
+    assert probemod._engines_to_probe(parse_line("--strategy horovod --np 4"), 4) == 4  # kdist starts them
+    # TensorFlow's and JAX's multi-worker set-up is once per process: kdist cannot restart a
+    # user's engines at each N, so that probe is one line before anything runs
+    from kdist_magics.strategies.frameworks import backends
+
+    for backend in ("tensorflow", "jax"):
+        monkeypatch.setattr(backends, "keras_backend", lambda: backend)
+        with pytest.raises(StrategyUnavailable, match=r"^%kdist scale --strategy multiworker on cluster mine: "
+                           r".* once per process.*without --cluster-id.*Nothing ran$"):
+            probemod._engines_to_probe(parse_line("--strategy multiworker --np 2 --cluster-id mine"), 2)
+    monkeypatch.setattr(backends, "keras_backend", lambda: "torch")
+    assert probemod._engines_to_probe(parse_line("--strategy multiworker --np 2 --cluster-id mine"), 2) == 2
+
+
+@pytest.mark.engines
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_cluster_the_user_started_is_probed_over_the_engines_it_has_and_left_running(user_cluster):
+    """--cluster-id with --np 4 and 2 engines: one line says so, N = 1 and 2 are probed on the
+    user's engines (Keras on PyTorch: its workers set up again at each N), larger N predicted,
+    and the engines run on; multiworker on TensorFlow there is one line and nothing runs."""
+    import psutil
+
+    from conftest import run_in_fresh_shell
+
+    pytest.importorskip("torch", reason="PyTorch is not installed in this environment")
+    cluster_id, engine_pids = user_cluster
+    cell = textwrap.dedent("""
+        import keras, numpy as np
+        x = np.random.default_rng(0).normal(size=(2048, 32)).astype("float32")
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(x, x[:, :1], batch_size=64, epochs=1, verbose=0)
+        """)
+    out = run_in_fresh_shell(f"""
+import io, contextlib
+with contextlib.redirect_stdout(io.StringIO()) as said:
+    _, err = attempt("scale --strategy multiworker --np 4 --no-dashboard --cluster-id {cluster_id}", {cell!r})
+out["err"], out["said"] = repr(err), said.getvalue()
+table = kdist_magics.last_scale()
+out["rows"] = [[r.n, r.measured] for r in table.rows] if table else None
+out["pids"] = [e.pid for e in kdist_magics._extension._strategies["multiworker"].cluster.engines]
+ip.run_line_magic("kdist", "stop")
+""", {"KERAS_BACKEND": "torch"})
+    assert out["err"] == "None", out["_stdout"][-3000:] + out["_stderr"][-3000:]
+    assert (f"%kdist scale --np 4: cluster {cluster_id} has 2 engines; probing N = 1 to 2, and "
+            f"larger N are predicted") in out["said"]
+    assert out["rows"] == [[1, True], [2, True], [4, False], [8, False]]
+    assert set(out["pids"]) == engine_pids  # the user's engines ran the probe
+    assert all(psutil.pid_exists(p) for p in engine_pids), "kdist stopped engines it did not start"
+    out = run_in_fresh_shell(f"""
+_, err = attempt("scale --strategy multiworker --np 2 --no-dashboard --cluster-id {cluster_id}", {cell!r})
+out["err"] = [type(err).__name__, str(err)]
+out["table"] = kdist_magics.last_scale() is None
+""", {"KERAS_BACKEND": "tensorflow"})
+    name, said = out["err"]
+    assert name == "StrategyUnavailable" and "\n" not in said and said.endswith("Nothing ran")
+    assert "once per process" in said and out["table"] is True
+    assert all(psutil.pid_exists(p) for p in engine_pids)

@@ -308,6 +308,8 @@ from .slurm import (  # noqa: E402
     unresolved_hosts,
 )
 from .scale import (  # noqa: E402
+    LINK_FITTED,
+    LINK_NONE,
     SCALE_NOTHING_TRAINED,
     SPLIT_LEGEND_LIVE,
     SPLIT_LEGEND_PROBED,
@@ -318,7 +320,11 @@ from .scale import (  # noqa: E402
     auto_from_probe,
     auto_not_worth_it,
     contention,
+    scale_attached_once,
     scale_cannot_probe,
+    scale_fewer_engines,
+    scale_one_device,
+    scale_too_few_engines,
     scale_quoted,
     scale_trained_nothing,
 )

@@ -4,9 +4,45 @@ from __future__ import annotations
 
 
 def scale_cannot_probe(strategy: str) -> str:
-    return (f"%kdist scale probes a cell's training on engines (--strategy horovod or multiworker); "
-            f"{strategy} runs in the notebook's kernel, where more ranks are not more processes. "
+    why = {"default": "it trains on one device, so there is no N to vary",
+           "tpu": "TPUStrategy takes every core of the TPU at once (on JAX, --strategy mirrored "
+                  "probes the TPU's cores)",
+           "sharded": "sharded across engine processes (--np) is not probed; probe it on the "
+                      "kernel's devices (--devices N)"}.get(strategy, "it has no ranks to vary")
+    return (f"%kdist scale probes a cell's training over N = 1, 2, ... ranks: engines (--strategy "
+            f"horovod or multiworker) or the kernel's devices (mirrored, sharded); not {strategy}: "
+            f"{why}. Nothing ran")
+
+
+def scale_one_device(strategy: str, devices: int) -> str:
+    return (f"%kdist scale --strategy {strategy}: {devices} device{'s' if devices != 1 else ''} "
+            f"here ({'a mesh with a data axis of 1' if strategy == 'sharded' else 'one replica'}), "
+            f"so there is no N above 1 to probe; give --devices 2 or more. Nothing ran")
+
+
+def scale_fewer_engines(asked: int, have: int, where: str) -> str:
+    return (f"%kdist scale --np {asked}: {where} has {have} engine{'s' if have != 1 else ''}; "
+            f"probing N = 1 to {have}, and larger N are predicted")
+
+
+def scale_too_few_engines(asked: int, have: int, where: str) -> str:
+    return (f"%kdist scale --np {asked}: {where} has {have} engine{'s' if have != 1 else ''}, "
+            f"and the probe needs 2 at least (1 rank and 2 ranks, and the link between them). "
             f"Nothing ran")
+
+
+def scale_attached_once(backend: str, where: str) -> str:
+    framework = {"tensorflow": "TensorFlow's MultiWorkerMirroredStrategy",
+                 "jax": "jax.distributed.initialize"}[backend]
+    return (f"%kdist scale --strategy multiworker on {where}: {framework} sets up its workers "
+            f"once per process, and the probe needs them at N = 1, 2, ... in turn, which means "
+            f"restarting engines kdist did not start. Probe on kdist's own engines (the same line "
+            f"without --cluster-id), or with Keras on PyTorch or --strategy horovod here. Nothing ran")
+
+
+#: how the table names a link fitted from the kernel's devices, where there are no engines to time
+LINK_FITTED = "link fitted from the measured steps (the kernel's devices: no engines to time)"
+LINK_NONE = "no communication measured between the kernel's devices"
 
 
 def scale_trained_nothing(what: str) -> str:

@@ -50,6 +50,8 @@ class Link:
     latency: float
     ranks: int
     hosts: int = 1
+    #: fitted from the probe's steps (the kernel's devices), not timed between engines
+    fitted: bool = False
 
     def allreduce(self, nbytes: float, n: int) -> float:
         """Seconds for a ring all-reduce of ``nbytes`` over ``n`` ranks."""
@@ -70,6 +72,36 @@ def link_from(times_big: float, nbytes: int, times_small: float, n: int, hosts: 
     latency = min(times_small, times_big / 2) / steps
     moving = times_big - steps * latency
     return Link(bandwidth=steps / n * nbytes / moving, latency=latency, ranks=n, hosts=hosts)
+
+
+def link_fitted(communication: dict[int, float], nbytes: float, n: int) -> Link:
+    """The link that explains the communication measured at each N > 1 (the kernel's devices,
+    where no engines can time an all-reduce): ``comm(N) = 2 (N - 1) / N * G / B + 2 (N - 1) * a``
+    fitted by least squares with ``1/B`` and ``a`` at least 0 (one N: ``a`` = 0). No
+    communication at all is an infinite bandwidth (the predictions add none)."""
+    points = [(2 * (k - 1) / k * nbytes, 2 * (k - 1), max(c, 0.0))
+              for k, c in communication.items() if k > 1]
+
+    def one(i):  # least squares with only the byte term (i = 0) or only the latency term (i = 1)
+        den = sum(p[i] ** 2 for p in points)
+        return sum(p[i] * p[2] for p in points) / den if den else 0.0
+
+    inv_b, a = one(0), 0.0
+    if len({p[1] for p in points}) > 1:  # two N or more: both terms
+        sxx = sum(p[0] ** 2 for p in points)
+        syy = sum(p[1] ** 2 for p in points)
+        sxy = sum(p[0] * p[1] for p in points)
+        sxc = sum(p[0] * p[2] for p in points)
+        syc = sum(p[1] * p[2] for p in points)
+        det = sxx * syy - sxy ** 2
+        if det > 0:
+            inv_b, a = (syy * sxc - sxy * syc) / det, (sxx * syc - sxy * sxc) / det
+            if a < 0:
+                inv_b, a = one(0), 0.0
+            elif inv_b < 0:
+                inv_b, a = 0.0, one(1)
+    bandwidth = 1 / inv_b if inv_b > 0 else float("inf")
+    return Link(bandwidth=bandwidth, latency=a, ranks=n, hosts=1, fitted=True)
 
 
 @dataclass(frozen=True)

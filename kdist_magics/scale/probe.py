@@ -28,7 +28,9 @@ from .table import ScaleTable
 #: steps each rank runs per N (the first few, compilation, are left out of the figures)
 STEPS = 20
 #: strategies whose cells give the global batch (the probe keeps the per-rank batch)
-GLOBAL_BATCH = ("multiworker",)
+GLOBAL_BATCH = ("multiworker", "mirrored", "sharded")
+#: strategies probed on the kernel's own devices: N = 1, 2, ... of them, in this process
+IN_KERNEL = ("mirrored", "sharded")
 
 
 def ranks_to_probe(top: int) -> list[int]:
@@ -56,16 +58,19 @@ def scale(magics, spec, cell: str) -> ScaleTable:
 
 def probe(magics, spec, cell: str, steps: int = STEPS) -> ScaleTable:
     """Run the probe (see the module doc); the table, also ``kdist_magics.last_scale()``."""
-    if KINDS.get(spec.strategy) != "engines":
+    in_kernel = spec.strategy in IN_KERNEL and not spec.np
+    if KINDS.get(spec.strategy) != "engines" and not in_kernel:
         raise StrategyUnavailable(messages.scale_cannot_probe(spec.strategy))
+    if in_kernel:
+        return _probe_devices(magics, spec, cell, steps)
     started = time.monotonic()
-    top = spec.np or magics.np or 2
+    top = _engines_to_probe(spec, spec.np or magics.np or 2)
     strategy = magics.strategy_object(spec.strategy)
     figures, record = {}, None
     for n in ranks_to_probe(top):
         scale = n / top if spec.strategy in GLOBAL_BATCH else None
-        run_spec = replace(spec, np=n, dashboard=False, out="none", tensorboard=None,
-                           checkpoint=None)
+        run_spec = replace(spec, np=n, dashboard=False, telemetry=True, out="none",
+                           tensorboard=None, checkpoint=None)
         record = RunRecord(spec.strategy, size=n, spec=run_spec, reason="kdist scale")
         magics.execute(strategy, cell, run_spec, record, probe=(steps, scale))
         figures[n] = _figures(record, n, spec.strategy)
@@ -73,6 +78,98 @@ def probe(magics, spec, cell: str, steps: int = STEPS) -> ScaleTable:
     grad = figures[top]["grad_bytes"]
     link = linkmod.measure(strategy.cluster, magics.worker_network, grad, hosts=hosts)
     return _table(spec.strategy, figures, link, grad, top, time.monotonic() - started)
+
+
+def _engines_to_probe(spec, asked: int) -> int:
+    """``asked``, or as many engines as an attached cluster (``--cluster-id``/``--profile``)
+    has where that is fewer (said in one line); fewer than 2 is one line and nothing runs."""
+    if not spec.attach:
+        return asked  # kdist starts as many as asked
+    where = (f"cluster {spec.cluster_id}" if spec.cluster_id
+             else f"the cluster of profile {spec.profile}")
+    if spec.strategy == "multiworker":
+        from ..strategies.frameworks.backends import keras_backend
+
+        if (backend := keras_backend()) in ("tensorflow", "jax"):  # set up once per process
+            raise StrategyUnavailable(messages.scale_attached_once(backend, where))
+    have = _attached_engines(spec, asked)
+    if have is None or have >= asked:
+        return asked  # (not reachable: the run says why, as any run would)
+    if have < 2:
+        raise StrategyUnavailable(messages.scale_too_few_engines(asked, have, where))
+    messages.say(messages.scale_fewer_engines(asked, have, where))
+    return have
+
+
+#: seconds an attached cluster is given to register the engines asked for before they are counted
+ATTACHED_WAIT = 10
+
+
+def _attached_engines(spec, asked: int) -> int | None:
+    try:
+        import ipyparallel as ipp
+
+        kwargs = {k: v for k, v in (("cluster_id", spec.cluster_id), ("profile", spec.profile)) if v}
+        client = ipp.Client(**kwargs)
+        try:
+            deadline = time.monotonic() + ATTACHED_WAIT  # engines may still be registering
+            while len(client.ids) < asked and time.monotonic() < deadline:
+                time.sleep(0.2)
+            return len(client.ids)
+        finally:
+            client.close()
+    except Exception:
+        return None
+
+
+def _probe_devices(magics, spec, cell: str, steps: int) -> ScaleTable:
+    """mirrored and sharded: N = 1, 2, ... of the kernel's devices (sharded: of its data axis,
+    the model axis kept), the largest first (TensorFlow and JAX fix their devices when they
+    start: the first run makes them all), each run's output held back unless it fails; the link
+    fitted from the steps (:func:`~.model.link_fitted`)."""
+    from IPython.utils.capture import capture_output
+
+    from .model import link_fitted
+
+    started = time.monotonic()
+    strategy = magics.strategy_object(spec.strategy)
+    size = strategy.size(spec)
+    mesh = spec.mesh if spec.strategy == "sharded" else None
+    if (mesh[0] if mesh else size) < 2:
+        raise StrategyUnavailable(messages.scale_one_device(spec.strategy, size))
+
+    def run(n: int | None, model_axis: int, scale: float) -> RunRecord:
+        if n is None:  # the largest: the line's own devices and mesh (sharded may pick one)
+            run_spec = replace(spec, devices=mesh[0] * mesh[1] if mesh else size)
+        else:
+            run_spec = replace(spec, devices=n * model_axis,
+                               mesh=(n, model_axis) if spec.strategy == "sharded" else None)
+        run_spec = replace(run_spec, dashboard=False, telemetry=True, tensorboard=None,
+                           checkpoint=None)
+        record = RunRecord(spec.strategy, size=run_spec.devices, spec=run_spec, reason="kdist scale")
+        with capture_output() as held:
+            try:
+                magics.execute(strategy, cell, run_spec, record, probe=(steps, scale))
+            except BaseException:
+                held.show()  # the failing run's own output and traceback, once
+                raise
+        return record
+
+    record = run(None, 1, 1.0)
+    top, model_axis = record.mesh if record.mesh else (size, 1)
+    if top < 2:
+        raise StrategyUnavailable(messages.scale_one_device(spec.strategy, top * model_axis))
+    figures = {top: _figures(record, top, spec.strategy)}
+    for n in ranks_to_probe(top)[:-1]:
+        figures[n] = _figures(run(n, model_axis, n / top), n, spec.strategy)
+    figures = dict(sorted(figures.items()))
+    grad = figures[top]["grad_bytes"]
+    comm = {n: f["step"] - figures[1]["step"] for n, f in figures.items() if n > 1}
+    link = link_fitted(comm, grad, top)
+    table = _table(spec.strategy, figures, link, grad, top, time.monotonic() - started)
+    table.model_axis = model_axis
+    table.predicted_from_one = {}  # the link was fitted to these very steps: no check
+    return table
 
 
 def _figures(record: RunRecord, n: int, strategy: str) -> dict:
@@ -122,13 +219,21 @@ def choose_measured(table: ScaleTable, spec):
     if not measured:
         return None
     best = max(measured, key=lambda r: r.speedup)
+    def at(n: int):  # the probed strategy at n ranks, where the line left their number open
+        if not table.link.fitted:
+            return spec if "np" in spec.given else replace(spec, np=n)
+        if {"devices", "mesh"} & spec.given:
+            return spec
+        m = table.model_axis
+        return replace(spec, devices=n * m, mesh=(n, m) if table.strategy == "sharded" else None)
+
     if best.speedup >= WORTH_IT:
         why = messages.auto_from_probe(table.strategy, best.n, best.speedup, best.communication_share)
-        spec = spec if "np" in spec.given else replace(spec, np=best.n)
-        return spec.with_strategy(table.strategy), why
+        return at(best.n).with_strategy(table.strategy), why
     why = messages.auto_not_worth_it(table.strategy, best.n, best.speedup)
-    tries = [] if table.strategy == "horovod" else [lambda: spec.with_strategy("default")]
-    tries.append(lambda: (spec if "np" in spec.given else replace(spec, np=1)).with_strategy(table.strategy))
+    one_device = table.strategy == "horovod" or table.model_axis > 1  # (a model split over M)
+    tries = [] if one_device else [lambda: spec.with_strategy("default")]
+    tries.append(lambda: at(1).with_strategy(table.strategy))
     for attempt in tries:
         try:
             return attempt(), why

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from dataclasses import asdict, dataclass, field
 
+from ..messages import LINK_FITTED, LINK_NONE
 from .model import ASSUMPTIONS, Link, Row
 
 COLUMNS = ("N", "samples/s", "speed-up", "efficiency", "step ms", "compute ms",
@@ -29,6 +30,7 @@ class ScaleTable:
     cost_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     cell: str = ""  # the cell probed (a run of the same cell splits with this probe's compute)
+    model_axis: int = 1  # sharded: the model axis M each probed data replica kept
 
     @property
     def compute_s(self) -> float | None:
@@ -44,10 +46,16 @@ class ScaleTable:
                 "measured" if row.measured else "predicted"]
 
     def head(self) -> str:
-        return (f"kdist scale: {self.strategy}, per-rank batch {self.batch}, gradients "
-                f"{self.grad_bytes / 2**20:.2f} MiB; link {self.link.bandwidth / 2**20:,.0f} MiB/s bus "
-                f"bandwidth, {self.link.latency * 1e6:,.0f} us per ring step ({self.link.ranks} ranks"
-                f"{f', {self.link.hosts} hosts' if self.link.hosts > 1 else ''}); probe took "
+        link = self.link
+        if link.fitted and link.bandwidth == float("inf") and not link.latency:
+            said = LINK_NONE
+        else:
+            said = (f"{LINK_FITTED + ': ' if link.fitted else 'link '}"
+                    f"{link.bandwidth / 2**20:,.0f} MiB/s bus bandwidth, {link.latency * 1e6:,.0f} us "
+                    f"per ring step ({link.ranks} {'devices' if link.fitted else 'ranks'}"
+                    f"{f', {link.hosts} hosts' if link.hosts > 1 else ''})")
+        return (f"kdist scale: {self.strategy}, per-{'replica' if link.fitted else 'rank'} batch "
+                f"{self.batch}, gradients {self.grad_bytes / 2**20:.2f} MiB; {said}; probe took "
                 f"{self.cost_s:.0f} s")
 
     def __repr__(self) -> str:

@@ -59,7 +59,9 @@ def _reuse(strategy, cluster: EngineCluster, ctx: RunContext, n: int, news) -> E
     current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile,
                getattr(cluster, "options", None))
     if current != key:
-        news(f"{n} rank{'s' if n != 1 else ''} requested; restarting the engines (had {cluster.n})")
+        news(f"{n} rank{'s' if n != 1 else ''} requested; " + (
+            f"taking {n} of the attached cluster's engines (had {cluster.n})" if cluster.attached
+            else f"restarting the engines (had {cluster.n})"))
         strategy.teardown()
         return None
     if why := strategy.needs_restart or cluster.why_restart():

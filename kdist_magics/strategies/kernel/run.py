@@ -38,7 +38,9 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
             from ...watch.sampling import sampling
             from ...watch.telemetry import attached
 
-            stack.enter_context(attached(ctx.record.add, rank=0))
+            stop_after, batch_scale = ctx.probe or (None, None)  # %kdist scale's runs
+            stack.enter_context(attached(ctx.record.add, rank=0, stop_after=stop_after,
+                                         batch_scale=batch_scale))
             # replicas share this process: one sampler shows it (and each GPU it uses)
             stack.enter_context(sampling(ctx.record.add, rank=0, nice=ctx.options.helper_nice))
         stack.enter_context(checkpoint_each_epoch(ctx.spec.checkpoint))
