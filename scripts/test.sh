@@ -2,10 +2,11 @@
 # `make test`: set-up, the whole suite on the current stack (.venv), then the suite's Colab part on
 # Colab's pins (.venv-colab), then the account (time per step and tier, slowest tests, clusters).
 #
-# Two pairs of steps run side by side, each pair measured safe on 2 cores (tests/README.md):
-# - .venv-colab is set up while the main suite runs: that set-up is mostly download and
-#   unpacking, and the main suite's first half is its fast and kernel tiers. Its log is
-#   test-output/setup-colab.log.
+# Steps run side by side where that was measured safe on 2 cores (tests/README.md):
+# - the main suite, after P10's timing check alone, as two sessions: its engine tests (mostly
+#   waiting for processes to start and be noticed) beside the rest (fast, kernel, notebook and
+#   browser tiers); .venv-colab is set up beside both (mostly download and unpacking). Its log is
+#   test-output/setup-colab.log; the engine tests' output is test-output/engines.log.
 # - the docs site, then the long tier (the fault matrix and the soaks, which mostly wait for
 #   processes to start, die and be noticed: 42% of 2 cores alone), run beside the Colab part, in
 #   pytest sessions with their own accounts; their output follows the Colab part's in the log
@@ -45,12 +46,32 @@ trap 'for job in $(jobs -p); do kill_tree "$job"; done; exit 130' INT TERM
 step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser --torch || {
   python3 scripts/test_account.py "$STEPS"; exit 1; }
 
+# The main suite: what .venv runs of the suite but for the sessions below. First P10's timing
+# check, alone (a prediction against a measured step: beside other sessions a rank's compute
+# felt their load at 2 ranks and not at 1, rehearsal 13); then two halves side by side, the
+# engine tests (mostly waiting for processes: ~55% of 2 cores alone) beside the rest (fast,
+# kernel, notebook and browser tiers), each its own pytest session and account; the engines'
+# half's output follows in the log (test-output/engines.log).
+MAIN="not classic and not docs and not long and not netns and not tfless and not stacks"
+ENGINES_HALF="engines and not notf"
+# shellcheck disable=SC2086
+step "suite in .venv: P10's timing check, alone" env KDIST_ACCOUNT=account-p10 .venv/bin/python -m pytest -m "$MAIN" \
+  tests/test_scale_netns.py ${PYTEST_ARGS:-} || status=1
 ( step "set-up .venv-colab (beside the suite)" bash scripts/setup.sh --env colab \
     > "$OUT/setup-colab.log" 2>&1 ) &
 colab_setup=$!
 
 # shellcheck disable=SC2086
-step "suite in .venv" .venv/bin/python -m pytest -m "not classic and not docs and not long and not netns and not tfless and not stacks" ${PYTEST_ARGS:-} || status=1
+( step "suite in .venv: its engine tests (beside the rest)" env KDIST_ACCOUNT=account-engines \
+    .venv/bin/python -m pytest -m "($MAIN) and ($ENGINES_HALF)" --deselect tests/test_scale_netns.py \
+    ${PYTEST_ARGS:-} > "$OUT/engines.log" 2>&1 ) &
+engines=$!
+# shellcheck disable=SC2086
+step "suite in .venv: the rest (beside its engine tests)" .venv/bin/python -m pytest \
+  -m "($MAIN) and not ($ENGINES_HALF)" --deselect tests/test_scale_netns.py ${PYTEST_ARGS:-} || status=1
+wait $engines || status=1
+echo "=== the main suite's engine tests, which ran beside the rest ($OUT/engines.log) ==="
+cat "$OUT/engines.log"
 
 # the docs site, once the suite has executed the notebooks its tutorials show, then the long
 # tier, in one session beside the Colab part (the docs' 20 s are off the critical path there)
@@ -106,7 +127,8 @@ else
   echo "make test: no process kdist started is left"
 fi
 
-.venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account.json" "$OUT/account-docs.json" \
+.venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account-p10.json" "$OUT/account.json" \
+  "$OUT/account-engines.json" "$OUT/account-docs.json" \
   "$OUT/account-long.json" "$OUT/account-netns.json" "$OUT/colab/account.json" \
   "$OUT/colab-tpu/account.json"
 exit $status

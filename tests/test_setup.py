@@ -37,10 +37,23 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
     setup = [i for i, ln in enumerate(lines) if "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest" in ln]
     assert setup and runs and setup[0] < runs[0], lines
-    assert ('-m "not classic and not docs and not long and not netns and not tfless and not stacks"'
-            in lines[runs[0]])
+    assert ('MAIN="not classic and not docs and not long and not netns and not tfless and not stacks"'
+            in lines)
+    # the main suite: P10's timing check alone, then two halves side by side that together run
+    # every other test of MAIN once (one marker expression and its negation)
+    p10, = [i for i, ln in enumerate(lines) if ln.startswith("tests/test_scale_netns.py ${PYTEST_ARGS")]
+    half = [i for i, ln in enumerate(lines) if '-m "($MAIN) and ($ENGINES_HALF)"' in ln]
+    rest = [i for i, ln in enumerate(lines) if '-m "($MAIN) and not ($ENGINES_HALF)"' in ln]
+    assert '-m "$MAIN"' in lines[p10 - 1] and half and rest and p10 < half[0] < rest[0], lines
+    for i in half + rest:
+        assert "--deselect tests/test_scale_netns.py" in lines[i]
+    ends = next(j for j in range(half[0], len(lines)) if lines[j].endswith(") &"))
+    assert ends < rest[0] and "KDIST_ACCOUNT=account-engines" in lines[half[0] - 1]
+    waited = [i for i, ln in enumerate(lines) if ln.startswith("wait $engines") and "status=1" in ln]
+    assert waited and rest[0] < waited[0]
+    assert "account-engines.json" in " ".join(lines[-5:]) and "account-p10.json" in " ".join(lines[-5:])
     docs = [i for i, ln in enumerate(lines) if "-m pytest -m docs" in ln]
-    assert docs and docs[0] > runs[0]  # the docs show the notebooks the suite just executed
+    assert docs and docs[0] > waited[0]  # the docs show the notebooks the suite just executed
 
 
 def test_make_test_runs_the_long_tier_beside_the_colab_part():
@@ -59,7 +72,7 @@ def test_make_test_runs_the_long_tier_beside_the_colab_part():
     for i, account in ((long[0], "account-long"), (limit[0], "account-netns")):
         ends = next(j for j in range(i, len(lines)) if lines[j].endswith(") &"))  # in the background
         assert ends < colab[0] and f"KDIST_ACCOUNT={account}" in lines[i - 1]
-        assert f"{account}.json" in " ".join(lines[-4:])  # counted in the account
+        assert f"{account}.json" in " ".join(lines[-5:])  # counted in the account
 
 
 def test_make_test_runs_the_tensorflow_free_part_on_colabs_tpu_pins():
@@ -71,7 +84,7 @@ def test_make_test_runs_the_tensorflow_free_part_on_colabs_tpu_pins():
     setup = [i for i, ln in enumerate(lines) if "scripts/setup.sh --env colab-tpu" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv-colab-tpu/bin/python -m pytest -m notf" in ln]
     assert setup and runs and limit < setup[0] < runs[0] < ends, lines
-    assert "colab-tpu/account.json" in " ".join(lines[-4:])
+    assert "colab-tpu/account.json" in " ".join(lines[-5:])
 
 
 def test_make_test_runs_again_on_colabs_stack():
@@ -84,7 +97,7 @@ def test_make_test_runs_again_on_colabs_stack():
     assert "or classic" in dry_run("test") and "not horovod" in dry_run("test")
     assert "test-output/colab" in lines[runs[0] - 1] + lines[runs[0]] or '$OUT/colab' in lines[runs[0] - 1]
     # and the account comes last
-    assert "scripts/test_account.py" in lines[-4], lines[-4:]  # (its arguments run on lines)
+    assert "scripts/test_account.py" in lines[-5], lines[-5:]  # (its arguments run on lines)
 
 
 def test_make_test_quick_is_the_fast_tier_plus_one_run_per_strategy():
