@@ -8,9 +8,11 @@ COLAB_VENV ?= .venv-colab
 # network namespaces and the pinned-stack installs (both are about this machine, not the stack),
 # PyTorch (Colab's torch comes from its own wheel index, not from its published freeze), and the
 # GPU check's dry run (a script for the lent GPU machine, whose stack is not Colab's), the docs
-# build (its packages are the docs extra, in .venv only), the Slurm cluster (this machine's) and
-# the tests about an environment without TensorFlow (tfless: .venv-colab-tpu runs them).
-COLAB_TESTS ?= (not horovod and not torch and not netns and not slurm and not browser and not stacks and not long and not gpucheck and not docs and not tfless) or classic
+# build (its packages are the docs extra, in .venv only), the Slurm cluster (this machine's),
+# the tests about an environment without TensorFlow (tfless) and the TensorFlow-free ones (notf):
+# .venv-colab-tpu runs those on the same JAX, Keras, NumPy and ipykernel pins as Colab's
+# (0.7.2, 3.13.2, 2.1.3, 6.17.1), and the main suite runs them with TensorFlow installed.
+COLAB_TESTS ?= (not horovod and not torch and not netns and not slurm and not browser and not stacks and not long and not gpucheck and not docs and not tfless and not notf) or classic
 
 .PHONY: setup lab test test-fast test-quick docs demo bench clean
 

@@ -5,11 +5,11 @@
 # Steps run side by side where that was measured safe on 2 cores (tests/README.md):
 # - the main suite, after P10's timing check alone, as two sessions: its engine tests (mostly
 #   waiting for processes to start and be noticed) beside the rest (fast, kernel, notebook and
-#   browser tiers); .venv-colab is set up beside both (mostly download and unpacking). Its log is
-#   test-output/setup-colab.log; the engine tests' output is test-output/engines.log.
-# - the docs site, then the long tier (the fault matrix and the soaks, which mostly wait for
-#   processes to start, die and be noticed: 42% of 2 cores alone), run beside the Colab part, in
-#   pytest sessions with their own accounts; their output follows the Colab part's in the log
+#   browser tiers); .venv-colab and .venv-colab-tpu are set up beside both (mostly download and
+#   unpacking; test-output/setup-colab*.log); the engine tests' output is test-output/engines.log.
+# - the long tier (the fault matrix and the soaks, which mostly wait for processes to start, die
+#   and be noticed: 42% of 2 cores alone) runs beside the docs and the Colab part, in a pytest
+#   session with its own account; its output follows the Colab part's in the log
 #   (test-output/long.log). A third session beside both runs the tiers that hold fixed names
 #   (network namespaces, the Slurm cluster: marker netns, Slurm's tests included) and the pip
 #   dry runs against Colab's and Kaggle's pins (stacks), then the TPU-runtime part.
@@ -57,9 +57,15 @@ ENGINES_HALF="engines and not notf"
 # shellcheck disable=SC2086
 step "suite in .venv: P10's timing check, alone" env KDIST_ACCOUNT=account-p10 .venv/bin/python -m pytest -m "$MAIN" \
   tests/test_scale_netns.py ${PYTEST_ARGS:-} || status=1
+# both Colab environments, one after the other, beside the main suite (mostly download and
+# unpacking, ~1 minute each with a warm cache); each one's exit status in a file for later
 ( step "set-up .venv-colab (beside the suite)" bash scripts/setup.sh --env colab \
-    > "$OUT/setup-colab.log" 2>&1 ) &
-colab_setup=$!
+    > "$OUT/setup-colab.log" 2>&1
+  echo $? > "$OUT/setup-colab.rc"
+  step "set-up .venv-colab-tpu (beside the suite)" bash scripts/setup.sh --env colab-tpu \
+    > "$OUT/setup-colab-tpu.log" 2>&1
+  echo $? > "$OUT/setup-colab-tpu.rc" ) &
+setups=$!
 
 # shellcheck disable=SC2086
 ( step "suite in .venv: its engine tests (beside the rest)" env KDIST_ACCOUNT=account-engines \
@@ -73,45 +79,49 @@ wait $engines || status=1
 echo "=== the main suite's engine tests, which ran beside the rest ($OUT/engines.log) ==="
 cat "$OUT/engines.log"
 
-# the docs site, once the suite has executed the notebooks its tutorials show, then the long
-# tier, in one session beside the Colab part (the docs' 20 s are off the critical path there)
+wait $setups
+cat "$OUT/setup-colab.log" "$OUT/setup-colab-tpu.log"
+ready() { [ "$(cat "$OUT/setup-$1.rc" 2>/dev/null)" = 0 ]; }
+
+# the long tier in a session of its own beside the Colab part
 # shellcheck disable=SC2086
-( step "docs in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-docs \
-    .venv/bin/python -m pytest -m docs ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1
-  rc=$?
-  step "long tier in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
-    .venv/bin/python -m pytest -m "long and not netns" ${PYTEST_ARGS:-} >> "$OUT/long.log" 2>&1 \
-    || rc=1
-  exit $rc ) &
+( step "long tier in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
+    .venv/bin/python -m pytest -m "long and not netns" ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
 long=$!
 # the network-namespace and Slurm tiers (a Slurm job at its time limit among them: 100 s, nearly
-# all waiting for slurmctld) in a third session: they hold fixed names, so only here, in turn
-# shellcheck disable=SC2086
+# all waiting for slurmctld) in a third session: they hold fixed names, so only here, in turn;
 # then, in the same session, Colab's TPU runtime: its pins, no TensorFlow (.venv-colab-tpu), the
 # tests that need none (marker notf); Keras on JAX, as a user there sets it
+# shellcheck disable=SC2086
 ( step "netns and Slurm in .venv (beside both)" env KDIST_ACCOUNT=account-netns \
     .venv/bin/python -m pytest -m "netns or stacks" ${PYTEST_ARGS:-} > "$OUT/netns.log" 2>&1
   rc=$?
-  step "set-up .venv-colab-tpu (after netns and Slurm)" bash scripts/setup.sh --env colab-tpu \
-    >> "$OUT/netns.log" 2>&1 \
-  && step "TPU-runtime part in .venv-colab-tpu (no TensorFlow)" env KERAS_BACKEND=jax \
-    KDIST_TEST_OUTPUT="$OUT/colab-tpu" .venv-colab-tpu/bin/python -m pytest -m notf \
-    ${PYTEST_ARGS:-} >> "$OUT/netns.log" 2>&1 || rc=1
+  if ready colab-tpu; then
+    step "TPU-runtime part in .venv-colab-tpu (no TensorFlow)" env KERAS_BACKEND=jax \
+      KDIST_TEST_OUTPUT="$OUT/colab-tpu" .venv-colab-tpu/bin/python -m pytest -m notf \
+      ${PYTEST_ARGS:-} >> "$OUT/netns.log" 2>&1 || rc=1
+  else
+    echo "make test: setting up .venv-colab-tpu failed (log above); its part did not run" >> "$OUT/netns.log"
+    rc=1
+  fi
   exit $rc ) &
 limit=$!
 
-if wait $colab_setup; then
-  cat "$OUT/setup-colab.log"
+# the docs site, once the main suite has executed the notebooks its tutorials show (~30 s),
+# then the suite's Colab part, both beside the two sessions above
+# shellcheck disable=SC2086
+step "docs in .venv (before the Colab part)" env KDIST_ACCOUNT=account-docs \
+  .venv/bin/python -m pytest -m docs ${PYTEST_ARGS:-} || status=1
+if ready colab; then
   # shellcheck disable=SC2086
   step "Colab part in .venv-colab (beside the long tier)" env KDIST_TEST_OUTPUT="$OUT/colab" \
     .venv-colab/bin/python -m pytest -m "$COLAB_TESTS" ${PYTEST_ARGS:-} || status=1
 else
-  cat "$OUT/setup-colab.log"
   echo "make test: setting up .venv-colab failed (log above); its part of the suite did not run" >&2
   status=1
 fi
 wait $long || status=1
-echo "=== the docs and the long tier in .venv, which ran beside the Colab part ($OUT/long.log) ==="
+echo "=== the long tier in .venv, which ran beside the Colab part ($OUT/long.log) ==="
 cat "$OUT/long.log"
 wait $limit || status=1
 echo "=== the netns and Slurm tiers in .venv, then the TPU-runtime part in .venv-colab-tpu, which ran beside both ($OUT/netns.log) ==="

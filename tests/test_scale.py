@@ -566,3 +566,42 @@ out["table"] = kdist_magics.last_scale() is None
     assert name == "StrategyUnavailable" and "\n" not in said and said.endswith("Nothing ran")
     assert "once per process" in said and out["table"] is True
     assert all(psutil.pid_exists(p) for p in engine_pids)
+
+
+def test_stop_while_the_link_is_timed_interrupts_the_engines_ring_and_is_one_line():
+    """Stop can land outside any run of the probe: timing the link (rehearsal 15, under load,
+    got a bare KeyboardInterrupt there). The engines' ring is interrupted too (SIGINT, as Stop
+    does in a run), then one line."""
+    import signal
+
+    from kdist_magics.errors import Interrupted
+    from kdist_magics.messages import SCALE_INTERRUPTED
+    from kdist_magics.scale import link as ring
+
+    class Result:
+        def get(self, timeout=None):
+            raise KeyboardInterrupt
+
+    class View:
+        def apply_sync(self, fn, *a):
+            return "127.0.0.1:1"
+
+        def apply_async(self, fn, *a):
+            return Result()
+
+    class Engine:
+        def __init__(self, i):
+            self.engine_id = i
+
+    class Cluster:
+        engines = [Engine(0), Engine(1)]
+        client = {0: View(), 1: View()}
+        signalled = []
+
+        def signal(self, signum, engine_ids=None):
+            self.signalled.append(signum)
+
+    cluster = Cluster()
+    with pytest.raises(Interrupted, match=f"^{SCALE_INTERRUPTED}$"):
+        ring.measure(cluster, "local", 4 * MiB)
+    assert cluster.signalled == [signal.SIGINT]

@@ -58,9 +58,9 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
 
 def test_make_test_runs_the_long_tier_beside_the_colab_part():
     """The main suite leaves the docs, the long tier, the tiers holding fixed names (netns,
-    Slurm's among them) and the pip dry runs (stacks) out; two sessions of their own run them,
-    started in the background before the Colab part and waited for (their exit statuses count)
-    after it. Between the three, every test of .venv runs once: "docs", "long and not netns"
+    Slurm's among them) and the pip dry runs (stacks) out; the docs run before the Colab part,
+    the others in two sessions of their own, started in the background before the docs and
+    waited for (their exit statuses count) after the Colab part. Between the three, every test of .venv runs once: "docs", "long and not netns"
     and "netns or stacks" are the rest of the main suite's."""
     lines = make_test_steps()
     long = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and not netns"' in ln]
@@ -68,7 +68,8 @@ def test_make_test_runs_the_long_tier_beside_the_colab_part():
     colab = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
     waited = [i for i, ln in enumerate(lines) if ln.startswith(("wait $long", "wait $limit")) and "status=1" in ln]
     assert long and limit and colab and len(waited) == 2, lines
-    assert long[0] < colab[0] < waited[0] and limit[0] < colab[0], lines
+    docs = [i for i, ln in enumerate(lines) if "-m pytest -m docs" in ln]
+    assert long[0] < docs[0] < colab[0] < waited[0] and limit[0] < docs[0], lines
     for i, account in ((long[0], "account-long"), (limit[0], "account-netns")):
         ends = next(j for j in range(i, len(lines)) if lines[j].endswith(") &"))  # in the background
         assert ends < colab[0] and f"KDIST_ACCOUNT={account}" in lines[i - 1]
@@ -76,14 +77,18 @@ def test_make_test_runs_the_long_tier_beside_the_colab_part():
 
 
 def test_make_test_runs_the_tensorflow_free_part_on_colabs_tpu_pins():
-    """Issue 47: after the netns and Slurm tiers, in their session, .venv-colab-tpu (Colab's TPU
-    runtime: no TensorFlow) is set up and runs the tests marked notf, counted in the account."""
+    """Issue 47: .venv-colab-tpu (Colab's TPU runtime: no TensorFlow) is set up beside the main
+    suite, after .venv-colab, and after the netns and Slurm tiers, in their session, runs the
+    tests marked notf where that set-up succeeded, counted in the account."""
     lines = make_test_steps()
     limit = next(i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns or stacks"' in ln)
     ends = next(j for j in range(limit, len(lines)) if lines[j].endswith(") &"))
+    colab = [i for i, ln in enumerate(lines) if "scripts/setup.sh --env colab " in ln + " "]
     setup = [i for i, ln in enumerate(lines) if "scripts/setup.sh --env colab-tpu" in ln]
+    rest = [i for i, ln in enumerate(lines) if '-m "($MAIN) and not ($ENGINES_HALF)"' in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv-colab-tpu/bin/python -m pytest -m notf" in ln]
-    assert setup and runs and limit < setup[0] < runs[0] < ends, lines
+    assert colab and setup and rest and runs and colab[0] < setup[0] < rest[0] < limit < runs[0] < ends, lines
+    assert any(ln == "if ready colab-tpu; then" for ln in lines[limit:runs[0]])
     assert "colab-tpu/account.json" in " ".join(lines[-5:])
 
 

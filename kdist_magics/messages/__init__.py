@@ -310,6 +310,7 @@ from .slurm import (  # noqa: E402
 from .scale import (  # noqa: E402
     LINK_FITTED,
     LINK_NONE,
+    SCALE_INTERRUPTED,
     SCALE_NOTHING_TRAINED,
     SPLIT_LEGEND_LIVE,
     SPLIT_LEGEND_PROBED,

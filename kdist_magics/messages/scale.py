@@ -40,6 +40,10 @@ def scale_attached_once(backend: str, where: str) -> str:
             f"without --cluster-id), or with Keras on PyTorch or --strategy horovod here. Nothing ran")
 
 
+#: the one line after Stop during %kdist scale outside a run (between runs, or timing the link)
+SCALE_INTERRUPTED = "Stop: %kdist scale was cut short; it made no table, and nothing of it still runs"
+
+
 #: how the table names a link fitted from the kernel's devices, where there are no engines to time
 LINK_FITTED = "link fitted from the measured steps (the kernel's devices: no engines to time)"
 LINK_NONE = "no communication measured between the kernel's devices"

@@ -127,7 +127,21 @@ def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, floa
     peers = [client[e.engine_id].apply_sync(listen, mode) for e in engines]
     runs = [client[e.engine_id].apply_async(allreduce, peers, rank, int(nbytes), repeats)
             for rank, e in enumerate(engines)]
-    results = [r.get(timeout=600) for r in runs]
+    try:
+        results = [r.get(timeout=600) for r in runs]
+    except KeyboardInterrupt:  # Stop: the engines' ring is interrupted too, then one line
+        import signal
+
+        from ..errors import Interrupted
+        from ..messages import SCALE_INTERRUPTED
+
+        cluster.signal(signal.SIGINT)
+        for r in runs:
+            try:
+                r.get(timeout=10)
+            except BaseException:  # noqa: BLE001 (the interrupted ring's own error)
+                pass
+        raise Interrupted(SCALE_INTERRUPTED) from None
     if not all(r["right"] for r in results):
         raise RuntimeError("the ring all-reduce between the engines summed wrongly")
     slowest = [max(t) for t in zip(*(r["big"] for r in results))]

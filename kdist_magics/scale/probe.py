@@ -44,10 +44,19 @@ def ranks_to_probe(top: int) -> list[int]:
 
 def scale(magics, spec, cell: str) -> ScaleTable:
     """``%kdist scale`` / ``%%kdist scale``: probe, keep the table as ``last_scale()``, and let
-    the last run of the same cell split its steps with the probe's compute."""
+    the last run of the same cell split its steps with the probe's compute. Stop anywhere in it
+    is one line (a run's own Stop keeps its words)."""
+    from ..errors import Interrupted
+
     if spec.strategy == "auto":
         spec, _ = magics.choose(spec)
-    magics.last_scale = table = probe(magics, spec, cell)
+    try:
+        table = probe(magics, spec, cell)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:  # between runs: a cluster restarting, the figures, the link
+        raise Interrupted(messages.SCALE_INTERRUPTED) from None
+    magics.last_scale = table
     table.cell = cell
     last = magics.last_record
     if (last is not None and last.strategy == spec.strategy and magics.last_trained
@@ -133,20 +142,20 @@ def _probe_devices(magics, spec, cell: str, steps: int) -> ScaleTable:
 
     started = time.monotonic()
     strategy = magics.strategy_object(spec.strategy)
-    size = strategy.size(spec)
     mesh = spec.mesh if spec.strategy == "sharded" else None
-    if (mesh[0] if mesh else size) < 2:
-        raise StrategyUnavailable(messages.scale_one_device(spec.strategy, size))
+    if (mesh[0] if mesh else spec.devices or 2) < 2:
+        raise StrategyUnavailable(messages.scale_one_device(spec.strategy, spec.devices or 1))
 
     def run(n: int | None, model_axis: int, scale: float) -> RunRecord:
-        if n is None:  # the largest: the line's own devices and mesh (sharded may pick one)
-            run_spec = replace(spec, devices=mesh[0] * mesh[1] if mesh else size)
+        if n is None:  # the largest: the line's own devices and mesh (all of them where not given)
+            run_spec = spec
         else:
             run_spec = replace(spec, devices=n * model_axis,
                                mesh=(n, model_axis) if spec.strategy == "sharded" else None)
         run_spec = replace(run_spec, dashboard=False, telemetry=True, tensorboard=None,
                            checkpoint=None)
-        record = RunRecord(spec.strategy, size=run_spec.devices, spec=run_spec, reason="kdist scale")
+        record = RunRecord(spec.strategy, size=strategy.size(run_spec), spec=run_spec,
+                           reason="kdist scale")
         with capture_output() as held:
             try:
                 magics.execute(strategy, cell, run_spec, record, probe=(steps, scale))
@@ -156,7 +165,8 @@ def _probe_devices(magics, spec, cell: str, steps: int) -> ScaleTable:
         return record
 
     record = run(None, 1, 1.0)
-    top, model_axis = record.mesh if record.mesh else (size, 1)
+    used = sum(1 for state in record.ranks.values() if state.device)  # a replica per device
+    top, model_axis = record.mesh if record.mesh else (used, 1)
     if top < 2:
         raise StrategyUnavailable(messages.scale_one_device(spec.strategy, top * model_axis))
     figures = {top: _figures(record, top, spec.strategy)}
