@@ -117,6 +117,19 @@ kd_steps = seen.steps
 """
 
 
+def process_tree(pids: set[int]) -> set[int]:
+    """``pids`` and every descendant of them still alive (test_netns, user_cluster)."""
+    import psutil
+
+    out = set(pids)
+    for pid in pids:
+        try:
+            out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+    return out
+
+
 @pytest.fixture
 def user_cluster(tmp_path):
     """A user's cluster of 2 engines (test_multiworker, test_scale): ``ipcluster start`` on
@@ -124,7 +137,6 @@ def user_cluster(tmp_path):
     import time
 
     import ipyparallel as ipp
-    import psutil
 
     from kdist_magics.cluster.cluster import kill_pids
 
@@ -138,12 +150,7 @@ def user_cluster(tmp_path):
     client.close()
     roots = {cluster.controller.pid} | {l.pid for es in cluster.engines.values()
                                         for l in es.launchers.values()}
-    tree = set(roots)
-    for pid in roots:
-        try:
-            tree |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
-        except psutil.Error:
-            pass
+    tree = process_tree(roots)
     try:
         yield cluster_id, engine_pids
     finally:

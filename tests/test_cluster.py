@@ -736,3 +736,32 @@ def test_the_guard_removes_the_push_names_of_a_kernel_that_died_and_of_its_own_p
         for name in names:
             if os.path.exists(name):
                 os.unlink(name)
+
+
+@pytest.mark.timeout(60)
+def test_stop_ends_the_controller_and_what_it_forked_by_pid_even_where_ipyparallels_stop_does_not():
+    """Rehearsal 16: a Slurm start refused at once left its controller and schedulers running.
+    stop() read the controller's pid after forgetting the ipyparallel cluster that names it, so
+    only ipyparallel's own stop could end it, and a controller still starting can miss that.
+    Here that stop does nothing: the controller (SIGTERM ignored, as one still starting may)
+    and the child it forked end by pid all the same."""
+    import psutil
+
+    code = ("import os, signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "if os.fork() == 0:\n"
+            "    time.sleep(60); os._exit(0)\n"
+            "print('up', flush=True); time.sleep(60)\n")
+    controller = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert controller.stdout.readline() == "up\n"
+    forked = [p.pid for p in psutil.Process(controller.pid).children()]
+    assert len(forked) == 1
+    c = EngineCluster(1)
+    c.cluster = _FakeIpp([])
+    c.cluster.controller = _Launcher(controller.pid)
+    c.cluster.stop_cluster_sync = lambda: None  # ipyparallel's stop reaching nothing
+    c.client = _FakeClient([])
+    c.stop()
+    assert controller.wait(timeout=10) is not None
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in forked)

@@ -40,7 +40,7 @@ import pytest
 
 import kdist_magics
 from kdist_magics.cluster.cluster import kill_pids
-from conftest import ROOT
+from conftest import ROOT, process_tree
 
 pytestmark = [pytest.mark.netns, pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -157,7 +157,7 @@ class Hosts:
                                    controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}",
                                                     f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"])
         self.cluster.start_controller_sync()
-        self.controller_pids = _tree({self.cluster.controller.pid})
+        self.controller_pids = process_tree({self.cluster.controller.pid})
 
     @property
     def engine_file(self) -> str:
@@ -190,7 +190,7 @@ class Hosts:
         """End the engines we started (by pid) and wait until the controller lets them go."""
         import ipyparallel as ipp
 
-        pids = _tree({p.pid for p in self.engines if p.poll() is None})
+        pids = process_tree({p.pid for p in self.engines if p.poll() is None})
         _kill(pids)
         for p in self.engines:
             try:
@@ -210,7 +210,7 @@ class Hosts:
         """Everything, in reverse, ignoring what was never made."""
         try:
             if self.engines:
-                _kill(_tree({p.pid for p in self.engines if p.poll() is None}))
+                _kill(process_tree({p.pid for p in self.engines if p.poll() is None}))
         finally:
             if self.cluster is not None:
                 try:
@@ -233,16 +233,6 @@ class Hosts:
                     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _tree(pids: set[int]) -> set[int]:
-    import psutil
-
-    out = set(pids)
-    for pid in pids:
-        try:
-            out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-        except psutil.Error:
-            pass
-    return out
 
 
 def _kill(pids: set[int]) -> None:

@@ -278,10 +278,13 @@ class EngineCluster(Liveness):
 
     def stop(self) -> None:
         """Disconnect; for an owned cluster stop controller and engines and reap every process."""
+        # the tree first, while self.cluster still names the controller's launcher: read after,
+        # it missed the controller, which then ended only if ipyparallel's stop reached it (a
+        # controller still starting, as after a Slurm refusal, can miss that: rehearsal 16)
+        tree = self._process_tree_pids() if self.cluster is not None else []
         client, self.client = self.client, None
         cluster, self.cluster = self.cluster, None
         self._theirs = None
-        tree = self._process_tree_pids() if cluster is not None else []
         if client is not None:
             try:
                 client.close()
