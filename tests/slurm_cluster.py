@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from test_netns import HOSTS, Hosts, _kill, _run, _tree, netns_unavailable
+from conftest import process_tree
+from test_netns import HOSTS, Hosts, _kill, _run, netns_unavailable
 
 NODES = tuple(HOSTS)  # the namespaces' hostnames are the node names
 HELD = "kdheld"  # a partition whose jobs stay PENDING (State=INACTIVE)
@@ -184,7 +185,7 @@ class Slurm:
         try:
             if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
                 _run("scancel", "--full", "-u", "root", check=False)
-            _kill(_tree({p.pid for p in self.procs.values() if p.poll() is None}))
+            _kill(process_tree({p.pid for p in self.procs.values() if p.poll() is None}))
             for proc in self.procs.values():
                 try:
                     proc.wait(timeout=10)
