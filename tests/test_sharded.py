@@ -262,6 +262,17 @@ def test_sharded_over_two_engine_processes_equals_one_device():
         theirs = ipp.Cluster(n=2, cluster_id="theirs-sharded", controller_ip="127.0.0.1", log_level=40)
         theirs.start_cluster_sync()
         theirs.connect_client_sync().wait_for_engines(2, timeout=120)
+        # their processes by pid, for after: ipyparallel's stop can leave JAX engines running
+        # (a rehearsal found them orphaned after the session), as conftest's user_cluster says
+        import psutil
+        from kdist_magics.cluster.exits import kill_pids
+        roots = {{theirs.controller.pid}} | {{l.pid for es in theirs.engines.values() for l in es.launchers.values()}}
+        tree = set(roots)
+        for pid in roots:
+            try:
+                tree |= {{c.pid for c in psutil.Process(pid).children(recursive=True)}}
+            except psutil.Error:
+                pass
         try:
             value, err = attempt("--strategy sharded --cluster-id theirs-sharded --mesh 1,2" + pulled,
                                  {TRAIN + local!r})
@@ -271,6 +282,7 @@ def test_sharded_over_two_engine_processes_equals_one_device():
             out["theirs_left"] = len(theirs.connect_client_sync().ids)
         finally:
             theirs.stop_cluster_sync()
+            kill_pids(tree, grace=5)
         saved = keras.saving.load_model(os.path.join(ck, "last.keras"))
         out["checkpoint"] = [w.tolist() for w in saved.get_weights()]
     """, env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
