@@ -117,17 +117,7 @@ kd_steps = seen.steps
 """
 
 
-def process_tree(pids: set[int]) -> set[int]:
-    """``pids`` and every descendant of them still alive (test_netns, user_cluster)."""
-    import psutil
-
-    out = set(pids)
-    for pid in pids:
-        try:
-            out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-        except psutil.Error:
-            pass
-    return out
+from kdist_magics.cluster.lifetime import process_tree  # noqa: E402,F401  (test_netns, user_cluster)
 
 
 @pytest.fixture

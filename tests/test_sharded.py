@@ -264,15 +264,9 @@ def test_sharded_over_two_engine_processes_equals_one_device():
         theirs.connect_client_sync().wait_for_engines(2, timeout=120)
         # their processes by pid, for after: ipyparallel's stop can leave JAX engines running
         # (a rehearsal found them orphaned after the session), as conftest's user_cluster says
-        import psutil
         from kdist_magics.cluster.exits import kill_pids
-        roots = {{theirs.controller.pid}} | {{l.pid for es in theirs.engines.values() for l in es.launchers.values()}}
-        tree = set(roots)
-        for pid in roots:
-            try:
-                tree |= {{c.pid for c in psutil.Process(pid).children(recursive=True)}}
-            except psutil.Error:
-                pass
+        from kdist_magics.cluster.lifetime import process_tree
+        tree = process_tree({{theirs.controller.pid}} | {{l.pid for es in theirs.engines.values() for l in es.launchers.values()}})
         try:
             value, err = attempt("--strategy sharded --cluster-id theirs-sharded --mesh 1,2" + pulled,
                                  {TRAIN + local!r})

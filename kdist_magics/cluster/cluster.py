@@ -321,18 +321,12 @@ class EngineCluster(Liveness):
 
     def _process_tree_pids(self) -> list[int]:
         """Pids of every process this cluster started (controller, engines, nannies)."""
-        import psutil
+        from .lifetime import process_tree
 
         facts = self.processes()
         roots = set(facts["launched"]) | ({facts["controller"]} if facts["controller"] else set())
         roots |= {e.pid for e in self.engines} if self.owned else set()
-        pids = set(roots)
-        for pid in roots:
-            try:
-                pids |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
-            except psutil.Error:
-                pass
-        return sorted(pids)
+        return sorted(process_tree(roots))
 
     # -- signalling ------------------------------------------------------------
     def signal(self, signum: int, engine_ids: Iterable[int] | None = None) -> None:

@@ -81,6 +81,20 @@ def end_children(quiet: float = 0.1, bound: float = 5.0) -> None:
         time.sleep(0.02)
 
 
+def process_tree(pids) -> set[int]:
+    """``pids`` and every process below each of them (:func:`descendants`); a pid already gone
+    stays in, with nothing below it."""
+    import psutil
+
+    out = set(pids)
+    for pid in pids:
+        try:
+            out |= {p.pid for p in descendants(psutil.Process(pid))}
+        except psutil.Error:
+            pass
+    return out
+
+
 def descendants(root) -> list:
     """Every process below ``root``, one level at a time: one that ends while the tree is
     being read drops out alone (psutil's recursive listing gives up on the whole tree)."""

@@ -235,15 +235,10 @@ class SlurmCluster(EngineCluster):
 
     def _process_tree_pids(self) -> list[int]:
         """The controller's processes only: the engines run on the job's nodes."""
-        import psutil
+        from .lifetime import process_tree
 
         pid = self.processes()["controller"]
-        if not pid:
-            return []
-        try:
-            return [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
-            return [pid]
+        return sorted(process_tree({pid})) if pid else []
 
     def stop(self) -> None:
         """Cancel the job (and wait until Slurm has ended it), then stop the controller."""
