@@ -765,3 +765,54 @@ def test_stop_ends_the_controller_and_what_it_forked_by_pid_even_where_ipyparall
     assert controller.wait(timeout=10) is not None
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                    for p in forked)
+
+
+@pytest.mark.timeout(60)
+def test_stop_ends_what_the_controller_forked_after_its_tree_was_read():
+    """make test, 4 Dec 2026: a Slurm start refused at once still left two schedulers. The
+    controller was starting them when stop's SIGTERM came (ipyparallel sets its handler only
+    after they start), so it died at once, and those it forked after stop read its tree were
+    orphans no pid list named. They stay in the group the controller leads (as kdist's follow
+    makes it): stop ends that group. Here the controller forks its child on SIGTERM itself."""
+    import psutil
+
+    code = ("import os, signal, sys, time\n"
+            "def forks(*_):\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(60); os._exit(0)\n"
+            "    open(sys.argv[1], 'w').close(); os._exit(1)\n"
+            "signal.signal(signal.SIGTERM, forks)\n"
+            "print('up', flush=True); time.sleep(60)\n")
+    marker = f"/tmp/kdist-forked-{os.getpid()}"
+    controller = subprocess.Popen([sys.executable, "-c", code, marker], stdout=subprocess.PIPE,
+                                  text=True, start_new_session=True)
+    try:
+        assert controller.stdout.readline() == "up\n"
+        c = EngineCluster(1)
+        c.cluster = _FakeIpp([])
+        c.cluster.controller = _Launcher(controller.pid)
+        c.cluster.stop_cluster_sync = lambda: None
+        c.client = _FakeClient([])
+        c.stop()
+        controller.wait(timeout=10)  # (stop reaped it: its status is gone)
+        assert os.path.exists(marker)  # it forked as SIGTERM came
+        deadline = time.monotonic() + 5
+        while left := [p.pid for p in psutil.process_iter() if _in_group(p, controller.pid)]:
+            assert time.monotonic() < deadline, f"left in the controller's group: {left}"
+            time.sleep(0.05)
+    finally:
+        try:
+            os.killpg(controller.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if os.path.exists(marker):
+            os.unlink(marker)
+
+
+def _in_group(proc, pgid: int) -> bool:
+    import psutil
+
+    try:
+        return os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE
+    except (OSError, psutil.Error):
+        return False

@@ -21,6 +21,7 @@ from .compat_ipyparallel import LauncherExits, end_sync_thread
 from ..errors import ClusterError, Interrupted
 from ..messages import interrupted_start
 from .exits import kill_pids
+from .lifetime import end_groups, led_groups
 from ..engine.faults import hold
 from .liveness import FROZEN_AFTER, EngineInfo, Liveness  # noqa: F401 (FROZEN_AFTER: for callers)
 
@@ -282,6 +283,10 @@ class EngineCluster(Liveness):
         # it missed the controller, which then ended only if ipyparallel's stop reached it (a
         # controller still starting, as after a Slurm refusal, can miss that: rehearsal 16)
         tree = self._process_tree_pids() if self.cluster is not None else []
+        # and the groups they lead: a controller that SIGTERM reaches while it starts its
+        # schedulers dies at once, and those it forked after the tree was read stay in its
+        # group, orphaned (make test, 4 Dec: two after a Slurm refusal); killed by group after
+        groups = led_groups(tree)
         client, self.client = self.client, None
         cluster, self.cluster = self.cluster, None
         self._theirs = None
@@ -296,6 +301,7 @@ class EngineCluster(Liveness):
             # goodbye, and nannies would otherwise outlive stop_cluster by ~30 s), then
             # let ipyparallel tidy its files and bookkeeping (quick: nothing left to wait for).
             kill_pids(set(tree) | self._pids_started, grace=1.0)
+            end_groups(groups)
             try:
                 cluster.stop_cluster_sync()
             except Exception as exc:

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 
-from .lifetime import alive, descendants, end_with
+from .lifetime import alive, descendants, end_groups, end_with
 
 #: TensorFlow's C++ log level on the engines kdist starts: 1 hides INFO, keeps WARNING and ERROR;
 #: TensorFlow reads it once, at its first log line, so it is set before anything imports it
@@ -126,23 +126,13 @@ def guard(pid: int, started: float, target: int, group: bool = False) -> None:
         except psutil.Error:
             pass
         if group:
-            end_group(target)
+            end_groups([target])
         threading.Event().wait(0.05)
     from .lifetime import remove_segments
 
     remove_segments(of_pid=target)  # an engine's own: another host's first engine makes some
     if not alive(pid, started):  # the kernel died, maybe in the middle of a --push
         remove_segments(of_pid=pid)
-
-
-def end_group(pgid: int) -> None:
-    """Kill every process left in process group ``pgid`` (its leader's forked children)."""
-    import signal
-
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:  # none left (or none of ours)
-        pass
 
 
 def lead_own_group() -> bool:

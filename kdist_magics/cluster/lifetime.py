@@ -95,6 +95,33 @@ def process_tree(pids) -> set[int]:
     return out
 
 
+def led_groups(pids) -> set[int]:
+    """The process groups that processes ``pids`` lead (kdist's controller and engines lead
+    their own: :func:`kdist_magics.cluster.follow.lead_own_group`), never this process's own."""
+    mine = os.getpgid(0)
+    out = set()
+    for pid in pids:
+        try:
+            if os.getpgid(pid) == pid != mine:
+                out.add(pid)
+        except OSError:  # gone
+            pass
+    return out
+
+
+def end_groups(pgids) -> None:
+    """Kill every process left in process groups ``pgids``: what their leaders forked, found
+    even after the leader is gone and even if forked after the tree was read (a controller
+    SIGTERM reaches while it starts its schedulers: they stay, orphaned, in its group)."""
+    import signal
+
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:  # none left (or none of ours)
+            pass
+
+
 def descendants(root) -> list:
     """Every process below ``root``, one level at a time: one that ends while the tree is
     being read drops out alone (psutil's recursive listing gives up on the whole tree)."""
