@@ -21,7 +21,7 @@ from .compat_ipyparallel import LauncherExits, end_sync_thread
 from ..errors import ClusterError, Interrupted
 from ..messages import interrupted_start
 from .exits import kill_pids
-from .lifetime import end_groups, led_groups
+from .lifetime import end_groups, led_groups, process_tree
 from ..engine.faults import hold
 from .liveness import FROZEN_AFTER, EngineInfo, Liveness  # noqa: F401 (FROZEN_AFTER: for callers)
 
@@ -327,8 +327,6 @@ class EngineCluster(Liveness):
 
     def _process_tree_pids(self) -> list[int]:
         """Pids of every process this cluster started (controller, engines, nannies)."""
-        from .lifetime import process_tree
-
         facts = self.processes()
         roots = set(facts["launched"]) | ({facts["controller"]} if facts["controller"] else set())
         roots |= {e.pid for e in self.engines} if self.owned else set()

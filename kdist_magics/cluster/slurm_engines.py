@@ -26,6 +26,7 @@ from traitlets import List, Unicode
 
 from . import slurm
 from .cluster import EngineCluster, _following, _log_start, heartbeat_args
+from .lifetime import process_tree
 from ..errors import ClusterError, Interrupted
 from ..messages import (SLURM_STEP_CANCELLED, phase_engines, phase_queue, slurm_ended, slurm_ended_early,
                        slurm_gave_up, slurm_interrupted, slurm_loopback, slurm_queued, slurm_refused,
@@ -235,8 +236,6 @@ class SlurmCluster(EngineCluster):
 
     def _process_tree_pids(self) -> list[int]:
         """The controller's processes only: the engines run on the job's nodes."""
-        from .lifetime import process_tree
-
         pid = self.processes()["controller"]
         return sorted(process_tree({pid})) if pid else []
 

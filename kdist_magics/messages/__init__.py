@@ -169,6 +169,16 @@ def backend_changed(strategy: str, before: str, now: str) -> str:  # engines tha
             f"starting new engines for {now}")
 
 
+def ranks_changed(n: int, had: int, attached: bool) -> str:  # another N on running engines
+    return (f"{n} rank{'s' if n != 1 else ''} requested; "
+            + (f"taking {n} of the attached cluster's engines (had {had})" if attached
+               else f"restarting the engines (had {had})"))
+
+
+def restarting_engines(why: str) -> str:
+    return f"restarting the engines ({why})"
+
+
 def interrupted_start(n: int) -> str:  # Stop while engines started: nothing is left of them
     return f"Stop: the start of {n} engine{'s' if n != 1 else ''} was cut short; nothing it started is left"
 

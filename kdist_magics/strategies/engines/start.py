@@ -7,7 +7,8 @@ from __future__ import annotations
 from ...cluster.cluster import EngineCluster
 from ...cluster.namespace import wanted
 from ...errors import CellFailed
-from ...messages import phase_engines, registered, say
+from ...messages import (phase_engines, ranks_changed, registered, restarting_engines,
+                         say)
 from ..base import RunContext
 
 
@@ -59,13 +60,11 @@ def _reuse(strategy, cluster: EngineCluster, ctx: RunContext, n: int, news) -> E
     current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile,
                getattr(cluster, "options", None))
     if current != key:
-        news(f"{n} rank{'s' if n != 1 else ''} requested; " + (
-            f"taking {n} of the attached cluster's engines (had {cluster.n})" if cluster.attached
-            else f"restarting the engines (had {cluster.n})"))
+        news(ranks_changed(n, cluster.n, cluster.attached))
         strategy.teardown()
         return None
     if why := strategy.needs_restart or cluster.why_restart():
-        news(f"restarting the engines ({why})")
+        news(restarting_engines(why))
         if cluster.owned:
             start_phase(cluster, ctx, cluster.restart)
         else:

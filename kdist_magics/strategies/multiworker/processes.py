@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ...cluster.cluster import EngineCluster
 from ...errors import KDistError
-from ...messages import say
+from ...messages import restarting_engines, say
 from ...cluster.placement import host_grouped_ranks
 from ..engines import waiting
 from ..base import RunContext
@@ -43,7 +43,7 @@ class ProcessGroupStrategy(EngineStrategy):
         if reason:
             if not cluster.owned:
                 raise KDistError(reason + self.attached_advice)
-            say(f"restarting the engines ({reason}{self.restart_because})")
+            say(restarting_engines(reason + self.restart_because))
             cluster.restart()
             reason = self._look(cluster, ctx)
             if reason:  # pragma: no cover - a fresh engine that starts the framework at start-up

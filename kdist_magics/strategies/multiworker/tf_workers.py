@@ -46,7 +46,7 @@ from typing import Any
 from ...cluster.cluster import EngineCluster
 from ..frameworks.compat_tf import tf_started
 from ...errors import KDistError
-from ...messages import say
+from ...messages import restarting_engines, say
 from ...cluster.network import engine_address, free_port, join
 from ...cluster.placement import host_grouped_ranks
 from ..base import RunContext
@@ -105,8 +105,8 @@ class MultiWorkerStrategy(EngineStrategy):
                     f"these engines cannot join a new MultiWorkerMirroredStrategy: restart them "
                     f"(e.g. ipcluster stop/start, or client.shutdown(restart=True)) and run the "
                     f"cell again")
-            say(f"restarting the engines ({why}; MultiWorkerMirroredStrategy must be "
-                f"created before TensorFlow starts in each process)")
+            say(restarting_engines(f"{why}; MultiWorkerMirroredStrategy must be created before "
+                                   f"TensorFlow starts in each process"))
             cluster.restart()
             self._made = False
             plan = self._plan(cluster, ctx)
