@@ -117,9 +117,6 @@ kd_steps = seen.steps
 """
 
 
-from kdist_magics.cluster.lifetime import process_tree  # noqa: E402,F401  (test_netns, user_cluster)
-
-
 @pytest.fixture
 def user_cluster(tmp_path):
     """A user's cluster of 2 engines (test_multiworker, test_scale): ``ipcluster start`` on
@@ -129,6 +126,7 @@ def user_cluster(tmp_path):
     import ipyparallel as ipp
 
     from kdist_magics.cluster.cluster import kill_pids
+    from kdist_magics.cluster.lifetime import process_tree
 
     cluster_id = f"kdist-user-{int(time.time())}"
     cluster = ipp.Cluster(n=2, cluster_id=cluster_id, controller_ip="127.0.0.1", log_level=40,

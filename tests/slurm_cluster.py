@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conftest import process_tree
+from kdist_magics.cluster.lifetime import process_tree
 from test_netns import HOSTS, Hosts, _kill, _run, netns_unavailable
 
 NODES = tuple(HOSTS)  # the namespaces' hostnames are the node names

@@ -40,7 +40,8 @@ import pytest
 
 import kdist_magics
 from kdist_magics.cluster.cluster import kill_pids
-from conftest import ROOT, process_tree
+from kdist_magics.cluster.lifetime import process_tree
+from conftest import ROOT
 
 pytestmark = [pytest.mark.netns, pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -231,8 +232,6 @@ class Hosts:
                         pass
                 else:
                     shutil.rmtree(folder, ignore_errors=True)
-
-
 
 
 def _kill(pids: set[int]) -> None:
