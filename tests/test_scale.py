@@ -193,6 +193,7 @@ def test_a_link_fitted_to_the_kernels_devices_explains_their_communication():
     assert "no communication measured between the kernel's devices" in table.head()
     assert "per-replica batch 32" in table.head()
 
+
 def test_the_table_says_measured_or_predicted_and_its_assumptions():
     link = Link(bandwidth=100 * MiB, latency=1e-4, ranks=2)
     rows, said = table_of(0.01, 0.001, 0.02, MiB, link)
@@ -487,8 +488,6 @@ def test_sharded_is_probed_over_its_data_axis_keeping_the_model_axis():
 
 
 def test_an_attached_cluster_with_fewer_engines_than_asked_is_probed_over_those_it_has(monkeypatch, capsys):
-    from IPython.core.error import UsageError  # noqa: F401  (the spec's own errors)
-
     from kdist_magics.errors import StrategyUnavailable
     from kdist_magics.scale import probe as probemod
     from kdist_magics.spec import parse_line
