@@ -756,12 +756,7 @@ def test_stop_ends_the_controller_and_what_it_forked_by_pid_even_where_ipyparall
     assert controller.stdout.readline() == "up\n"
     forked = [p.pid for p in psutil.Process(controller.pid).children()]
     assert len(forked) == 1
-    c = EngineCluster(1)
-    c.cluster = _FakeIpp([])
-    c.cluster.controller = _Launcher(controller.pid)
-    c.cluster.stop_cluster_sync = lambda: None  # ipyparallel's stop reaching nothing
-    c.client = _FakeClient([])
-    c.stop()
+    _stop_owned_cluster_of(controller.pid)
     assert controller.wait(timeout=10) is not None
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                    for p in forked)
@@ -788,12 +783,7 @@ def test_stop_ends_what_the_controller_forked_after_its_tree_was_read():
                                   text=True, start_new_session=True)
     try:
         assert controller.stdout.readline() == "up\n"
-        c = EngineCluster(1)
-        c.cluster = _FakeIpp([])
-        c.cluster.controller = _Launcher(controller.pid)
-        c.cluster.stop_cluster_sync = lambda: None
-        c.client = _FakeClient([])
-        c.stop()
+        _stop_owned_cluster_of(controller.pid)
         controller.wait(timeout=10)  # (stop reaped it: its status is gone)
         assert os.path.exists(marker)  # it forked as SIGTERM came
         deadline = time.monotonic() + 5
@@ -807,6 +797,17 @@ def test_stop_ends_what_the_controller_forked_after_its_tree_was_read():
             pass
         if os.path.exists(marker):
             os.unlink(marker)
+
+
+def _stop_owned_cluster_of(controller_pid: int) -> None:
+    """EngineCluster.stop() on an owned cluster whose controller is process ``controller_pid``
+    and whose ipyparallel stop reaches nothing."""
+    c = EngineCluster(1)
+    c.cluster = _FakeIpp([])
+    c.cluster.controller = _Launcher(controller_pid)
+    c.cluster.stop_cluster_sync = lambda: None  # ipyparallel's stop reaching nothing
+    c.client = _FakeClient([])
+    c.stop()
 
 
 def _in_group(proc, pgid: int) -> bool:

@@ -60,8 +60,9 @@ def test_make_test_runs_the_long_tier_beside_the_colab_part():
     """The main suite leaves the docs, the long tier, the tiers holding fixed names (netns,
     Slurm's among them) and the pip dry runs (stacks) out; the docs run before the Colab part,
     the others in two sessions of their own, started in the background before the docs and
-    waited for (their exit statuses count) after the Colab part. Between the three, every test of .venv runs once: "docs", "long and not netns"
-    and "netns or stacks" are the rest of the main suite's."""
+    waited for (their exit statuses count) after the Colab part. Between the three, every test
+    of .venv runs once: "docs", "long and not netns" and "netns or stacks" are the rest of the
+    main suite's."""
     lines = make_test_steps()
     long = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and not netns"' in ln]
     limit = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns or stacks"' in ln]
