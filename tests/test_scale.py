@@ -258,11 +258,34 @@ def test_kdists_ring_all_reduce_sums_right_between_processes(n):
         assert r["right"] and len(r["big"]) == 2 and all(t > 0 for t in r["big"] + r["tiny"])
 
 
-def _ring_rank(rank, n, peers, barrier):
+def test_a_stray_connection_to_a_ranks_port_is_not_taken_for_its_neighbour():
+    """make test, 5 Dec: the ring above failed once (3 ranks, "the ring's left neighbour closed
+    its connection") while other sessions ran TensorFlow, JAX and torch workers beside it: a
+    client of theirs retrying a port its own server had held (ports are picked free, then
+    released) reached a rank's listener first and was taken for its left neighbour. Here a
+    stranger connects to each rank's port before its neighbour does, says something else and
+    leaves: each rank still finds its neighbour and sums right."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool, ctx.Manager() as manager:
+        barrier = manager.Barrier(2)
+        peers = manager.list([None] * 2)
+        runs = [pool.apply_async(_ring_rank, (rank, 2, peers, barrier, True)) for rank in range(2)]
+        results = [r.get(timeout=60) for r in runs]
+    assert all(r["right"] for r in results)
+
+
+def _ring_rank(rank, n, peers, barrier, stranger=False):
+    import socket
+
     from kdist_magics.scale import link
 
     peers[rank] = link.listen("loopback")
     barrier.wait()
+    if stranger:  # a gRPC client's first bytes (HTTP/2's preface) to the next rank's port, then gone
+        host, port = peers[(rank + 1) % n].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        barrier.wait()  # every stranger queued before any neighbour connects
     return link.allreduce(list(peers), rank, 3 * 2 ** 20 + 12, repeats=2)
 
 

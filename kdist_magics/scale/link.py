@@ -29,7 +29,7 @@ def listen(mode: str) -> str:
 
     close()
     address = engine_address(mode)
-    server = _ring["server"] = listening(address, 2)
+    server = _ring["server"] = listening(address, 8)  # (room for a stray connection or two)
     return join(address, server.getsockname()[1])
 
 
@@ -40,18 +40,54 @@ def close() -> None:
             sock.close()
 
 
+#: what a rank says first on its connection to the right: the ring (a digest of its peers) and
+#: its rank. A listener takes only its left neighbour's: a stray connection (a TensorFlow, JAX or
+#: torch client retrying a port its own server held, now this listener's) is closed, and it
+#: waits on (make test, 5 Dec: a 3-rank ring took one for its neighbour)
+HELLO = b"kdist-ring "
+#: seconds a connection is given to say who it is
+HELLO_WAIT = 5.0
+
+
+def _hello(peers: list[str], rank: int) -> bytes:
+    import hashlib
+
+    return HELLO + hashlib.sha256("\n".join(peers).encode()).digest()[:16] + rank.to_bytes(4, "big")
+
+
 def _connect(peers: list[str], rank: int, timeout: float) -> None:
     import socket
 
     host, port = peers[(rank + 1) % len(peers)].rsplit(":", 1)
     right = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-    server = _ring["server"]
-    server.settimeout(timeout)
-    left, _ = server.accept()
+    right.sendall(_hello(peers, rank))
+    left = _accept(_hello(peers, (rank - 1) % len(peers)), timeout)
     for sock in (right, left):
         sock.settimeout(timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     _ring.update(right=right, left=left)
+
+
+def _accept(hello: bytes, timeout: float):
+    """The first connection to this rank's listener that says ``hello``, within ``timeout``
+    seconds (then ``TimeoutError``, as an accept that waits too long); others are closed."""
+    import time
+
+    server = _ring["server"]
+    deadline = time.monotonic() + timeout
+    while True:
+        server.settimeout(max(deadline - time.monotonic(), 0.001))
+        sock, _ = server.accept()
+        sock.settimeout(min(HELLO_WAIT, max(deadline - time.monotonic(), 0.001)))
+        said = b""
+        try:
+            while len(said) < len(hello) and (more := sock.recv(len(hello) - len(said))):
+                said += more
+        except OSError:  # silent or reset: not the neighbour
+            pass
+        if said == hello:
+            return sock
+        sock.close()
 
 
 def _exchange(send, recv_into) -> None:
