@@ -121,7 +121,7 @@ if [ "$env_name" = colab ]; then
   # pip itself stays as venv made it: Colab's pip (24.1.2) is older than Python 3.13's ensurepip
   pinned_venv .venv-colab envs/colab-2026-08.txt Colab -e ".[tensorflow,jax]" \
     ipykernel notebook nbclient nbformat pandas scikit-learn matplotlib tensorboard pytest \
-    pytest-timeout playwright
+    pytest-timeout hypothesis playwright
   say "ready: $VENV ($("$PY" -c 'import sys, tensorflow as tf, keras, IPython, ipywidgets, ipyparallel; print(f"Python {sys.version.split()[0]}, TF {tf.__version__}, Keras {keras.__version__}, IPython {IPython.__version__}, ipywidgets {ipywidgets.__version__}, ipyparallel {ipyparallel.__version__}")' 2>/dev/null))"
   exit 0
 fi
@@ -133,7 +133,7 @@ if [ "$env_name" = colab-tpu ]; then
   # PyPI's build of the same version runs on the CPU alike. It is also the torch-only stack
   # (tests/test_without_tensorflow.py hides JAX for that).
   pinned_venv .venv-colab-tpu envs/colab-tpu-2026-08.txt "Colab's TPU runtime" -e ".[jax]" keras \
-    torch==2.9.0 ipykernel nbclient nbformat pandas scikit-learn matplotlib pytest pytest-timeout
+    torch==2.9.0 ipykernel nbclient nbformat pandas scikit-learn matplotlib pytest pytest-timeout hypothesis
   "$PY" -c 'import tensorflow' >/dev/null 2>&1 && die "$VENV has TensorFlow; Colab's TPU runtime has none"
   say "ready: $VENV ($(KERAS_BACKEND=jax "$PY" -c 'import sys, jax, keras, torch, IPython, ipyparallel; print(f"Python {sys.version.split()[0]}, JAX {jax.__version__}, Keras {keras.__version__}, PyTorch {torch.__version__}, IPython {IPython.__version__}, ipyparallel {ipyparallel.__version__}, no TensorFlow")' 2>/dev/null))"
   exit 0

@@ -11,6 +11,7 @@ refusal of a push larger than free memory.
 from __future__ import annotations
 
 import glob
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from conftest import run_in_fresh_shell
 from kdist_magics.engine import shared
 
+PROP_LINE = "--strategy multiworker --np 2 --no-dashboard --push x,df,v"
 LINE = "--strategy multiworker --np 2 --no-dashboard --push x,pair,small,meta,df"
 CELL = ("import numpy as np\n"
         "kd_root = x\n"
@@ -137,20 +139,6 @@ def test_the_fingerprint_sees_every_change_and_moved_rows():
     assert shared.fingerprint(x[:100]) != shared.fingerprint(x[:101])
 
 
-def test_a_push_larger_than_free_memory_is_refused_in_one_line(monkeypatch):
-    import psutil
-
-    from kdist_magics.errors import KDistError
-    from kdist_magics.strategies.engines import push
-
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": 2 ** 20})())
-    with pytest.raises(KDistError) as info:
-        push.check_memory({"x": np.zeros(2 ** 20, dtype="float32")})
-    said = str(info.value)
-    assert said.startswith("--push: the values' arrays take 0.0 GiB") or "more than the" in said
-    assert "\n" not in said and said.endswith("Nothing was sent")
-
-
 def test_a_copy_on_write_mapping_tells_whether_this_process_wrote_to_it(tmp_path):
     """The engines' check before binding a held value again: pages written since mapping."""
     import mmap
@@ -207,3 +195,84 @@ def test_no_room_in_dev_shm_means_each_engine_its_own_copy_not_a_crash(ip, monke
     assert shared.host_share("kd_x", x, "print", others=True) is None
     assert ip.user_ns["kd_x"] is x and shared.MADE == made_before  # bound as it came, no segment
     shared.HELD.pop("kd_x", None)
+
+
+EDIT_CELL = ("import hashlib, re, numpy as np\n"
+             "def kd_sha(a):\n"
+             "    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()\n"
+             "kd_seen = [kd_sha(x), kd_sha(df['a'].to_numpy()), kd_sha(df['b'].to_numpy()), kd_sha(v)]\n"
+             "with open('/proc/self/maps') as f:\n"
+             "    kd_maps = sorted(set(re.findall(r'/dev/shm/(kdist-[0-9a-f-]+)', f.read())))\n")
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(600)
+def test_every_edit_reaches_the_ranks_and_nothing_replaced_is_kept():
+    """Property test on real engines: Hypothesis edits a pushed array in place (a sort, a swap,
+    a permutation within or across 4 KiB blocks, paired +k/-k, one flipped bit, an edit through
+    a view), a DataFrame's cell, or the base of a pushed view; after each, the same --push cell
+    runs and every rank must hold exactly the notebook's bytes (SHA-256 on the rank), the run's
+    record must say "shared" for what changed and "unchanged, not sent" for the rest, and the
+    engines must map no more segments than the values have arrays: nothing replaced is kept.
+    After %kdist stop, nothing is mapped anywhere and no name is left in /dev/shm."""
+    tests = str(Path(__file__).parent)
+    out = run_in_fresh_shell(f'''
+import glob, hashlib, os, sys
+import numpy as np, pandas as pd
+from hypothesis import HealthCheck, given, settings, strategies as st
+sys.path.insert(0, {tests!r})
+from test_push_edits import ROWS, COLS, edits
+rng = np.random.default_rng(0)
+x = rng.random((ROWS, COLS))                                        # 1 MiB: a segment
+df = pd.DataFrame({{"a": rng.random(140_000), "b": np.arange(140_000)}})
+base = rng.random((4096, 40))
+v = base[:, 8:]                                                     # a strided view, 1 MiB
+ip.user_ns.update(x=x, df=df, v=v)
+sha = lambda a: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+want = lambda: [sha(x), sha(df["a"].to_numpy()), sha(df["b"].to_numpy()), sha(v)]
+def push():
+    _, err = attempt({PROP_LINE!r}, {EDIT_CELL!r})
+    assert err is None, repr(err)
+    return by_rank("kd_seen"), by_rank("kd_maps"), dict(kdist_magics.last_run().pushed)
+out["problems"], out["examples"], out["maps"], out["kinds"] = [], 0, [], []
+seen, maps, pushed = push()
+out["first"] = pushed
+@settings(max_examples=12, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(edits(), st.sampled_from(["x", "df", "v"]), st.integers(0, 139_999), st.integers(0, 39))
+def each(edit, target, row, col):
+    kind, apply = edit
+    before = want()
+    if target == "x":
+        apply(x)
+    elif target == "df":
+        kind = "a DataFrame cell"
+        df.iat[row, 0] = df.iat[row, 0] + 0.5
+    else:
+        kind = "the view's base"
+        base[row % 4096, col] += 1.0                                # inside the view or not
+    now = want()
+    seen, maps, pushed = push()
+    out["examples"] += 1
+    out["kinds"].append(kind)
+    out["maps"].append([len(m) for m in maps])
+    if any(s != now for s in seen):
+        out["problems"].append([kind, "a rank holds other bytes than the notebook"])
+    names = ["x", "df", "df", "v"]
+    for i, name in enumerate(names):
+        if (before[i] != now[i]) and pushed[name] == "unchanged, not sent":
+            out["problems"].append([kind, name + " changed but was not sent"])
+    for name in ("x", "df", "v"):
+        idx = [i for i, n in enumerate(names) if n == name]
+        if all(before[i] == now[i] for i in idx) and pushed[name] != "unchanged, not sent":
+            out["problems"].append([kind, name + " unchanged but sent: " + pushed[name]])
+each()
+ip.run_line_magic("kdist", "stop")
+out["shm_end"] = glob.glob(f"/dev/shm/kdist-{{os.getpid()}}-*")
+''', {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+    assert out["first"] == {"x": "shared", "df": "shared", "v": "shared"}
+    assert out["problems"] == [], out["problems"]
+    assert out["examples"] == 12
+    # x, df's two columns and v: four segments mapped at most, however many pushes replaced them
+    assert all(n <= 4 for counts in out["maps"] for n in counts), out["maps"]
+    assert out["shm_end"] == []

@@ -30,7 +30,9 @@ def _identify():  # runs on an engine
     import os
     import socket
 
-    return os.getpid(), socket.gethostname()
+    from kdist_magics.cluster.machine import machine_id
+
+    return os.getpid(), socket.gethostname(), machine_id()
 
 
 #: an owned controller's heartbeat: ipyparallel counts an engine registered at the first beat
@@ -268,7 +270,7 @@ class EngineCluster(Liveness):
         except Exception as exc:  # a stopped engine stays registered until its heartbeat stops
             raise ClusterError(f"the engines did not answer within 60 s ({type(exc).__name__}); is "
                                f"one of them stopped or busy?") from exc
-        self.engines = [EngineInfo(eid, pid, host) for eid, (pid, host) in zip(ids, found)]
+        self.engines = [EngineInfo(eid, *facts) for eid, facts in zip(ids, found)]
         if self.owned:
             self._pids_started |= {e.pid for e in self.engines}
             self._pids_started |= set(self._process_tree_pids())

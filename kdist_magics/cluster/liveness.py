@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ class EngineInfo:
     engine_id: int
     pid: int
     hostname: str
+    machine: str = ""  # :func:`~.machine.machine_id` as the engine reported it
 
 
 class Liveness:
@@ -87,7 +87,9 @@ class Liveness:
             return None
 
     def _local(self, engine: EngineInfo) -> bool:
-        return self.owned or engine.hostname == socket.gethostname()
+        from .machine import same_machine
+
+        return self.owned or same_machine(engine)
 
     def exit_status(self, engine: EngineInfo) -> int | None:
         """Exit status of a dead engine this kernel started, when known."""

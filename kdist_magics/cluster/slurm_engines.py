@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import socket
 import subprocess
 import time
 import uuid
@@ -228,7 +227,9 @@ class SlurmCluster(EngineCluster):
             slurm.cancel(self.job)
 
     def _local(self, engine) -> bool:
-        return engine.hostname == socket.gethostname()
+        from .machine import same_machine
+
+        return same_machine(engine)
 
     def _gone_words(self, engine) -> str:
         return (f"on {engine.hostname} left the cluster (its controller unregistered it: it ended, "

@@ -1,7 +1,8 @@
 """The one place kdist's words live, and the one rule for its own lines in a notebook: ``say()``.
 
-The words of ``--strategy sharded`` and ``--launcher slurm`` are in :mod:`.sharded` and
-:mod:`.slurm` beside this module, imported here: every word is ``kdist_magics.messages.NAME``.
+The words of ``--strategy sharded``, ``--launcher slurm`` and ``--push`` are in :mod:`.sharded`,
+:mod:`.slurm` and :mod:`.push` beside this module, imported here: every word is
+``kdist_magics.messages.NAME``.
 
 Jupyter shows a cell's stderr in the error style (red), so where a ``kdist:`` line goes says how
 serious it is. News -- what kdist does for the user and why ("starting 2 engines...",
@@ -214,12 +215,6 @@ def one_tpu_chip(device: str) -> str:  # --strategy tpu on Colab's one chip (v5e
             f"kdist; splitting batches needs several chips (Kaggle's v5e-8)")
 
 
-def push_too_big(need: int, free: int) -> str:  # --push larger than the host's free memory
-    return (f"--push: the values' arrays take {need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} "
-            f"GiB this host has free; push less (or each rank reads its own files: see the guide's "
-            f"data page). Nothing was sent")
-
-
 def push_missing(name: str) -> str:  # a rank's NameError for a name the notebook has
     return (f"'{name}' is in the notebook, not on the engines: add --push {name} to the %%kdist "
             f"line (each engine is a process of its own and sees only what --push sends)")
@@ -285,6 +280,7 @@ def launcher_mismatch(call: str, given: str, run: str, option: str,
 
 
 # -- the words of one component each, imported from here as every other --------------------
+from .push import push_no_shm_room, push_report, push_too_big  # noqa: E402, F401
 from .sharded import (  # noqa: E402
     mesh_unreadable,
     model_axis_too_big,
@@ -356,9 +352,3 @@ def files_left_out(found: int, positions: int, extra: int) -> str:
 def no_batches(batch_size: int, positions: int) -> str:
     return (f"no rank's files hold a whole batch of {batch_size} rows for each of the "
             f"{positions} data positions: give a smaller batch_size or more rows per file")
-
-
-def push_no_shm_room(need: int, free: int) -> str:
-    return (f"--push: /dev/shm has {free / 2**20:,.0f} MiB free, its arrays need "
-            f"{need / 2**20:,.0f} MiB: each engine gets its own copy (a container's /dev/shm is "
-            f"often 64 MiB: docker run --shm-size=8g makes room)")

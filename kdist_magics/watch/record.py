@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import stragglers as _stragglers
-from ..messages import PHASE_CELL, PHASE_TRAINING, lost_batches, resized_summary, straggler
+from ..messages import PHASE_CELL, PHASE_TRAINING, lost_batches, push_report, resized_summary, straggler
 
 RANK_STATES = ("starting", "running", "done", "failed", "stopped", "lost")
 
@@ -59,6 +59,8 @@ class RunRecord:
         self.phases: list[dict[str, Any]] = []
         self.layout_table = None  # --strategy sharded: where the variables live (layout.LayoutTable)
         self.mesh: tuple[int, int] | None = None  # --strategy sharded: (data axis, model axis)
+        #: what became of each --push value: "shared", "sent" or "unchanged, not sent"
+        self.pushed: dict[str, str] = {}
         self._lock = threading.RLock()
         self._listeners: list[Callable[[str, Any], None]] = []
 
@@ -236,8 +238,9 @@ class RunRecord:
         shrunk = f", {resized_summary(self.first_size, self.world_size, self.resizes)}" \
             if self.resizes else ""
         slow = "".join(f"; {note}" for note in self.straggler_notes())
+        pushed = f"; {push_report(self.pushed)}" if self.pushed else ""
         return (f"{self.strategy}: {self.status} in {self.duration:.1f} s, "
-                f"{done}/{len(self.ranks)} ranks done{shrunk}{loss}{lost}{slow}")
+                f"{done}/{len(self.ranks)} ranks done{shrunk}{loss}{lost}{slow}{pushed}")
 
     def __repr__(self) -> str:
         return f"<RunRecord {self.summary()}>"

@@ -49,7 +49,7 @@ from ...cluster.placement import default_np
 from ...engine.faults import hold
 from ...engine.values import pushable
 from ...errors import RankDied, RankFailed
-from ...messages import phase_setup
+from ...messages import phase_setup, push_report, say
 from ..base import RunContext, Strategy
 from . import execute, finish, hints, prepare, push, results, start, waiting
 from .supervisor import RunSupervisor
@@ -209,7 +209,10 @@ class EngineStrategy(Strategy):
             hold("setup", cluster, addresses=self.listen_addresses())
             prepare.prepare_engines(self, cluster, ctx, ranks)
             if self.pushed:
-                push.push_values(self, cluster, self.pushed, ranks)
+                ctx.record.pushed = push.push_values(self, cluster, self.pushed, ranks)
+                ctx.record.phase_detail(push_report(ctx.record.pushed))
+                if ctx.spec.out == "all":
+                    say(push_report(ctx.record.pushed))
             self.before_cell(cluster, ctx, ranks)
 
     def _restart_after_growth(self, cluster: EngineCluster) -> None:

@@ -99,7 +99,7 @@ class Growth:
         from .on_engine import warm_imports
 
         ctx, client = self.ctx, self.cluster.client[eid]
-        pid, host = client.apply_sync(_identify)
+        pid, host, machine = client.apply_sync(_identify)
         label = self.strategy.next_label()
         threads = ctx.options.threads_per_rank
         cwd = None if self.cluster.attached else os.getcwd()
@@ -113,7 +113,7 @@ class Growth:
         ctx.record.set_rank(label, state="starting", host=host, pid=pid)
         say(f"engine {eid} on {host} registered: rank {label} joins the run at its next commit")
         self.joining[eid] = {"stage": "warming", "label": label,
-                             "info": EngineInfo(eid, pid, host), "ar": client.apply_async(warm_imports)}
+                             "info": EngineInfo(eid, pid, host, machine), "ar": client.apply_async(warm_imports)}
 
     def _join(self, eid: int, item: dict[str, Any]) -> None:
         from .on_engine import HOSTS_ADDED, elastic_env, hvd_join
