@@ -131,6 +131,17 @@ def costs(steps_per_s: float) -> dict:
             "flushes_per_s": flushes_per_s, "sample_ms": sample * 1e3, "ratio": 1 / (1 + overhead)}
 
 
+def pairs_needed(pairs: list[float]) -> dict:
+    """The pairs' spread (standard deviation of the B/A ratios) and how many pairs a median
+    within +-0.01 (two standard errors; the median's is ~1.25 sd / sqrt(n)) would take."""
+    import math
+    import statistics
+
+    sd = statistics.stdev(pairs) if len(pairs) > 1 else float("nan")
+    need = math.ceil((2 * 1.2533 * sd / 0.01) ** 2) if sd == sd else None
+    return {"spread": sd, "pairs": need}
+
+
 def direct_share(rates: list) -> dict:
     """Share of the kernel process's CPU during B's fits used by kdist's own threads
     (dashboard updater, sampler) and by the IOPub thread beyond what it used in A."""
@@ -192,11 +203,13 @@ def main(argv=None) -> dict:
     cpu_pairs = [rb / ra for ra, rb in zip(a_cpu, b_cpu)]
     ratio = median(pairs)
     cpu_ratio = median(cpu_pairs)
+    spread = pairs_needed(pairs)
     result = {"P3": ratio, "P3_cpu": cpu_ratio, "ratio_of_medians": median(b) / median(a),
               "cpu_pair_ratios": cpu_pairs, "A_samples_per_s": a, "B_samples_per_s": b,
               "A_samples_per_cpu_s": a_cpu, "B_samples_per_cpu_s": b_cpu, "pair_ratios": pairs,
               "strategy": args.strategy, "steps": n // args.batch * epochs, "batch": args.batch,
               "last_run": summary, "last_run_metric_rows": metrics, "last_run_sample_rows": samples,
+              "pair_spread": spread["spread"], "pairs_for_1pct": spread["pairs"],
               "machine": harness.machine()}
     log(f"A (no telemetry, no dashboard): median {median(a):.0f} samples/s  {[round(v) for v in a]}")
     log(f"B (telemetry + live dashboard): median {median(b):.0f} samples/s  {[round(v) for v in b]}")
@@ -217,6 +230,8 @@ def main(argv=None) -> dict:
         f"other load on a shared machine): A median {median(a_cpu):.0f}, B median "
         f"{median(b_cpu):.0f}; pair ratios {[round(p, 3) for p in cpu_pairs]}, median "
         f"{cpu_ratio:.3f}")
+    log(f"the pairs' ratios spread {spread['spread']:.3f} (sd): a median within +-0.01 would take "
+        f"about {spread['pairs']} pairs on this machine, {len(pairs)} were run")
     print(f"P3 {ratio:.3f} (goal >= 0.99)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -514,3 +514,54 @@ def test_memory_shared_with_another_process_counts_once_in_the_proportional_set_
         with contextlib.suppress(FileNotFoundError):  # (before 3.13 the child's tracker may have)
             seg.unlink()
     assert row["rss_bytes"] - row["pss_bytes"] > 0.4 * size, row  # half the segment is ours
+
+
+def test_libtpus_sdk_is_asked_only_once_this_process_loaded_libtpu(monkeypatch):
+    """A process whose JAX or TensorFlow has not brought the TPU runtime up is left alone:
+    no import of libtpu's SDK from the sampler (a sample costs no look-up either)."""
+    import sys
+
+    fake = types.ModuleType("libtpu")
+    sdk = types.ModuleType("libtpu.sdk")
+    sdk.tpumonitoring = FakeTpuMonitoring(1)
+    monkeypatch.setitem(sys.modules, "libtpu.sdk", sdk)
+    monkeypatch.delitem(sys.modules, "libtpu", raising=False)
+    assert sampling_mod._libtpu_monitoring() is None  # libtpu not loaded: not even imported
+    monkeypatch.setitem(sys.modules, "libtpu", fake)
+    assert sampling_mod._libtpu_monitoring() is sdk.tpumonitoring  # loaded: its SDK is read
+
+
+def test_the_proportional_set_size_is_read_every_few_seconds_not_every_sample():
+    """The PSS read walks every mapping (~5 ms with TensorFlow loaded): once per PSS_EVERY
+    seconds and at the end; in between it moves with the resident size."""
+    reads = []
+
+    class Proc:
+        rss = 100
+
+        def cpu_percent(self, _):
+            return 10.0
+
+        def memory_info(self):
+            return types.SimpleNamespace(rss=self.rss)
+
+        def memory_full_info(self):
+            reads.append(self.rss)
+            return types.SimpleNamespace(pss=self.rss // 2)
+
+    proc = Proc()
+    fake = types.SimpleNamespace(Process=lambda pid: proc, cpu_count=lambda: 2)
+    clock = [0.0]
+    sampler = sampling_mod.Sampler(lambda k, r: None, psutil=fake, nvml=False,
+                                   tpu_probe=lambda: None, monotonic=lambda: clock[0])
+    rows = []
+    for t in range(12):
+        clock[0] = float(t)
+        proc.rss = 100 + 10 * t
+        rows.append(sampler.sample())
+    assert reads == [100, 200]  # at 0 s and at 10 s
+    assert rows[3]["pss_bytes"] == 50 + 30  # the last read moved by the resident size's change
+    assert rows[10]["pss_bytes"] == 100
+    sampler.stop(final=False)
+    proc.rss = 400
+    assert sampler.sample()["pss_bytes"] == 200 and reads[-1] == 400  # the end reads it
