@@ -51,10 +51,10 @@ def no_tensorflow(what: str, backend: str) -> StrategyUnavailable:
                                f"Colab's TPU runtime); {fix}. The cell did not run.")
 
 
-def tpu_held(pid: int, command: str) -> StrategyUnavailable:
+def tpu_held(pid: int, command: str, strategy: str = "tpu") -> StrategyUnavailable:
     """The TPU is held by another process (libtpu allows one per host): name it and the fix."""
     return StrategyUnavailable(
-        f"--strategy tpu: the TPU is held by another process, pid {pid} ({command}): a crashed "
+        f"--strategy {strategy}: the TPU is held by another process, pid {pid} ({command}): a crashed "
         f"kernel's leftover, or another notebook. libtpu lets one process use it: end that one "
         f"(kill {pid}, or restart the runtime) and run the cell again. The cell did not run.")
 

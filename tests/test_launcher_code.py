@@ -381,6 +381,19 @@ def test_torch_distributed_code_under_another_backend_is_one_line_before_anythin
     assert set(kdist_magics._extension._strategies) == before  # nothing was made, nothing started
 
 
+def test_only_code_that_uses_torch_distributed_counts_not_a_comment_or_a_string():
+    from kdist_magics.strategies.multiworker.launcher_env import uses_torch_distributed
+
+    for code in ("import torch.distributed as dist", "from torch import distributed",
+                 "from torch.distributed import init_process_group", "import torch\ntorch.distributed.barrier()",
+                 "dist.init_process_group('gloo')", "%env X=1\nimport torch.distributed"):
+        assert uses_torch_distributed(code), code
+    for code in ("# like torch.distributed's init_process_group(), but Keras", "import torch",
+                 "note = 'call init_process_group() under torchrun'", "x = 1  # torch.distributed",
+                 "def f(:"):
+        assert not uses_torch_distributed(code), code
+
+
 def test_kdist_run_question_mark_shows_its_usage(ip, capsys):
     assert help_lines(["%kdist run?\n"]) == ["get_ipython().run_line_magic('kdist', 'run --help')\n"]
     assert help_lines(["%kdist run x.py\n"]) == ["%kdist run x.py\n"]

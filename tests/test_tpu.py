@@ -234,10 +234,10 @@ def test_real_tensorflow_on_a_machine_without_tpu_fails_short():
     assert "MARKER before" in out.stdout
 
 
-@pytest.mark.notf  # JAX only: also in .venv-colab-tpu
-def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, tmp_path, monkeypatch):
-    """Issue 47.4: the TPU held by another process (a crashed kernel's leftover holding libtpu's
-    lock file, jax-ml/jax#10192) is named with its pid and the fix, and nothing runs."""
+@contextlib.contextmanager
+def _held_tpu(tmp_path, monkeypatch):
+    """A process holding a stand-in for libtpu's lock file (a crashed kernel's leftover), and
+    the TPU paths pointed at it; yields the holder."""
     import time
 
     from kdist_magics.strategies.kernel import tpu_hygiene
@@ -253,19 +253,66 @@ def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, 
         assert tpu_hygiene.held_by([str(lock)])[0] == holder.pid
         assert tpu_hygiene.held_by([str(lock)], me=holder.pid) is None  # one's own hold is no news
         monkeypatch.setattr(tpu_hygiene, "tpu_paths", lambda found_by="": [str(lock)])
-        ext = kdist_magics._extension
-        ext._strategies["tpu"] = TPUStrategy(find=lambda: tpu_from_kind("v5litepod-1", target="local",
-                                                                       found_by="/dev/vfio/0"))
-        ip.user_ns["marker"] = "before"
-        with pytest.raises(StrategyUnavailable) as info:
-            ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard", "marker = 'ran'")
-        said = str(info.value)
-        assert f"held by another process, pid {holder.pid}" in said and f"kill {holder.pid}" in said
-        assert "\n" not in said and ip.user_ns["marker"] == "before"
+        yield holder
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.notf  # JAX only: also in .venv-colab-tpu
+def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, tmp_path, monkeypatch):
+    """Issue 47.4: the TPU held by another process (a crashed kernel's leftover holding libtpu's
+    lock file, jax-ml/jax#10192) is named with its pid and the fix, and nothing runs."""
+    try:
+        with _held_tpu(tmp_path, monkeypatch) as holder:
+            ext = kdist_magics._extension
+            ext._strategies["tpu"] = TPUStrategy(find=lambda: tpu_from_kind("v5litepod-1", target="local",
+                                                                           found_by="/dev/vfio/0"))
+            ip.user_ns["marker"] = "before"
+            with pytest.raises(StrategyUnavailable) as info:
+                ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard", "marker = 'ran'")
+            said = str(info.value)
+            assert f"held by another process, pid {holder.pid}" in said and f"kill {holder.pid}" in said
+            assert "\n" not in said and ip.user_ns["marker"] == "before"
+    finally:
         kdist_magics._extension._strategies.pop("tpu", None)
+
+
+@pytest.mark.notf  # JAX only: also in .venv-colab-tpu
+@pytest.mark.parametrize("line", ["--strategy default", "--strategy auto"])
+def test_a_held_tpu_is_named_on_the_default_path_auto_takes_too(ip, tmp_path, monkeypatch, line):
+    """Colab's v5e-1 with Keras on JAX: auto chooses default, which takes the TPU in the kernel
+    as tpu does: a holder is named there too, in one line, and the cell does not run."""
+    from kdist_magics.choose import hardware
+    from kdist_magics.strategies.kernel import tpu_hygiene
+
+    from kdist_magics.choose import advisor
+
+    chip = hardware.tpu_from_kind("v5litepod-1", target="local", found_by="/dev/vfio/0")
+    monkeypatch.setattr(hardware, "detect_tpu", lambda *a, **k: chip)
+    # what the advisor decides there (test_advisor: Colab's v5e-1 under JAX runs as it is)
+    monkeypatch.setattr(advisor, "choose", lambda *a, **k: ("default", "one TPU chip gains nothing"))
+    monkeypatch.setattr(tpu_hygiene, "backend_started", lambda: False)  # this kernel has not taken it
+    with _held_tpu(tmp_path, monkeypatch) as holder:
+        ip.user_ns["marker"] = "before"
+        with pytest.raises(StrategyUnavailable) as info:
+            ip.run_cell_magic("kdist", f"{line} --no-dashboard", "marker = 'ran'")
+        said = str(info.value)
+        assert f"held by another process, pid {holder.pid}" in said and "\n" not in said
+        assert ip.user_ns["marker"] == "before"
+
+
+def test_only_a_real_multi_host_initializer_counts_not_any_initialize():
+    """A call's name matches an initializer only whole or from a dot on: ``ed.initialize()``
+    or ``model.initialize()`` is not ``jax.distributed.initialize``."""
+    from kdist_magics.strategies.kernel.tpu_hygiene import calls_initialize
+
+    assert calls_initialize("import jax\njax.distributed.initialize()") == "jax.distributed.initialize"
+    assert calls_initialize("from jax import distributed\ndistributed.initialize()") == "jax.distributed.initialize"
+    assert calls_initialize("import keras\nkeras.distribution.initialize()") == "keras.distribution.initialize"
+    for code in ("ed.initialize()", "model.initialize()", "d.initialize()", "initialize()",
+                 "x = 'jax.distributed.initialize()'  # a string, not a call"):
+        assert calls_initialize(code) is None, code
 
 
 @pytest.mark.kernel

@@ -40,3 +40,12 @@ def test_strategies_compared_has_a_row_per_strategy_and_the_four_columns():
     assert named == set(KINDS), f"rows for {sorted(named)}, strategies are {sorted(KINDS)}"
     for row in rows:
         assert row.count(" | ") == 5, f"a row with a missing cell: {row}"
+
+
+def test_getting_started_names_the_tour_as_it_is():
+    """"01 (quickstart) to NN": NN is the last notebook in notebooks/ (it said 08 when there
+    were ten)."""
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    said = re.search(r"01 \(quickstart\) to (\d\d)", page)
+    last = max(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+    assert said and said.group(1) == last, (said and said.group(0), last)

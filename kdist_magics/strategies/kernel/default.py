@@ -37,6 +37,9 @@ class DefaultStrategy(Strategy):
     name = "default"
 
     def run(self, cell: str, ctx: RunContext) -> Any:
+        from .tpu_hygiene import refuse_if_held
+
+        refuse_if_held(strategy="default")  # Colab's one TPU chip, held by a crashed kernel: named, not libtpu's error
         backend = keras_backend()
         if backend == "tensorflow":
             require_tensorflow("--strategy default on Keras' tensorflow backend")

@@ -115,12 +115,10 @@ class TPUStrategy(Strategy):
         tpu = self.find()
         if tpu is None:
             raise no_tpu()
-        if tpu.target == "local" and self.strategy is None and self._jax is None:
-            from .tpu_hygiene import held_by, tpu_paths  # before this process takes the TPU
+        if self.strategy is None and self._jax is None:
+            from .tpu_hygiene import refuse_if_held  # before this process takes the TPU
 
-            holder = held_by(tpu_paths(tpu.found_by))
-            if holder is not None:
-                raise errors.tpu_held(*holder)
+            refuse_if_held(lambda: tpu)
         from ..frameworks.backends import check_backend
 
         if check_backend("tpu") == "jax":

@@ -4,7 +4,9 @@ libtpu lets one process use a host's TPU at a time. A kernel that crashed (or an
 may still hold it: the next process to start on the TPU then fails deep in libtpu ("TPU
 initialization failed: open(/dev/accel0): Device or resource busy", or it waits on libtpu's lock
 file, jax-ml/jax#10192). :func:`held_by` finds the other process that has libtpu's lock file or
-a TPU device file open, so ``--strategy tpu`` can name it, and the fix, in one line.
+a TPU device file open, so every strategy that takes the TPU in the kernel (``tpu``, and
+``default``, which ``auto`` picks on Colab's one chip) names it, and the fix, in one line
+(:func:`refuse_if_held`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,23 @@ def held_by(paths: list[str], me: int | None = None) -> tuple[int, str] | None:
     return None
 
 
+def refuse_if_held(find=None, strategy: str = "tpu") -> None:
+    """Before this process first takes a TPU of this host: raise ``StrategyUnavailable``
+    naming another process that holds it (pid, command, the fix). Nothing where there is no
+    local TPU, or where this process's JAX has already started its backend (it holds the TPU
+    itself then, or runs on another platform)."""
+    from ...choose.hardware import detect_tpu
+
+    tpu = (find or detect_tpu)()
+    if tpu is None or tpu.target != "local" or backend_started():
+        return
+    holder = held_by(tpu_paths(tpu.found_by))
+    if holder is not None:
+        from ... import errors
+
+        raise errors.tpu_held(*holder, strategy=strategy)
+
+
 #: what a cell calls to join a multi-host JAX job (keras.distribution.initialize wraps JAX's)
 INITIALIZERS = ("jax.distributed.initialize", "keras.distribution.initialize")
 
@@ -61,8 +80,8 @@ def calls_initialize(code: str) -> str | None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = dotted(node.func)
-            for full in INITIALIZERS:
-                if name and full.endswith(name) and name.count(".") >= 1:
+            for full in INITIALIZERS:  # the whole name, or its tail from a dot on
+                if name and name.count(".") >= 1 and (full == name or full.endswith("." + name)):
                     return full
     return None
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-import re
 from typing import Any, Callable
 
 from ...errors import LauncherMismatch
@@ -188,13 +187,40 @@ def jax_calls(rank: int, world: int):  # entered on an engine, for the cell
     return patched((jax.distributed, "initialize", joined), (jax.distributed, "shutdown", shutdown))
 
 
-_TORCH_DISTRIBUTED = re.compile(r"\btorch\.distributed\b|\binit_process_group\s*\(")
+def uses_torch_distributed(source: str) -> bool:
+    """Whether Python ``source`` imports ``torch.distributed`` or calls
+    ``init_process_group()``: read from its syntax tree, so a comment or a string that names
+    them does not count (IPython syntax, ``%magic`` and ``!cmd`` lines, is turned first)."""
+    import ast
+
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        tree = ast.parse(TransformerManager().transform_cell(source))
+    except (SyntaxError, ValueError):
+        return False  # the cell's own error comes when it runs
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.startswith("torch.distributed") for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module and (
+                node.module.startswith("torch.distributed")
+                or (node.module == "torch" and any(a.name == "distributed" for a in node.names))):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "distributed" and \
+                isinstance(node.value, ast.Name) and node.value.id == "torch":
+            return True
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name == "init_process_group":
+                return True
+    return False
 
 
 def torch_code_elsewhere(source: str, backend: str) -> str | None:
     """The one line for code written for torchrun (``torch.distributed``) run by ``multiworker``
     under another Keras backend, where torch's launcher variables (RANK, WORLD_SIZE, ...) are
-    not set and it would fail with "RANK expected, but not set" (issue 49.3); else None."""
-    if backend == "torch" or not _TORCH_DISTRIBUTED.search(source):
+    not set and it would fail with "RANK expected, but not set"; else None."""
+    if backend == "torch" or not uses_torch_distributed(source):
         return None
     return torch_code_other_backend(backend)
