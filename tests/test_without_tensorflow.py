@@ -132,10 +132,15 @@ def test_tensorflow_only_paths_refuse_in_one_line_before_anything_starts(no_tf):
     out = run_in_fresh_shell(f"LINES = {on_tf!r}\n" + textwrap.dedent(refuse),
                              {**no_tf, "KERAS_BACKEND": "tensorflow"}, unset=("XLA_FLAGS",))
     on_jax = shell(f"LINES = {['--strategy horovod --np 2']!r}\n" + textwrap.dedent(refuse), no_tf)
-    assert out["started"] == [] and on_jax["started"] == []  # nothing started for any of them
+    # a TPU here (Colab's TPU runtime) with Keras left on tensorflow: TPUStrategy's path
+    on_tpu = run_in_fresh_shell(f"LINES = {['--strategy tpu']!r}\n" + textwrap.dedent(refuse),
+                                {**no_tf, "KERAS_BACKEND": "tensorflow",
+                                 "TPU_ACCELERATOR_TYPE": "v5litepod-8"}, unset=("XLA_FLAGS",))
+    assert out["started"] == [] and on_jax["started"] == [] and on_tpu["started"] == []
     for line in on_tf:
         assert_refused(out[line], "set KERAS_BACKEND=jax (or torch) before importing keras")
     assert_refused(on_jax["--strategy horovod --np 2"], "pip install tensorflow")
+    assert_refused(on_tpu["--strategy tpu"], "set KERAS_BACKEND=jax (or torch) before importing keras")
 
 
 def assert_refused(outcome: list[str], fix: str) -> None:
@@ -160,6 +165,45 @@ def test_multiworker_on_jax_trains_in_sync_across_engines_without_tensorflow(no_
     assert out["error"] == "None", out["_stdout"][-2000:]
     first, second = out["weights"]
     assert first == second  # in sync: the same weights on both processes
+    assert out["loss"][-1] < out["loss"][0]
+    assert out["tf"] == [False, False]
+
+
+SCRIPT = """
+import os, numpy as np, keras, jax
+x = np.random.default_rng(0).normal(size=(96, 4)).astype("float32")
+y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
+kd_weights = [w.tolist() for w in model.get_weights()]
+kd_loss = history.history["loss"]
+kd_process = jax.process_index()
+"""
+
+
+@pytest.mark.engines
+def test_kdist_run_trains_a_script_in_sync_without_tensorflow(no_tf, tmp_path):
+    """%kdist run on Colab's TPU runtime: a Keras-on-JAX script as it is, on 2 engine processes."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = shell(f'''
+        try:
+            ip.run_line_magic("kdist", "run --strategy multiworker --np 2 --no-dashboard {script}")
+            out["error"] = None
+        except Exception as exc:
+            out["error"] = repr(exc)
+        out["weights"] = by_rank("kd_weights")
+        out["loss"] = by_rank("kd_loss")[0]
+        out["process"] = by_rank("kd_process")
+        out["tf"] = kdist_magics._extension._strategies["multiworker"].cluster.view().apply_sync(
+            lambda: __import__("sys").modules.get("tensorflow") is not None)
+        ip.run_line_magic("kdist", "stop")
+    ''', no_tf)
+    assert out["error"] is None, out["_stdout"][-2000:]
+    assert out["process"] == [0, 1]
+    first, second = out["weights"]
+    assert first == second  # one model on both processes
     assert out["loss"][-1] < out["loss"][0]
     assert out["tf"] == [False, False]
 
