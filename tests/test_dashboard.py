@@ -586,3 +586,67 @@ def test_the_html_export_shows_the_dashboard_offline_as_the_guide_says(tmp_path,
     assert "done" in html and "<svg" in html and "<polyline" in html
     convert("--to", "html", "--output", "executed", "stateless.ipynb")
     assert offline((tmp_path / "executed.html").read_text())
+
+
+TPU_CHIPS = [{"index": i, "name": f"TPU chip {i}", "source": "libtpu monitoring SDK",
+              "duty_cycle_percent": 87.5 + i, "mem_used_bytes": 3 * 2 ** 30,
+              "mem_total_bytes": 16 * 2 ** 30} for i in range(2)]
+
+
+def _tpu_run():
+    """A finished run whose rank sampled two TPU chips (as libtpu's SDK reports them)."""
+    rec = RunRecord("tpu", size=1)
+    rec.set_rank(0, state="running", host="h", pid=100, device="TPU:0")
+    dash = Dashboard(rec, interval=None)
+    feed(rec, 0, 6)
+    rec.add("sample", sample(0, accelerator="tpu", accelerator_note=None, tpus=TPU_CHIPS))
+    rec.set_rank(0, state="done")
+    rec.finish("done")
+    return dash
+
+
+def test_the_static_view_shows_each_tpu_chips_figures_and_their_source():
+    """The saved view (what an HTML export, GitHub and nbviewer show) says what the live bars
+    say: each chip's duty cycle and high-bandwidth memory, and where the figures came from."""
+    html = _tpu_run().html()
+    assert "<th>accelerators</th>" in html
+    assert "TPU0 88% duty cycle, HBM 3.00 GiB / 16.00 GiB" in html
+    assert "TPU1 88% duty cycle" in html or "TPU1 89% duty cycle" in html
+    assert "(TPU figures: libtpu monitoring SDK)" in html
+    plain = Dashboard(RunRecord("default", size=1), interval=None).html()
+    assert "accelerators" not in plain  # a CPU-only run: no empty column
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(120)
+def test_the_live_view_draws_each_tpu_chips_bars_and_names_their_source():
+    """static/dashboard.js, rendered in Chromium from the state the kernel sends: a duty-cycle
+    bar and an HBM bar per chip, and the line naming where the TPU figures came from."""
+    import chromium
+    from kdist_magics.watch.dashboard import STATIC
+
+    chromium.require()
+    from playwright.sync_api import sync_playwright
+
+    state, curves = _tpu_run().snapshot()
+    page_html = ('<div id="el"></div><script type="module">\n'
+                 'import dashboard from "/dashboard.js";\n'
+                 f"const state = {json.dumps(state)}, curves = {json.dumps(json.dumps(curves))};\n"
+                 'const model = {get: k => k === "state" ? state : curves, on() {}, off() {}};\n'
+                 'dashboard.render({model, el: document.getElementById("el")});\n'
+                 'window.kdistDrawn = true;\n</script>')
+    with sync_playwright() as pw:
+        browser = chromium.launch(pw)
+        try:
+            page = browser.new_page()
+            page.route("http://kdist.test/", lambda r: r.fulfill(body=page_html, content_type="text/html"))
+            page.route("http://kdist.test/dashboard.js", lambda r: r.fulfill(
+                body=(STATIC / "dashboard.js").read_text(), content_type="text/javascript"))
+            page.goto("http://kdist.test/")
+            page.wait_for_function("window.kdistDrawn === true", timeout=30_000)
+            text = page.inner_text("#el")
+        finally:
+            browser.close()
+    assert "TPU0" in text and "TPU1" in text and "% duty cycle" in text, text
+    assert "HBM0" in text and "3.0 GiB / 16.0 GiB" in text.replace("3.00", "3.0").replace("16.00", "16.0"), text
+    assert "TPU figures: libtpu monitoring SDK" in text

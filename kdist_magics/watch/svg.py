@@ -103,6 +103,30 @@ def svg_split(split: dict | None, longest: float, width: int = 120, height: int 
             + "".join(rects) + f'</svg> <span style="color:#666">{" &middot; ".join(words)}</span>')
 
 
+def _size(nbytes) -> str:
+    return "–" if nbytes is None else f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
+def devices(rank: dict) -> str:
+    """A rank's accelerators as the live view's bars say them, in words: each GPU's use and
+    memory, each TPU chip's duty cycle and high-bandwidth memory (and where TPU figures came
+    from); empty for a rank with neither."""
+    parts = []
+    for g in rank.get("gpus") or []:
+        use = "–" if g.get("util_percent") is None else f"{g['util_percent']:.0f}%"
+        parts.append(f"GPU{g.get('index', 0)} {use}, {_size(g.get('mem_used_bytes'))} / "
+                     f"{_size(g.get('mem_total_bytes'))}")
+    tpus = rank.get("tpus") or []
+    for t in tpus:
+        duty = t.get("duty_cycle_percent")
+        total = f" / {_size(t['mem_total_bytes'])}" if t.get("mem_total_bytes") else ""
+        parts.append(f"TPU{t.get('index', 0)}" + (f" {duty:.0f}% duty cycle" if duty is not None else "")
+                     + f", HBM {_size(t.get('mem_used_bytes'))}{total}")
+    if tpus and tpus[0].get("source"):
+        parts.append(f"(TPU figures: {tpus[0]['source']})")
+    return "; ".join(parts)
+
+
 def static_summary(state: dict, curves: dict) -> str:
     """The dashboard's static view: a self-contained HTML summary of a snapshot (state and
     curves as the widget gets them), with an inline SVG of the loss curves."""
@@ -136,15 +160,17 @@ def static_summary(state: dict, curves: dict) -> str:
         lines.append(f'<div style="color:#666;font-size:11px">{esc(state.get("curves_note", ""))}</div>')
     longest = max((sum(v or 0 for v in r["split"].values()) for r in state["ranks"]
                    if r.get("split")), default=0.0)
+    accelerators = any(devices(r) for r in state["ranks"])
     rows = "".join(
         f"<tr><td>{r['rank']}</td><td>{esc(str(r['state']))}</td>"
         f"<td>{esc(str(r.get('host') or ''))}</td><td>{r.get('pid') or ''}</td>"
         f"<td>{'' if r.get('loss') is None else r['loss']}</td>"
+        + (f"<td>{esc(devices(r))}</td>" if accelerators else "")
         + (f"<td>{svg_split(r.get('split'), longest)}</td>" if longest else "") + "</tr>"
         for r in state["ranks"])
     lines.append('<table><tr><th>rank</th><th>state</th><th>host</th><th>pid</th>'
-                 '<th>last loss</th>' + (f"<th>{SPLIT_TITLE}</th>" if longest else "")
-                 + f'</tr>{rows}</table>')
+                 '<th>last loss</th>' + ("<th>accelerators</th>" if accelerators else "")
+                 + (f"<th>{SPLIT_TITLE}</th>" if longest else "") + f'</tr>{rows}</table>')
     if state.get("split_legend"):
         lines.append(f'<div style="color:#666;font-size:11px">{esc(state["split_legend"])}</div>')
     lines.append("</div>")
