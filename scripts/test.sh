@@ -24,6 +24,9 @@ mkdir -p "$OUT/colab" "$OUT/colab-tpu"
 STEPS="$OUT/steps.tsv"
 : > "$STEPS"
 status=0
+# every process this run starts carries it (tests/leftovers.py's last look counts only those:
+# another user's kdist, or another make test beside this one, is not this run's)
+export KDIST_TEST_RUN="make-test-$$-$(date +%s)"
 
 step() {  # step NAME COMMAND...: run it, record its time and exit status
   local name=$1 start rc
@@ -128,13 +131,14 @@ echo "=== the netns and Slurm tiers in .venv, then the TPU-runtime part in .venv
 cat "$OUT/netns.log"
 
 # Nothing kdist started outlives the suite: each session checked its own (tests/leftovers.py);
-# this looks once more, from outside, after every session has ended.
-if left=$(pgrep -af 'kdist_magics[.]cluster[.](follow|namespace)'); then
+# this looks once more, from outside, after every session has ended: every kind of process kdist
+# starts (kdist_magics.cluster.lifetime.STARTED), of this run only, after the same grace.
+if left=$(.venv/bin/python tests/leftovers.py); then
+  echo "make test: no process kdist started is left"
+else
   echo "make test: processes kdist started are still running after the suite:" >&2
   echo "$left" >&2
   status=1
-else
-  echo "make test: no process kdist started is left"
 fi
 
 .venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account-p10.json" "$OUT/account.json" \

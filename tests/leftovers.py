@@ -25,24 +25,34 @@ from pathlib import Path
 
 import pytest
 
-#: the modules every process kdist starts runs under
-MODULES = ("kdist_magics.cluster.follow", "kdist_magics.cluster.namespace")
-GRACE = 60.0  # seconds for processes already ending (a stopped cluster's last children)
+from kdist_magics.cluster.lifetime import STARTED, started_kind
+
+#: the modules every process kdist starts runs under: the package's one list, which each
+#: launcher's module is in (kdist_magics.cluster.lifetime.STARTED)
+MODULES = tuple(STARTED)
+GRACE = 60.0  # seconds for processes already ending, and names their makers are removing
+#: set by scripts/test.sh for one make test: its last look counts only that run's processes
+RUN = "KDIST_TEST_RUN"
 
 
 def followed(cmdline: list[str]) -> tuple[int, float] | None:
-    """``(pid, started)`` of the process a kdist process follows, from its command line."""
+    """``(pid, started)`` of the process a kdist process follows, from its command line (a
+    Slurm job's guard: ``guard PID STARTED JOB``; an engine on a Slurm node follows nobody
+    here: None)."""
     try:
-        rest = cmdline[cmdline.index(next(m for m in MODULES if m in cmdline)) + 1:]
+        rest = cmdline[cmdline.index(started_kind(cmdline)) + 1:]
+        if rest[:1] == ["guard"]:
+            rest = rest[1:]
         while rest and rest[0].startswith("--"):  # --guard alone; --netns N, --nice N, ...
             rest = rest[1:] if rest[0] == "--guard" else rest[2:]
         return int(rest[0]), float(rest[1])
-    except (StopIteration, ValueError, IndexError):
+    except (ValueError, IndexError):
         return None
 
 
-def kdist_processes(log: str | None) -> list[dict]:
-    """This session's kdist processes still alive (see the module doc)."""
+def kdist_processes(log: str | None, run: str | None = None) -> list[dict]:
+    """This session's kdist processes still alive (see the module doc); with ``run``, those of
+    one ``make test`` (their environment's ``KDIST_TEST_RUN``) instead."""
     import psutil
 
     from kdist_magics.cluster.lifetime import alive
@@ -58,7 +68,8 @@ def kdist_processes(log: str | None) -> list[dict]:
             env = {}
         target = followed(cmd)
         orphan = target is not None and not alive(*target)
-        if (log and env.get("KDIST_CLUSTER_LOG") == log) or orphan:
+        mine = env.get(RUN) == run if run else (log and env.get("KDIST_CLUSTER_LOG") == log) or orphan
+        if mine:
             found.append({"pid": proc.pid, "cmd": " ".join(cmd)[:200],
                           "test": env.get("PYTEST_CURRENT_TEST", "(no test)").rsplit(" (", 1)[0]})
     return found
@@ -106,9 +117,12 @@ class Leftovers:
     def pytest_sessionfinish(self, session, exitstatus):
         log = os.environ.get("KDIST_CLUSTER_LOG")
         deadline = time.monotonic() + GRACE
-        while (left := kdist_processes(log)) and time.monotonic() < deadline:
+        while True:  # processes and names alike get the grace to go
+            left = kdist_processes(log)
+            others = [n for n in namespaces() + segments() if n not in self.before and not in_use(n)]
+            if not (left or others) or time.monotonic() >= deadline:
+                break
             time.sleep(1)
-        others = [n for n in namespaces() + segments() if n not in self.before and not in_use(n)]
         if not left and not others:
             return
         import psutil
@@ -128,3 +142,25 @@ class Leftovers:
         else:
             print(text)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/leftovers.py``: make test's last look. Lists the processes kdist started
+    during this ``make test`` (``KDIST_TEST_RUN`` in their environment) still alive once
+    ``GRACE`` has passed; exit 1 where any is."""
+    run = os.environ.get(RUN)
+    if not run:
+        print("leftovers: KDIST_TEST_RUN is not set (scripts/test.sh sets it)")
+        return 2
+    deadline = time.monotonic() + GRACE
+    while (left := kdist_processes(None, run)) and time.monotonic() < deadline:
+        time.sleep(1)
+    for p in left:
+        print(f"pid {p['pid']} started by {p['test']}: {p['cmd']}")
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -11,6 +11,21 @@ from __future__ import annotations
 import os
 import threading
 
+#: every kind of process kdist starts, by the module its command line runs (``python -m ...``):
+#: the one list the test suite's session check and ``make test``'s last look read. A new
+#: launcher adds its module here; tests/test_leftovers.py fails on a ``python -m`` kdist starts
+#: that is missing.
+STARTED = {
+    "kdist_magics.cluster.follow": "a controller or engine on this host, its children, their guards",
+    "kdist_magics.cluster.namespace": "a private network's holder",
+    "kdist_magics.cluster.slurm": "a Slurm job's guard, and the engines on the job's nodes",
+}
+
+
+def started_kind(cmdline: list[str]) -> str | None:
+    """Which of :data:`STARTED` a process with ``cmdline`` is (its module), or None."""
+    return next((m for m in STARTED if m in cmdline), None)
+
 
 def alive(pid: int, started: float) -> bool:
     import psutil

@@ -146,6 +146,18 @@ def start_guard(job: str) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-if __name__ == "__main__":  # pragma: no cover - run as the guard process
-    if sys.argv[1:2] == ["guard"]:
+def engine(args: list[str]) -> None:
+    """An engine on a job's node: ipyparallel's, run here as ``__main__`` so the process's
+    command line names this module (every process kdist starts does:
+    :data:`~.lifetime.STARTED`)."""
+    import runpy
+
+    sys.argv = ["ipyparallel.engine", *args]
+    runpy.run_module("ipyparallel.engine", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":  # pragma: no cover - run as the guard process, or an engine
+    if sys.argv[1:2] == ["engine"]:
+        engine(sys.argv[2:])
+    elif sys.argv[1:2] == ["guard"]:
         guard(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import sys
 import subprocess
 import time
 import uuid
@@ -53,6 +54,9 @@ class SlurmEngines(SlurmEngineSetLauncher):
 
     batch_template = Unicode(BATCH)
     sbatch_args = List(Unicode())
+    #: each engine as ``python -m kdist_magics.cluster.slurm engine ...`` (ipyparallel's engine
+    #: run as it is), so its command line says kdist started it (:data:`.lifetime.STARTED`)
+    engine_cmd = List([sys.executable, "-m", "kdist_magics.cluster.slurm", "engine"], config=True)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
