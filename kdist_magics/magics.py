@@ -246,7 +246,7 @@ class KDist(Magics):
                 if uids:
                     say(shared_host(uids, EXPOSED[strategy.exposure], why), warn=True)
         try:
-            with quiet_info(not self.tf_info_logs):  # the strategy's set-up logs too
+            with quiet_info(not self.tf_info_logs, stderr=strategy.in_kernel):  # set-up's too
                 value = strategy.run(cell, ctx)
         except CellFailed as exc:
             status = getattr(exc, "status", "failed")  # "timeout", "interrupted": in the kernel

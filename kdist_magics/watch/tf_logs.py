@@ -18,7 +18,9 @@ into the cell, 6-9 red lines in a notebook's first TensorFlow cell. While the ex
 loaded, whatever first imports TensorFlow in the kernel (an in-kernel strategy, ``--pull`` of a
 Keras model, a plain cell's ``import keras``, which on JAX imports TensorFlow where it is
 installed, too) does so with those known lines dropped and anything else TensorFlow writes then
-passed on (:func:`quiet_tensorflow_imports`). Engines start with ``TF_CPP_MIN_LOG_LEVEL=1``
+passed on (:func:`quiet_tensorflow_imports`). While a cell runs in the kernel, the one C++
+warning ``fit()`` under tf.distribute writes every run (:data:`RUN_NOISE`) is dropped the same
+way. Engines start with ``TF_CPP_MIN_LOG_LEVEL=1``
 (:mod:`kdist_magics.cluster.follow`). ``%config KDist.tf_info_logs = True`` keeps them all.
 """
 
@@ -44,28 +46,45 @@ def _warnings_and_above(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING
 
 
+#: lines TensorFlow's C++ writes while an in-kernel strategy trains that tell a user nothing:
+#: Keras' data adapter under tf.distribute feeds fit() from a Python generator, which
+#: TensorFlow 2.16-2.21 warns "will not be optimized" (a W line, shown at any level but 2)
+RUN_NOISE = re.compile(START_UP_NOISE.pattern +
+                       r"|dataset\.cc:\d+\] Input of GeneratorDatasetOp::Dataset will not be optimized")
+
+
 @contextlib.contextmanager
-def quiet_info(quiet: bool = True) -> Iterator[None]:
-    """Within the block, the ``tensorflow`` logger passes WARNING and above only (when ``quiet``)."""
+def quiet_info(quiet: bool = True, stderr: bool = False) -> Iterator[None]:
+    """Within the block, the ``tensorflow`` logger passes WARNING and above only (when ``quiet``);
+    with ``stderr`` (a cell that runs in this process), the process's stderr also drops
+    :data:`RUN_NOISE` lines, passing everything else on at once."""
     if not quiet:
         yield
         return
     logger = logging.getLogger(LOGGER)
     logger.addFilter(_warnings_and_above)
     try:
-        yield
+        with _lines_dropped(RUN_NOISE) if stderr else contextlib.nullcontext():
+            yield
     finally:
         logger.removeFilter(_warnings_and_above)
 
 
 @contextlib.contextmanager
 def _start_up_lines_dropped() -> Iterator[None]:
+    """TensorFlow's import, its :data:`START_UP_NOISE` dropped (:func:`_lines_dropped`)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # read once, as TF starts
+    with _lines_dropped(START_UP_NOISE):
+        yield
+
+
+@contextlib.contextmanager
+def _lines_dropped(noise: "re.Pattern[str]") -> Iterator[None]:
     """The process's stderr (file descriptor 2) goes through a filter for the block: a thread
-    passes every line on at once but :data:`START_UP_NOISE` (at once: a crash meanwhile, such
+    passes every line on at once but those ``noise`` matches (at once: a crash meanwhile, such
     as an abort inside TensorFlow's import, still shows its last words)."""
     import threading
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # read once, as TF starts
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -80,10 +99,10 @@ def _start_up_lines_dropped() -> Iterator[None]:
         rest = b""
         while chunk := os.read(read_end, 65536):
             *lines, rest = (rest + chunk).split(b"\n")
-            kept = [ln for ln in lines if not START_UP_NOISE.search(ln.decode(errors="replace"))]
+            kept = [ln for ln in lines if not noise.search(ln.decode(errors="replace"))]
             if kept:
                 os.write(saved, b"\n".join(kept) + b"\n")
-        if rest and not START_UP_NOISE.search(rest.decode(errors="replace")):
+        if rest and not noise.search(rest.decode(errors="replace")):
             os.write(saved, rest)
 
     thread = threading.Thread(target=pump, name="kdist-tf-start-up-lines", daemon=True)
