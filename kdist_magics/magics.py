@@ -26,7 +26,6 @@ from .watch.record import RunRecord
 from .watch.tf_logs import quiet_info
 
 
-
 @magics_class
 class KDist(Magics):
     """Distributed Keras training from one notebook cell."""

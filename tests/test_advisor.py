@@ -18,7 +18,6 @@ from kdist_magics.choose.hardware import GiB, GPU, Hardware, detect, detect_gpus
 from kdist_magics.spec import parse_line
 
 
-
 def gpus(n, mem_gib=16, name="V100"):
     return [{"name": name, "memory_bytes": mem_gib * GiB}] * n
 

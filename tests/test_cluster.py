@@ -618,8 +618,11 @@ def test_preload_imports_after_the_thread_variables_and_leaves_gpus_and_failures
             "said = preload(['wave', 'kd_no_such_module', 'json'], 2)\n"
             "print(said, '|', os.environ.get('TF_NUM_INTRAOP_THREADS'), os.environ.get('TF_NUM_INTEROP_THREADS'),"
             " 'wave' in sys.modules)")
-    run = lambda gpus: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                                      env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus}).stdout.strip()
+
+    def run(gpus):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus}).stdout.strip()
+
     # a failing import stops the preload there and says why; the run imports again and names it
     assert run("") == "kd_no_such_module failed: ModuleNotFoundError: No module named 'kd_no_such_module' | 2 2 True"
     # GPUs here: a rank's GPU is chosen as its run starts, so nothing is imported or set before

@@ -22,7 +22,6 @@ def test_net_connections_on_both_psutils():
     assert net_connections(OldPsutil()) == [("old", "inet")]
 
 
-
 def test_colab_widget_manager_is_enabled_once_and_only_on_colab(monkeypatch):
     import sys
     import types

@@ -209,7 +209,6 @@ def test_readme_links_resolve_to_built_pages(built_docs):
     assert not missing, f"README.md links to docs pages that did not build: {missing}"
 
 
-
 @pytest.mark.docs
 def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
     """The built tutorial pages, opened from disk in headless Chromium, show each executed
@@ -250,6 +249,7 @@ def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
         finally:
             browser.close()
     # every page whose notebook runs a %%kdist cell with its dashboard shows at least one
+
     def dashboards(name: str) -> bool:
         cells = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())["cells"]
         lines = [ln for c in cells if c["cell_type"] == "code" for ln in "".join(c["source"]).splitlines()]

@@ -347,7 +347,6 @@ def test_restarting_the_engines_leaves_the_kernels_open_files_flat(kern):
     assert psutil.Process(kern.pid).num_fds() == before
 
 
-
 def test_kdist_stop_ends_every_process_and_the_next_cell_starts_again(kern):
     pids = set(kern.children())
     assert len(pids) >= 3  # controller and two engines (+ nannies)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 import types
 
 import numpy as np

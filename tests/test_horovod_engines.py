@@ -586,7 +586,6 @@ def test_a_dying_rank_is_reported_with_its_exit_status_and_engines_restart(hip):
     assert phases[0]["detail"] == "2 of 2 registered"
 
 
-
 FROZEN_CELL = """
 import os, signal, time, numpy as np
 hvd.allreduce(np.ones(4, "float32"))  # both ranks are in the job

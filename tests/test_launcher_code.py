@@ -23,7 +23,6 @@ variables, ``start_processes`` in a rank, ``%kdist run``'s parsing and UsageErro
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 

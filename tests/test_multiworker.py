@@ -12,7 +12,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest

@@ -10,7 +10,6 @@ refusal of a push larger than free memory.
 
 from __future__ import annotations
 
-import glob
 from pathlib import Path
 
 import numpy as np

@@ -27,7 +27,6 @@ def test_a_ring_all_reduce_costs_2_n_minus_1_over_n_of_the_bytes_plus_latency():
     assert again.latency == pytest.approx(link.latency, rel=1e-2)
 
 
-
 def test_a_loaded_host_whose_tiny_all_reduce_is_as_slow_as_the_big_one_reads_a_finite_link():
     # CI once timed the tiny all-reduce no faster than 4 MiB (a scheduler's delay, not the link)
     # and read 4e15 B/s: the latency is held to half the big one's time, the bandwidth to twice

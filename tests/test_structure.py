@@ -232,3 +232,20 @@ def test_no_module_over_400_lines_and_no_strategies_folder_over_15_modules():
     crowded = [f"{d.relative_to(PACKAGE.parent)}: {n}" for d in [strategies, *strategies.rglob("*")]
                if d.is_dir() and (n := len(list(d.glob("*.py")))) > MAX_FOLDER_MODULES]
     assert not crowded, f"folders over {MAX_FOLDER_MODULES} modules: " + ", ".join(crowded)
+
+
+def test_ruff_finds_nothing():
+    """Ruff's lint as pyproject.toml configures it (pyflakes' errors, pycodestyle's errors and
+    blank-line rules) over the package, the tests, the benchmarks and the scripts."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    if not Path(ruff).exists():
+        pytest.skip("ruff is not installed here (it is in the test extra: make test-fast installs it)")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([ruff, "check", "--no-cache", "kdist_magics", "tests", "benchmarks", "scripts",
+                           "docs/_ext"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -164,7 +164,6 @@ def test_the_users_error_is_theirs(ip, fake_tpu, capsys):
     assert kdist_magics.last_run().status == "failed"
 
 
-
 def test_a_backend_kdist_cannot_drive_is_refused(ip, fake_tpu, monkeypatch):
     ext, runtime, cache = fake_tpu
     monkeypatch.setattr("kdist_magics.strategies.frameworks.backends.keras_backend", lambda env=None: "torch")

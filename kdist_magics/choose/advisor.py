@@ -41,6 +41,7 @@ PROCESS_BACKENDS = ("jax", "torch")
 
 # -- the rules ----------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Rule:
     """One row of the decision table.

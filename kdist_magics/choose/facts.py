@@ -28,8 +28,6 @@ SMALL_EPOCH_S = 10.0
 BIG_DATA_BYTES = 1e9
 
 
-
-
 def human(n: float) -> str:
     """12345 -> '12k', 3.2e9 -> '3.2B'."""
     for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):

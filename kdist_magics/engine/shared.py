@@ -30,7 +30,6 @@ HELD: dict[str, tuple[str, Any]] = {}
 
 def segment_worthy(value) -> bool:
     """An array that travels through a segment: NumPy, no Python objects, :data:`MIN_BYTES` up."""
-    import numpy as np
 
     return plain_array(value) and value.nbytes >= MIN_BYTES
 
@@ -193,7 +192,6 @@ def _build(desc) -> Any:
 
 def arrays(value) -> list:
     """Every NumPy array in ``value`` (itself, or in its tuples, lists and dicts)."""
-    import numpy as np
 
     if plain_array(value):
         return [value]

@@ -270,7 +270,6 @@ def line_help() -> str:
             "Example: %kdist start --strategy horovod --np 4 (then write the first cell).\n")
 
 
-
 # -- code written for a launcher (torchrun, TF_CONFIG, jax.distributed), inside a run -------
 def launcher_mismatch(call: str, given: str, run: str, option: str,
                       otherwise: str = "leave the argument out (the run's own group is set up "

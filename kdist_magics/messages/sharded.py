@@ -88,6 +88,7 @@ def layout_keys_unused(keys: list[str], example: str | None) -> str:
     return (f"LayoutMap key{'s' if len(keys) > 1 else ''} {shown} matched no variable, so those "
             f"variables stay replicated; keys must match the whole path (re.fullmatch){hint}")
 
+
 def layout_per_device(weight_bytes: int, optimizer_bytes: int) -> str:
     """A sharded run's share of the model on each device (the dashboard, ``layout()``)."""
     from ..choose.facts import human_bytes

@@ -37,8 +37,6 @@ def slurm_gave_up(job: str, words: str, seconds: float) -> str:
             f"The cell did not run")
 
 
-
-
 def slurm_interrupted(job: str, words: str) -> str:
     return f"interrupted: kdist cancelled Slurm job {job} ({words})"
 

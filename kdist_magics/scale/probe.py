@@ -229,6 +229,7 @@ def choose_measured(table: ScaleTable, spec):
     if not measured:
         return None
     best = max(measured, key=lambda r: r.speedup)
+
     def at(n: int):  # the probed strategy at n ranks, where the line left their number open
         if not table.link.fitted:
             return spec if "np" in spec.given else replace(spec, np=n)

@@ -54,7 +54,6 @@ def _arrays(*parts) -> bool:
     return parts[0] is not None and all(ok(p) for p in parts)
 
 
-
 @contextlib.contextmanager
 def patched_data_methods(wrap: Callable[[str, Callable], Callable]):
     """While open, ``keras.Model.fit/evaluate/predict`` are ``wrap(name, original)``; put back

@@ -28,7 +28,6 @@ def elastic_env(env: dict[str, str]) -> dict[str, str]:
 ELASTIC_VARS = ("HOROVOD_ELASTIC", "HOROVOD_GLOO_TIMEOUT_SECONDS")
 
 
-
 def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[str, Any]:
     """Set this rank's HOROVOD_*/Gloo variables, (re)initialise Horovod, bind ``hvd``.
 

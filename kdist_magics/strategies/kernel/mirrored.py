@@ -29,6 +29,7 @@ from ..frameworks.backends import CPU_DEFAULT_DEVICES, check_backend, keras_back
 from ..base import RunContext, Strategy
 from .run import run_cell_here
 
+
 def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
     """The device names for MirroredStrategy and a word for what they are.
 

@@ -31,6 +31,7 @@ from ...choose.hardware import TPU, TPU_PLACES, detect_tpu
 from ..base import RunContext, Strategy
 from .run import run_cell_here
 
+
 def no_tpu(looked: str = TPU_PLACES, detail: str = ""):
     return errors.no_tpu(looked, detail)
 
@@ -118,7 +119,7 @@ class TPUStrategy(Strategy):
         if self.strategy is None and self._jax is None:
             from .tpu_hygiene import refuse_if_held  # before this process takes the TPU
 
-            refuse_if_held(lambda: tpu)
+            refuse_if_held(lambda: tpu, started=lambda: False)  # its own runtimes say whether
         from ..frameworks.backends import check_backend
 
         if check_backend("tpu") == "jax":

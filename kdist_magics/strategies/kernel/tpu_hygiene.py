@@ -47,15 +47,15 @@ def held_by(paths: list[str], me: int | None = None) -> tuple[int, str] | None:
     return None
 
 
-def refuse_if_held(find=None, strategy: str = "tpu") -> None:
+def refuse_if_held(find=None, strategy: str = "tpu", started=None) -> None:
     """Before this process first takes a TPU of this host: raise ``StrategyUnavailable``
     naming another process that holds it (pid, command, the fix). Nothing where there is no
-    local TPU, or where this process's JAX has already started its backend (it holds the TPU
-    itself then, or runs on another platform)."""
+    local TPU, or where ``started()`` says this process has taken it already (default: its
+    JAX has started its backend, so it holds the TPU itself, or runs on another platform)."""
     from ...choose.hardware import detect_tpu
 
     tpu = (find or detect_tpu)()
-    if tpu is None or tpu.target != "local" or backend_started():
+    if tpu is None or tpu.target != "local" or (started or backend_started)():
         return
     holder = held_by(tpu_paths(tpu.found_by))
     if holder is not None:

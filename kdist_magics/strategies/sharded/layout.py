@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import html
 import math
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
