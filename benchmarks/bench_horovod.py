@@ -13,7 +13,7 @@ cell and under ``horovodrun -np 2 --gloo``. Per repeat, in a rotating order:
   N  horovodrun as is (TensorFlow's default threads), for reference (only with --variants ...,N)
   O  K in a second kernel with ``KDist.private_network = False``: the engines on the host's
      network, the controller on TCP (only with --variants ...,O); K / O is what the private
-     network costs (issue 18: "P1 within noise")
+     network costs ("P1 within noise")
 
 P1 = K / S steady-state steps/s; P4 = K / T; P2 = (cell submit -> rank 0's first
 step end, K) / (horovodrun launch -> rank 0's first step end, S); P5 = step end
@@ -165,7 +165,7 @@ def main(argv=None) -> dict:
     if "T" in variants:
         results["goals"]["P4"] = {"value": rates["K"] / rates["T"], "goal": ">= 0.98"}
         results["goals"]["P4 per CPU-s"] = {"value": cpu["K"] / cpu["T"], "goal": ">= 0.98"}
-    if "O" in variants:  # issue 18: the private network costs nothing beside the engine
+    if "O" in variants:  # the private network costs nothing beside the engine
         results["networks"] = networks
         results["goals"]["P1 private/host network"] = {"value": rates["K"] / rates["O"], "goal": "~1 (noise)"}
         results["goals"]["P1 private/host network per CPU-s"] = {"value": cpu["K"] / cpu["O"],

@@ -17,7 +17,7 @@ For ``%%kdist --strategy horovod --np 2`` on one warm cluster, repeated ``--repe
 Engine-side moments are ``time.time()`` written by the ranks to a file (same host, same clock).
 Usage: ``python benchmarks/failure_times.py [--repeat 3] [--json out.json]``.
 
-``--matrix`` instead runs issue 20's fault matrix once (``tests/fault_matrix.py``: every fault
+``--matrix`` instead runs the fault matrix once (``tests/fault_matrix.py``: every fault
 at every phase kdist's phase barrier can hold, for horovod, multiworker and its JAX and
 PyTorch forms (``--strategies``), and the kernel killed or restarted) and prints each case's outcome, seconds from the fault to it, whether the
 next cell worked and what was left, then the same as a Markdown table for docs/guide/troubleshooting.md.

@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         values["P3 A/B"] = dashboard["P3"]
     if dashboard and (dashboard.get("direct") or {}).get("ratio") is not None:
         # judged by the direct share of the dashboard's and telemetry's threads, which a
-        # 2-core VM resolves; its A/B throughput pairs do not (issue 16), and stay beside it
+        # 2-core VM resolves; its A/B throughput pairs do not, and stay beside it
         values["P3"] = dashboard["direct"]["ratio"]
         p3_from = (f"the direct share (dashboard_overhead.py, in-kernel default strategy); "
                    f"A/B pairs median {dashboard['P3']:.3f}")

@@ -209,7 +209,7 @@ class KDist(Magics):
 
     def _check_jax_initialize(self, cell: str, name: str) -> None:
         """A cell in the kernel that joins a multi-host JAX job once JAX has started (or kdist
-        will start it to find the devices): one line, before anything runs (issue 47.4)."""
+        will start it to find the devices): one line, before anything runs."""
         from .strategies.frameworks.backends import keras_backend
         from .errors import initialize_again, initialize_too_late
         from .strategies.kernel.tpu_hygiene import backend_started, calls_initialize, joined

@@ -28,7 +28,7 @@ from kernel_driver import PRELUDE, Kernel, alive, isolated_env, kernel_helpers, 
 
 FAULTS = ("engine-kill", "engine-stop", "controller-kill", "kernel-kill", "kernel-restart", "port-taken")
 KERNEL_FAULTS = ("kernel-kill", "kernel-restart")
-GONE_WITHIN = 10.0  # a kernel that is gone takes its processes within this (issue 20)
+GONE_WITHIN = 10.0  # a kernel that is gone takes its processes within this
 CASE_BOUND = 120.0  # a case whose cell has not ended this long after the fault hangs
 
 #: the cell of the ``stopping`` phase (held as it is about to end the engines)

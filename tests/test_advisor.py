@@ -372,7 +372,7 @@ def test_other_backends_keep_to_default():
 
 
 def test_advise_does_not_contradict_itself_on_small_data_and_short_epochs():
-    """Issue 49.10: 1.0k samples (4.2 MB) beside a large model were "large data: more devices
+    """1.0k samples (4.2 MB) beside a large model were "large data: more devices
     shorten each epoch", and an epoch "under a second" was "long enough that more devices pay
     off"; the deciding row's mark was in the text table only."""
     from kdist_magics.choose.advisor import RULES

@@ -553,7 +553,7 @@ FORKER = ("import multiprocessing as mp, os, sys, time\n"
 
 @pytest.mark.parametrize("ended", ["killed", "exits"])
 def test_what_a_following_process_forked_ends_with_it_however_it_ends(tmp_path, ended):
-    """Issue 50: the controller forks its schedulers (multiprocessing, fork); killed while they
+    """The controller forks its schedulers (multiprocessing, fork); killed while they
     ran (or gone without ending them), its children were left with init as their parent and
     nothing to end them. The guard ends the follower's process group, which forked children
     stay in, once the follower is gone."""
@@ -706,7 +706,7 @@ def test_a_stopped_engine_of_an_attached_cluster_counts_as_lost_but_is_never_end
 
 
 def test_the_guard_removes_the_push_names_of_a_kernel_that_died_and_of_its_own_process(tmp_path):
-    """Issue 48.3: a kernel killed while a --push segment is named (kdist-<kernel pid>-*), or an
+    """A kernel killed while a --push segment is named (kdist-<kernel pid>-*), or an
     engine that made segments for its host (kdist-<engine pid>-*), leaves nothing in /dev/shm:
     the guard that follows the engine removes both names once they are gone."""
     import os

@@ -1,4 +1,4 @@
-"""The corpus of code written for the standard launchers (issue 35), and every change from it.
+"""The corpus of code written for the standard launchers, and every change from it.
 
 :data:`CORPUS` lists each piece of official code kdist runs unchanged in CI: where it is
 published, how it runs (a cell, ``%kdist run``, or both), every change from the original with

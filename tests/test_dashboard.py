@@ -476,7 +476,7 @@ def _displayed(monkeypatch) -> list:
 
 
 def test_a_cell_that_trained_nothing_looks_finished(monkeypatch):
-    """Issue 49.7: 5 of notebook 03's 6 dashboards (cells with no fit) stayed on "waiting for
+    """5 of notebook 03's 6 dashboards (cells with no fit) stayed on "waiting for
     fit()..." with an empty loss chart after they had finished."""
     displayed = _displayed(monkeypatch)
     rec = RunRecord("horovod", size=2)
@@ -493,7 +493,7 @@ def test_a_cell_that_trained_nothing_looks_finished(monkeypatch):
 
 
 def test_a_cell_that_never_began_leaves_no_dashboard(monkeypatch):
-    """Issue 49.7: a cell refused before it ran (DevicesFixed, StrategyUnavailable) drew a
+    """A cell refused before it ran (DevicesFixed, StrategyUnavailable) drew a
     "failed, 0/4 ranks" dashboard beside its one line "The cell did not run."."""
     displayed = _displayed(monkeypatch)
     rec = RunRecord("mirrored", size=4)
@@ -522,7 +522,7 @@ def test_a_refused_cell_finishes_its_record_as_not_run(ip, monkeypatch):
 
 
 def test_the_chart_says_what_a_training_point_is(monkeypatch):
-    """Issue 49.8: the loss line steps down at each epoch boundary because each point is Keras'
+    """The loss line steps down at each epoch boundary because each point is Keras'
     running mean of the epoch so far; notebook 01 called it "the loss after every step". The
     widget and the static view say what is plotted."""
     displayed = _displayed(monkeypatch)
@@ -538,7 +538,7 @@ def test_the_chart_says_what_a_training_point_is(monkeypatch):
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
 def test_the_html_export_shows_the_dashboard_offline_as_the_guide_says(tmp_path, test_output):
-    """Issue 49.9: ``nbconvert --execute`` saves the widget's state, and its HTML then draws the
+    """``nbconvert --execute`` saves the widget's state, and its HTML then draws the
     dashboard with scripts from a CDN (nothing offline). The two ways the dashboard guide gives
     ("Saved notebooks and HTML files") export the static summary instead, with no widget to draw
     from the web (nbconvert's page links MathJax and require.js from a CDN either way). A

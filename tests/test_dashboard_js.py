@@ -70,6 +70,6 @@ def test_the_title_names_the_mesh_of_a_sharded_run():
 
 
 def test_rates_read_as_numbers_not_exponents():
-    """Issue 49.14: the progress line said "2.906e+4 samples/s"."""
+    """The progress line said "2.906e+4 samples/s"."""
     got = _js("[29060.4, 1234.5, 12.345, 0.0123, 0, 2.5e9, null].map(v => d.fmtNum(v))")
     assert got == ["29,060", "1,235", "12.35", "0.0123", "0", "2.50e+9", "–"]

@@ -260,7 +260,7 @@ def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
 
 
 def test_every_guide_page_is_in_exactly_one_toctree_of_the_guide():
-    """Issue 49.15: a third toctree globbed ``*`` over pages the first two already listed, so the
+    """A third toctree globbed ``*`` over pages the first two already listed, so the
     guide's sidebar showed most pages twice."""
     import re
     from collections import Counter
@@ -276,7 +276,7 @@ def test_every_guide_page_is_in_exactly_one_toctree_of_the_guide():
 
 
 def test_the_choosing_pages_rules_come_from_the_advisor():
-    """Issue 49.15: the page's hand-written rules table said, for a model that does not fit, that
+    """The page's hand-written rules table said, for a model that does not fit, that
     "every strategy here copies the model", while the advisor picks sharded there. The table is
     generated from RULES: every rule has its line, and the page has no hand-written table."""
     from kdist_magics.choose.advisor import RULES

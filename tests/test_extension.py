@@ -87,7 +87,7 @@ def test_unload_then_load_again(shell):
 
 
 def test_a_changed_keras_backend_gets_new_engines_in_one_line(ip, monkeypatch, capsys):
-    """Issue 49.1: after a multiworker cell on one backend, a cell after
+    """After a multiworker cell on one backend, a cell after
     ``os.environ['KERAS_BACKEND'] = 'torch'`` reused the warm engines (still TensorFlow), and a
     restart preloaded TensorFlow under torch (SIGABRT). The kept strategy is made for one
     backend: another backend stops its engines, in one line, and makes the strategy anew."""

@@ -154,7 +154,7 @@ def test_a_rank_raising_is_one_error_naming_rank_type_message_and_its_traceback(
 
 
 def test_forgetting_push_is_said_under_the_ranks_name_error(kern):
-    """Issue 49.5: a name the notebook has, used on the ranks without --push."""
+    """A name the notebook has, used on the ranks without --push."""
     kern.check("kd_train = [1, 2, 3]")
     err = one_error(kern.execute(f"{HVD}\nprint(len(kd_train))"))
     tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err["traceback"]))

@@ -1,9 +1,9 @@
-"""Faults at every phase of an engine run, through a real kernel (issue 20's matrix).
+"""Faults at every phase of an engine run, through a real kernel.
 
 kdist's phase barrier (:mod:`kdist_magics.engine.faults`, armed by ``KDIST_HOLD_DIR``) holds the
 kernel at a phase; ``fault_matrix.run_case`` does the fault to the process the barrier
 names, releases the hold and records the outcome. Each case must end in one of the two
-outcomes issue 20 allows: the cell fails with one named line (the expected error, and the
+outcomes allowed: the cell fails with one named line (the expected error, and the
 words saying what happened), or it carries on with the right result; then no process kdist
 started is left, and the next cell works. A case that hangs fails on the driver's bound
 (``fault_matrix.CASE_BOUND``); the seconds themselves are ``benchmarks/failure_times.py
@@ -203,7 +203,7 @@ def test_faults_on_an_attached_cluster_never_end_its_engines(tmp_path):
 
 @pytest.mark.parametrize("moment", ["as it starts", "after its first scheduler", "once it listens"])
 def test_a_controller_ended_while_it_forks_its_schedulers_takes_them_along(moment, tmp_path):
-    """Issue 50: an owned controller ended at any moment of its start (a refused or cancelled
+    """An owned controller ended at any moment of its start (a refused or cancelled
     Slurm job, Stop or ``%kdist stop`` during a start) left the schedulers it had forked
     running, parent 1, following nobody. The real controller, started as kdist starts it
     (``kdist_magics.cluster.follow``, a session of its own as ipyparallel's launcher gives it),

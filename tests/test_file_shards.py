@@ -1,4 +1,4 @@
-"""Data that does not fit in the notebook (issue 48.5): each rank reads its own files.
+"""Data that does not fit in the notebook: each rank reads its own files.
 
 Fast tier: ``shard_files`` and ``npz_shards`` (kdist_magics.datasets) with the position given or
 found from what runs the process (TF_CONFIG, torch.distributed, Horovod). Engines tier: the same

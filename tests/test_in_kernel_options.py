@@ -174,7 +174,7 @@ model.fit(np.ones((64, 3), "float32"), np.ones(64, "float32"), batch_size=8, epo
 
 @pytest.mark.kernel
 def test_stop_swallowed_inside_a_del_during_fit_still_stops_it_and_the_run_is_interrupted(ip):
-    """Issue 49.6: in 1 of 4 Stops during a mirrored fit the interrupt landed in a ``__del__``,
+    """In 1 of 4 Stops during a mirrored fit the interrupt landed in a ``__del__``,
     Python ignored it and all the epochs ran on; and an in-kernel Stop showed ``failed`` where
     engine runs say ``interrupted``. The Stop is raised again at the next batch."""
     from kdist_magics.errors import CellInterrupted
@@ -192,7 +192,7 @@ def test_stop_swallowed_inside_a_del_during_fit_still_stops_it_and_the_run_is_in
 
 @pytest.mark.kernel
 def test_in_kernel_replicas_name_this_host_and_process(ip):
-    """Issue 49.14: to_pandas("ranks") under mirrored had host and pid None (the dashboard showed them)."""
+    """To_pandas("ranks") under mirrored had host and pid None (the dashboard showed them)."""
     import os
     import socket
 

@@ -1,6 +1,6 @@
 """Code written for the standard launchers runs as it is in a kdist cell and with ``%kdist run``.
 
-Part of the corpus of issue 35; the whole list, with every change from the original code and
+Part of the corpus (tests/corpus); the whole list, with every change from the original code and
 its reason, is ``CORPUS`` in ``tests/test_corpus.py`` (the README's table comes from it). Here:
 
 1. TensorFlow's tutorial "Multi-worker training with Keras" (tensorflow.org/tutorials/
@@ -361,7 +361,7 @@ def test_kdist_run_usage_errors_are_one_line(ip, tmp_path):
 
 def test_torch_distributed_code_under_another_backend_is_one_line_before_anything_starts(ip, tmp_path,
                                                                                            monkeypatch):
-    """Issue 49.3: a plain PyTorch DDP script under the default backend failed on every rank
+    """A plain PyTorch DDP script under the default backend failed on every rank
     with "RANK expected, but not set", with no word of KERAS_BACKEND=torch."""
     from kdist_magics.errors import StrategyUnavailable
     from kdist_magics.strategies.frameworks import backends
@@ -569,9 +569,9 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
     shown = re.sub(r"\x1b\[[0-9;]*m", "", shown)
     assert said.startswith("rank 1: ValueError: no data on this rank"), said
     assert "bad.py" in shown and "raise ValueError" in shown, shown
-    # the traceback starts at one short line, not the whole script pasted as one (issue 49.11)
+    # the traceback starts at one short line, not the whole script pasted as one
     assert "def main():" not in shown.split("bad.py")[0], shown
-    auto = r["auto"]  # issue 49.4: %kdist run without --strategy ran on the engines
+    auto = r["auto"]  # %kdist run without --strategy ran on the engines
     assert not isinstance(auto, str), auto
     assert [a[1:] for a in auto] == [["--epochs", "1"]] * 2
     assert "no --strategy given, so train.py runs under --strategy multiworker" in r["_stdout"]
@@ -599,7 +599,7 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
 
 
 def test_pull_of_a_name_the_script_binds_only_inside_main_is_said_before_it_runs():
-    """Issue 49.13: --pull model of a script whose model lives inside main() failed the run after
+    """--pull model of a script whose model lives inside main() failed the run after
     training; the script is read first, and the line says that only its globals travel."""
     from kdist_magics.strategies.multiworker.run_script import not_global
 

@@ -165,7 +165,7 @@ def test_keras_on_torch_across_two_engine_processes():
 @pytest.mark.engines
 @pytest.mark.slow
 def test_switching_the_keras_backend_between_cells_gets_engines_for_the_new_one():
-    """Issue 49.1, as a newcomer hit it: a multiworker cell on TensorFlow, then
+    """As a newcomer hit it: a multiworker cell on TensorFlow, then
     ``os.environ['KERAS_BACKEND'] = 'torch'`` and the same cell: it ran on the old TensorFlow
     engines, and with ``--np 3`` every start died (SIGABRT: TensorFlow preloaded under torch)."""
     cell = "import keras\nkd_backend = keras.backend.backend()"

@@ -332,7 +332,7 @@ kd_push = {"host": socket.gethostname(), "pid": os.getpid(), "sum": float(big.su
 
 
 def test_a_push_travels_once_to_each_host_and_is_shared_there(shell, hosts):
-    """Issue 48.1: engines on other hosts get a large array in one transfer per host: that
+    """Engines on other hosts get a large array in one transfer per host: that
     host's first engine makes the shared-memory segment there, the others map it; a host with
     one engine binds it as it came; no name is left in /dev/shm; unchanged, it is not sent again."""
     import glob

@@ -1,4 +1,4 @@
-"""Issue 18: no other user of a shared host can reach a run.
+"""No other user of a shared host can reach a run.
 
 Engines tier. A fresh IPython shell (the kernel) runs a horovod and a multiworker cell on 2
 engines (a JAX and a PyTorch multiworker cell each in a shell of its own), and rank 0 waits inside its cell while

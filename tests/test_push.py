@@ -1,4 +1,4 @@
-"""Issue 48: ``--push`` of large arrays, one copy per host and nothing sent twice.
+"""``--push`` of large arrays, one copy per host and nothing sent twice.
 
 Engines tier (real engines on this host, Keras on JAX, so they start fast): the arrays reach every
 rank equal, through shared memory mapped copy-on-write (a rank that writes to its copy changes

@@ -84,7 +84,7 @@ def test_phases_follow_each_other_and_training_begins_with_the_first_metric_row(
 
 
 def test_layout_of_a_run_that_has_none_says_why(capsys):
-    """Issue 49.13: last_run().layout() after a non-sharded or failed run returned None silently."""
+    """Last_run().layout() after a non-sharded or failed run returned None silently."""
     from kdist_magics.watch.record import RunRecord
 
     assert RunRecord("mirrored", size=2).layout() is None

@@ -1,4 +1,4 @@
-"""``%kdist scale`` (issue 46): the stated model, the advice drawn from figures, the probe's
+"""``%kdist scale``: the stated model, the advice drawn from figures, the probe's
 step timing, kdist's ring all-reduce between processes, and the probe on real engines."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``%kdist scale``'s predictions, checked (issue 46.4), as ``benchmarks/scale_prediction.py``
+"""``%kdist scale``'s predictions, checked, as ``benchmarks/scale_prediction.py``
 (P10) measures them: a shell with kdist in a network namespace of its own whose loopback is
 limited with ``tc ... tbf rate`` (``netem`` is not available here), so the engines' link is a
 slow one; each rank computes on one thread pinned to a core of its own (as each rank would have

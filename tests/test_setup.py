@@ -78,7 +78,7 @@ def test_make_test_runs_the_long_tier_beside_the_colab_part():
 
 
 def test_make_test_runs_the_tensorflow_free_part_on_colabs_tpu_pins():
-    """Issue 47: .venv-colab-tpu (Colab's TPU runtime: no TensorFlow) is set up beside the main
+    """.venv-colab-tpu (Colab's TPU runtime: no TensorFlow) is set up beside the main
     suite, after .venv-colab, and after the netns and Slurm tiers, in their session, runs the
     tests marked notf where that set-up succeeded, counted in the account."""
     lines = make_test_steps()

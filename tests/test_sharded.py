@@ -386,7 +386,7 @@ BUILDS_ITS_OWN = ("model = keras.Sequential([keras.Input((8,)), keras.layers.Den
 @pytest.mark.kernel
 @pytest.mark.timeout(400)
 def test_a_model_built_before_the_cell_is_named_in_one_line_and_nothing_runs():
-    """Issue 49.2: a model built in a plain cell, then compiled and fit in a sharded cell over 4
+    """A model built in a plain cell, then compiled and fit in a sharded cell over 4
     logical devices, failed deep in JAX ("Received incompatible devices for jitted
     computation"). kdist names it before the cell runs, and the cell that builds its own
     model trains; a later cell without --mesh says it keeps the mesh."""
@@ -409,7 +409,7 @@ def test_a_model_built_before_the_cell_is_named_in_one_line_and_nothing_runs():
     assert r["again"] == ["None", [64, 1]], r["again"]  # the mesh's own model: used again
     assert "mesh 2,2 over 4 devices, as the previous sharded cell on them chose" in r["_stdout"]
     import os
-    if (os.cpu_count() or 1) < 4:  # issue 49.14: 4 logical devices on fewer cores are said to share them
+    if (os.cpu_count() or 1) < 4:  # 4 logical devices on fewer cores are said to share them
         assert "the 4 devices are logical CPU devices sharing" in r["_stdout"]
 
 

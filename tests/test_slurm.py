@@ -113,7 +113,7 @@ def kdist_processes_of_this_kernel() -> list[int]:
     return found
 
 
-#: a Slurm start, cancelled at each of its phases (issue 50's fault-matrix case): how it is ended
+#: a Slurm start, cancelled at each of its phases (a fault-matrix case): how it is ended
 CANCELLED_AT = {
     "refused by sbatch": "the job is refused",
     "pending, --timeout": "--timeout ends the wait",
@@ -126,7 +126,7 @@ CANCELLED_AT = {
 
 @pytest.mark.parametrize("phase", list(CANCELLED_AT))
 def test_a_slurm_start_cancelled_at_each_of_its_phases_leaves_nothing(shell, slurm, phase):
-    """Issue 50: a Slurm start ended at each of its phases leaves no job in Slurm's queue and no
+    """A Slurm start ended at each of its phases leaves no job in Slurm's queue and no
     process kdist started (the controller, its forked schedulers, the follow guards), as the
     user would end it at that phase. (The Slurm tests share one Slurm, so this case lives here
     rather than in test_fault_matrix.py.) Only this case's processes count: one an earlier test

@@ -249,3 +249,20 @@ def test_ruff_finds_nothing():
     done = subprocess.run([ruff, "check", "--no-cache", "kdist_magics", "tests", "benchmarks", "scripts",
                            "docs/_ext"], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_no_work_item_numbers_in_code_or_comments():
+    """A work-item number means nothing to a reader of the code: what a comment or docstring says
+    stands on its own (an upstream project's issue is named with its project, owner/repo#N)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for folder in ("kdist_magics", "tests", "benchmarks", "scripts"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix not in (".py", ".js") or "__pycache__" in path.parts:
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"\b[Ii]ssues? \d+(\.\d+)?\b", line):
+                    found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -457,7 +457,7 @@ class FakeTpuMonitoring:
 
 @pytest.mark.parametrize("chips", [1, 8])  # Colab's v5e-1 / v6e-1, Kaggle's v5e-8
 def test_the_tpus_own_duty_cycle_and_memory_come_from_libtpus_monitoring_sdk(monkeypatch, chips):
-    """Issue 47.3: duty cycle and high-bandwidth memory per chip, sampled as GPUs are, from
+    """Duty cycle and high-bandwidth memory per chip, sampled as GPUs are, from
     libtpu's monitoring SDK where it is importable; the row says which source it read."""
     monkeypatch.setattr(sampling_mod, "_libtpu_monitoring", lambda: FakeTpuMonitoring(chips))
     row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False).sample()

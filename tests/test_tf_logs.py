@@ -95,7 +95,7 @@ NOISE = ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard",
 @pytest.mark.kernel
 @pytest.mark.parametrize("keep", [False, True])
 def test_tensorflows_start_up_lines_are_quiet_in_a_kernel_with_kdist_unless_asked_for(keep, tmp_path):
-    """Issue 49.12: TensorFlow's C++ start-up lines (absl's pre-init warning and oneDNN's twice,
+    """TensorFlow's C++ start-up lines (absl's pre-init warning and oneDNN's twice,
     the CPU instruction list: 6-9 red lines) showed in a notebook's first TensorFlow cell, also
     a plain one's; TF_CPP_MIN_LOG_LEVEL=2 still left the oneDNN lines. With kdist loaded they
     are dropped, other output on that stream is kept; KDist.tf_info_logs brings them back."""

@@ -260,7 +260,7 @@ def _held_tpu(tmp_path, monkeypatch):
 
 @pytest.mark.notf  # JAX only: also in .venv-colab-tpu
 def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, tmp_path, monkeypatch):
-    """Issue 47.4: the TPU held by another process (a crashed kernel's leftover holding libtpu's
+    """The TPU held by another process (a crashed kernel's leftover holding libtpu's
     lock file, jax-ml/jax#10192) is named with its pid and the fix, and nothing runs."""
     try:
         with _held_tpu(tmp_path, monkeypatch) as holder:
@@ -317,7 +317,7 @@ def test_only_a_real_multi_host_initializer_counts_not_any_initialize():
 @pytest.mark.kernel
 @pytest.mark.notf  # JAX only: also in .venv-colab-tpu
 def test_one_tpu_chip_is_said_to_be_one_replica_on_jax():
-    """Issue 47.2: on Colab's single chip (v5e-1, v6e-1) --strategy tpu runs on that chip and
+    """On Colab's single chip (v5e-1, v6e-1) --strategy tpu runs on that chip and
     says that one chip is one replica (JAX's one device stands in for it here)."""
     from conftest import run_in_fresh_shell
 
@@ -339,7 +339,7 @@ out["r"] = [repr(err), ip.user_ns.get("kd_r")]
 @pytest.mark.kernel
 @pytest.mark.notf  # JAX only: also in .venv-colab-tpu
 def test_joining_a_multi_host_jax_job_too_late_is_one_line_before_the_cell():
-    """Issue 47.4: ``jax.distributed.initialize()`` (or Keras' wrapper) in a cell, once JAX's
+    """``jax.distributed.initialize()`` (or Keras' wrapper) in a cell, once JAX's
     backend has started, where kdist starts it to find the devices, or a second time, is named
     in one line with the fix, and the cell does not run; in the first cell of a fresh kernel it
     runs (the default strategy leaves JAX's backend alone)."""
@@ -385,7 +385,7 @@ joining("again", "--strategy default", "import keras\\nkeras.distribution.initia
 @pytest.mark.kernel
 @pytest.mark.notf  # JAX only: also in .venv-colab-tpu
 def test_eight_tpu_chips_train_data_parallel_over_eight_and_sharded_over_a_mesh_of_them(tmp_path):
-    """Issue 47.2: Kaggle's v5e-8 as its runtime shows itself (``TPU_ACCELERATOR_TYPE=v5litepod-8``
+    """Kaggle's v5e-8 as its runtime shows itself (``TPU_ACCELERATOR_TYPE=v5litepod-8``
     and eight ``/dev/vfio/N``; eight JAX devices, CPU ones standing in for the chips):
     ``--strategy tpu`` is DataParallel over the eight (one replica per chip, every variable
     whole on each), and ``--strategy sharded`` splits the model over a mesh of the eight."""

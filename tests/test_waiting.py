@@ -220,7 +220,7 @@ def test_ipyparallels_error_for_an_engine_already_gone_becomes_its_death():
 
 
 def test_a_name_error_for_a_notebook_name_that_was_not_pushed_names_the_push():
-    """Issue 49.5: forgetting --push gave "NameError: name 'x_train' is not defined" on every rank
+    """Forgetting --push gave "NameError: name 'x_train' is not defined" on every rank
     while x_train was in the notebook, with no word of --push."""
     from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""Issue 47: kdist where TensorFlow is not installed, as on Colab's TPU runtime (JAX 0.7.2,
+"""Kdist where TensorFlow is not installed, as on Colab's TPU runtime (JAX 0.7.2,
 Keras 3.13.2, no TensorFlow) and on a torch-only stack.
 
 Each test runs a fresh Python with an IPython shell and kdist loaded. In ``.venv-colab-tpu``
@@ -216,7 +216,7 @@ kd_frameworks = sorted(m for m in ("tensorflow", "jax") if m in sys.modules)""")
 @pytest.mark.engines
 @pytest.mark.timeout(900)
 def test_a_torch_only_stack_trains_with_default_auto_and_multiworker(tmp_path):
-    """Issue 47.1: Keras on PyTorch with neither TensorFlow nor JAX: the plainest cell (auto),
+    """Keras on PyTorch with neither TensorFlow nor JAX: the plainest cell (auto),
     ``--strategy default`` and ``--strategy multiworker --np 2`` (Keras' own torch guide as a
     cell: DistributedDataParallel over kdist's process group) train; Horovod refuses in one line."""
     pytest.importorskip("torch", reason="PyTorch is in .venv-colab-tpu and the torch extra")

@@ -189,7 +189,7 @@ def interrupted(stopped: list[int]) -> str:  # the one line after Stop during an
             f"made so far stays on the ranks (and in last_run())")
 
 
-#: under the dashboard's curves: what a point of a training curve is (issue 49.8)
+#: under the dashboard's curves: what a point of a training curve is
 CURVES_NOTE = ("training curves: at each step, Keras' running mean over the epoch so far (as its "
                "progress bar shows), so a line steps down where an epoch begins; hollow points: "
                "validation, once per epoch")
@@ -221,14 +221,14 @@ def push_missing(name: str) -> str:  # a rank's NameError for a name the noteboo
 
 
 def run_chose(strategy: str, script: str) -> str:
-    """``%kdist run`` with no --strategy: a launcher script runs on engines (issue 49.4)."""
+    """``%kdist run`` with no --strategy: a launcher script runs on engines."""
     why = "it imports horovod" if strategy == "horovod" else "a launcher script runs on engine ranks"
     return (f"%kdist run: no --strategy given, so {script} runs under --strategy {strategy} ({why}); "
             f"--strategy chooses another")
 
 
 def torch_code_other_backend(backend: str) -> str:
-    """torch.distributed code under multiworker on another Keras backend (issue 49.3)."""
+    """torch.distributed code under multiworker on another Keras backend."""
     return (f"this code uses torch.distributed, but Keras' backend here is {backend}: --strategy "
             f"multiworker sets torch's launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) "
             f"under KERAS_BACKEND=torch only. Set os.environ['KERAS_BACKEND'] = 'torch' before "

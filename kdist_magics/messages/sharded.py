@@ -39,7 +39,7 @@ def sharded_not_on(backend: str) -> str:
 
 
 def built_outside_mesh(names: list[str], devices: int) -> str:
-    """A sharded cell would use a model built before it, outside its mesh (issue 49.2)."""
+    """A sharded cell would use a model built before it, outside its mesh."""
     which = ", ".join(f"'{n}'" for n in names)
     return (f"{which} {'was' if len(names) == 1 else 'were'} built before this cell, outside "
             f"--strategy sharded: {'its' if len(names) == 1 else 'their'} weights live on one "
@@ -98,7 +98,7 @@ def layout_per_device(weight_bytes: int, optimizer_bytes: int) -> str:
 
 
 def logical_devices_share_cores(devices: int, cores: int) -> str:
-    """A sharded cell over more logical CPU devices than cores (issue 49.14)."""
+    """A sharded cell over more logical CPU devices than cores."""
     return (f"the {devices} devices are logical CPU devices sharing {cores} core"
             f"{'s' if cores != 1 else ''}: meshes differ here in where the weights live, not in "
             f"speed (on GPUs or TPUs each device computes on its own)")

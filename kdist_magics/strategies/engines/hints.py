@@ -1,7 +1,7 @@
 """What a rank's error means where the cause is in the notebook, said under it in one line.
 
 A ``NameError`` on the ranks for a name the notebook has (and the run did not ``--push``) is
-the engines not seeing the notebook's variables (issue 49.5).
+the engines not seeing the notebook's variables.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The Stop button sends SIGINT; Python raises ``KeyboardInterrupt`` wherever the m
 between bytecodes. When that is inside a ``__del__`` (TensorFlow's
 ``ConcreteFunctionGarbageCollector.__del__`` runs often during ``fit``), Python prints
 "Exception ignored in: ..." and goes on: the interrupt is lost and training runs to its last
-epoch (1 in 4 Stops during a ``mirrored`` fit, issue 49.6). Within :func:`stop_reaches_fit`
+epoch (1 in 4 Stops during a ``mirrored`` fit). Within :func:`stop_reaches_fit`
 a SIGINT is also remembered, and every ``fit`` carries a callback that raises
 ``KeyboardInterrupt`` at the next batch once one has come: an interrupt that was lost is
 raised again where it cannot be.

@@ -5,7 +5,7 @@ Keras on JAX places such a model's variables on one device; compiled and fit ins
 for jitted computation", after Keras warns of "a mix of local ... and distributed
 variables"). The cell is read before it runs: a model it uses by a name it never assigns,
 whose variables sit on one device while the mesh has more, is named in one line and the cell
-does not run (issue 49.2).
+does not run.
 """
 
 from __future__ import annotations
