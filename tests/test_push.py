@@ -275,3 +275,38 @@ out["shm_end"] = glob.glob(f"/dev/shm/kdist-{{os.getpid()}}-*")
     # x, df's two columns and v: four segments mapped at most, however many pushes replaced them
     assert all(n <= 4 for counts in out["maps"] for n in counts), out["maps"]
     assert out["shm_end"] == []
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(400)
+def test_without_room_in_dev_shm_each_engine_gets_its_own_copy_said_and_checked():
+    """A container's 64 MiB /dev/shm: the kernel says so in one line, each engine gets a copy
+    of its own ("sent"), an unchanged repeat is bound again after each engine hashed its copy
+    ("unchanged, not sent"), and a changed value is sent again."""
+    out = run_in_fresh_shell('''
+import hashlib
+import numpy as np
+from kdist_magics.engine import shared
+shared.room = lambda nbytes, folder="/dev/shm": 1024   # this host's /dev/shm: full
+rng = np.random.default_rng(3)
+x = rng.random((512, 512))                                    # 2 MiB
+ip.user_ns["x"] = x
+line = "--strategy multiworker --np 2 --no-dashboard --push x"
+cell = "import hashlib\\nkd_seen = [hashlib.sha256(x.tobytes()).hexdigest(), type(x.base).__name__]\\n"
+said = []
+for step in range(3):
+    if step == 2:
+        x[7, 7] = -1.0                                        # changed in place
+    _, err = attempt(line, cell)
+    assert err is None, repr(err)
+    said.append([kdist_magics.last_run().pushed["x"], by_rank("kd_seen"),
+                 hashlib.sha256(x.tobytes()).hexdigest()])
+out["said"] = said
+ip.run_line_magic("kdist", "stop")
+''', {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+    outcomes = [s[0] for s in out["said"]]
+    assert outcomes == ["sent", "unchanged, not sent", "sent"], outcomes
+    for outcome, seen, want in out["said"]:
+        assert [s[0] for s in seen] == [want, want]  # every rank holds the notebook's bytes
+        assert all(s[1] != "mmap" for s in seen)  # a copy of its own, not a shared mapping
+    assert "/dev/shm has 0 MiB free" in out["_stdout"] and "each engine gets its own copy" in out["_stdout"]
