@@ -89,19 +89,14 @@ def costs(steps_per_s: float) -> dict:
     with long curves for 2 ranks, one utilisation sample."""
     import time
 
-    import keras
-
-    from kdist_magics.watch import sampling, telemetry
+    from kdist_magics.watch import sampling
     from kdist_magics.watch.dashboard import Dashboard
     from kdist_magics.watch.record import RunRecord
 
+    from telemetry_costs import callback
+
     rec = RunRecord("horovod", size=2)
-    cb = telemetry.make_callback(rec.add, rank=0, batch_size=64)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(optimizer="adam", loss="mse")
-    cb.set_model(model)
-    cb.set_params({"epochs": 1, "steps": 10**9})
-    cb.on_train_begin()
+    cb = callback(rec)
     logs = {"loss": 0.5, "accuracy": 0.9}
     n = 20000
     t0 = time.perf_counter()

@@ -58,11 +58,26 @@ def mlp_step_s() -> float:
     return (time.perf_counter() - t0) / 400
 
 
-def rows(step_s: float) -> list[dict]:
+def callback(record):
+    """kdist's fit callback for ``record``, begun on a tiny model, ready to time a batch's end
+    (dashboard_overhead.py times it too)."""
     import keras
+
+    from kdist_magics.watch import telemetry
+
+    cb = telemetry.make_callback(record.add, rank=0, batch_size=64)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    cb.set_model(model)
+    cb.set_params({"epochs": 1, "steps": 10 ** 9})
+    cb.on_train_begin()
+    return cb
+
+
+def rows(step_s: float) -> list[dict]:
     import psutil
 
-    from kdist_magics.watch import sampling, telemetry
+    from kdist_magics.watch import sampling
     from kdist_magics.watch.dashboard import Dashboard
     from kdist_magics.watch.record import RunRecord
 
@@ -76,13 +91,7 @@ def rows(step_s: float) -> list[dict]:
            ("TPU: TensorFlow", timed(sampling._tensorflow_tpu_probe, 200), per_sample)]
     sampler = sampling.Sampler(lambda k, r: None)
     out.append(("one whole sample (the above, NVML where a GPU is)", timed(sampler.sample, 50), per_sample))
-    rec = RunRecord("default", size=1)
-    cb = telemetry.make_callback(rec.add, rank=0, batch_size=64)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(optimizer="adam", loss="mse")
-    cb.set_model(model)
-    cb.set_params({"epochs": 1, "steps": 10 ** 9})
-    cb.on_train_begin()
+    cb = callback(RunRecord("default", size=1))
     logs, step = {"loss": 0.5, "accuracy": 0.9}, [0]
 
     def batch():
