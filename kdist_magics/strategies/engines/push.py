@@ -163,10 +163,7 @@ def _send_value(strategy, cluster, plan: Plan, name: str, ranks) -> str:
             _send(strategy, cluster.view(wanted), name, value, print_, ranks)
             said.append(words.SHARED)
         elif host.here:  # no room in /dev/shm: each engine its own copy
-            waiting.gather(strategy, [cluster.view(wanted).push({name: value}, block=False)],
-                           ranks, 600, DURING)
-            waiting.gather(strategy, [cluster.view(wanted).apply_async(shared.hold_as_sent, name,
-                                                                        print_)], ranks, 60, DURING)
+            _copies(strategy, cluster.view(wanted), name, value, print_, ranks)
             said.append(words.SENT)
         else:
             shared_there = _send_remote(strategy, cluster, wanted, name, value, print_, ranks,
@@ -204,10 +201,7 @@ def _send_remote(strategy, cluster, ids: list[int], name: str, value, print_: st
             waiting.gather(strategy, [cluster.view(rest).apply_async(shared.attach, name, desc, print_)],
                            ranks, 600, DURING)
         elif rest:  # no shared memory on that machine: each engine its own copy
-            waiting.gather(strategy, [cluster.view(rest).push({name: value}, block=False)],
-                           ranks, 600, DURING)
-            waiting.gather(strategy, [cluster.view(rest).apply_async(shared.hold_as_sent, name,
-                                                                      print_)], ranks, 60, DURING)
+            _copies(strategy, cluster.view(rest), name, value, print_, ranks)
     finally:
         if rest:
             try:
@@ -215,6 +209,13 @@ def _send_remote(strategy, cluster, ids: list[int], name: str, value, print_: st
             except Exception:  # that engine is gone: its guard removes its names
                 pass
     return bool(rest) and desc is not None
+
+
+def _copies(strategy, view, name: str, value, print_: str, ranks) -> None:
+    """Each engine of ``view`` its own copy of ``value`` (as ipyparallel sends it), held under
+    ``print_`` so an unchanged push binds it again once the engine has hashed it."""
+    waiting.gather(strategy, [view.push({name: value}, block=False)], ranks, 600, DURING)
+    waiting.gather(strategy, [view.apply_async(shared.hold_as_sent, name, print_)], ranks, 60, DURING)
 
 
 def _send(strategy, view, name: str, value, print_: str, ranks) -> None:
