@@ -1,16 +1,19 @@
-"""JAX 0.7-0.12: the process's JAX state, and the one call of Keras' JAX guide that JAX now
-refuses, as the JAX strategies need them.
+"""JAX 0.7-0.12: the process's JAX state, the one call of Keras' JAX guide that JAX now
+refuses, and the source locations JAX 0.12.1 lets split a process group, as the JAX
+strategies need them.
 
 Each function names the versions it bridges and the upstream change."""
 
 from __future__ import annotations
+
+import contextlib
 
 
 def jax_state() -> dict:
     """Whether JAX's backends have started in this process, and its ``jax.distributed`` state.
 
     Reads ``jax._src.xla_bridge.backends_are_initialized`` and ``jax._src.distributed.global_state``
-    (checked against jax 0.7.2, Colab's, and 0.12.0): ``jax.distributed.initialize`` must run
+    (checked against jax 0.7.2, Colab's, 0.12.0 and 0.12.1): ``jax.distributed.initialize`` must run
     before any other JAX use and only once per process (jax-ml/jax#9582), and neither fact has
     a public accessor in 0.7. Nothing is imported when JAX is not loaded yet.
     """
@@ -52,3 +55,32 @@ def device_put_takes_keras_variables():
     device_put.__doc__ = original.__doc__
     device_put.__wrapped__ = original
     return mock.patch.object(jax, "device_put", device_put)
+
+
+@contextlib.contextmanager
+def locations_alike():
+    """While a cell runs on JAX processes, the programs JAX compiles carry no Python source
+    locations, so every process compiles the same program from the same cell.
+
+    JAX puts up to ``jax_traceback_in_locations_limit`` user frames (10 in JAX 0.7, 100 in
+    0.12) into each compiled program's locations. An IPython kernel names a cell's file after
+    its own pid (``/tmp/ipykernel_<pid>/<hash>.py``), so the same cell on two engines gives
+    two locations.
+    JAX 0.12.0 ignored that; JAX 0.12.1 (tested here: jax and jaxlib 0.12.1 on CPU, Gloo)
+    does not: a ``jit`` with a collective, called from different files on two processes,
+    waits forever in the collective (two plain processes reproduce it with
+    ``exec(compile(code, f"/tmp/cell_{rank}.py", "exec"))``; named files alike, it returns).
+    Keras' ``fit`` under ``DataParallel`` hangs at its first step so. With the limit 0 the
+    programs match and it trains; only XLA's dumps and profiles lose the cell's line numbers.
+    No upstream report found as of 6 Dec 2026. Undone after the cell."""
+    import jax
+
+    before = getattr(jax.config, "jax_traceback_in_locations_limit", None)  # jax >= 0.4.14
+    if before is None:
+        yield
+        return
+    jax.config.update("jax_traceback_in_locations_limit", 0)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_traceback_in_locations_limit", before)

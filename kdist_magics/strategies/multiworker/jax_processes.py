@@ -53,7 +53,7 @@ from .processes import ProcessGroupStrategy
 from ..frameworks.fit_data import process_shards
 from ..kernel.jax_dp import DataParallelStrategy
 from .launcher_env import jax_calls
-from ..frameworks.compat_jax import device_put_takes_keras_variables
+from ..frameworks.compat_jax import device_put_takes_keras_variables, locations_alike
 
 SETUP_TIMEOUT = 120.0  # seconds for every process to join (they wait for each other)
 
@@ -215,6 +215,7 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
     # the cell's own jax.distributed.initialize() / keras.distribution.initialize(): the run's
     stack.enter_context(jax_calls(strategy.process_index, strategy.num_processes))
     stack.enter_context(device_put_takes_keras_variables())  # Keras' JAX guide, on JAX 0.12
+    stack.enter_context(locations_alike())  # one cell, one program on every process (JAX 0.12.1)
     local = jax.local_device_count()
     if local > 1:  # several devices per process: each process's batches must split over them
         from ..kernel.jax_dp import divisible_batches
