@@ -253,15 +253,45 @@ def test_display_bundle_has_widget_and_static_fallback(monkeypatch):
     monkeypatch.setattr(IPython.display, "display", fake_display)
     rec = RunRecord("default")
     dash = Dashboard(rec, interval=None).display()
+    model_id = dash.widget.model_id
     feed(rec, 0, 20)
     rec.finish("done")
     (first_kind, first), (last_kind, last) = displayed[0], displayed[-1]
     assert first_kind == "display" and last_kind == "update"
-    assert first[WIDGET_MIME]["model_id"] == dash.widget.model_id
-    assert "waiting" not in last["text/html"] and "done" in last["text/html"]
-    polyline = re.search(r'<polyline[^>]*points="([^"]+)"', last["text/html"])
+    assert first[WIDGET_MIME]["model_id"] == model_id
+    # finished: the same display holds no widget any more, and the widget is closed
+    assert WIDGET_MIME not in last and dash.widget.comm is None
+    shown = last["text/html"].split("<script>")[0]  # the state and the summary, not the script
+    assert "waiting" not in shown and "done" in shown
+    polyline = re.search(r'<polyline[^>]*points="([^"]+)"', shown)
     assert polyline and len(polyline.group(1).split()) == 20  # the static picture of the loss
     assert "done" in last["text/plain"]
+
+
+def test_the_finished_view_carries_the_widgets_script_and_its_final_state():
+    """What the export's browser test draws: the widget's own module inlined as a classic
+    script (no ``export`` left, nothing from the web), the final state as JSON that cannot end
+    its ``<script>``, and the static summary beside it for pages that run no script."""
+    from kdist_magics.watch.offline import finished_view
+
+    rec = RunRecord("default")
+    dash = Dashboard(rec, interval=None)
+    feed(rec, 0, 12)
+    rec.finish("failed", error="ValueError: </script><b>x</b> & NaN")
+    state, curves = dash.snapshot()
+    state["elapsed"] = float("nan")  # JSON.parse takes no NaN: it travels as null
+    view = finished_view(state, curves)
+    data = re.search(r'<script type="application/json" class="kdist-data">(.*?)</script>',
+                     view, re.S).group(1)
+    assert "</" not in data and json.loads(data)["state"]["error"].startswith("ValueError: </script>")
+    assert json.loads(data)["state"]["elapsed"] is None
+    assert json.loads(data)["curves"] == json.loads(json.dumps(curves))
+    script = view.rsplit("<script>", 1)[1]
+    assert "\nexport " not in script and "function render(" in script
+    assert "http" not in script.replace("http://www.w3.org/2000/svg", "")
+    assert 'class="kdist-static"' in view and "<polyline" in view
+    ids = re.findall(r'id="(kdist-offline-[0-9a-f]+)"', view + finished_view(state, curves))
+    assert len(set(ids)) == 2  # two finished runs in one page never share an id
 
 
 def test_static_svg_one_line_per_rank():
@@ -536,56 +566,78 @@ def test_the_chart_says_what_a_training_point_is(monkeypatch):
 
 
 @pytest.mark.notebook
+@pytest.mark.browser
 @pytest.mark.timeout(600)
-def test_the_html_export_shows_the_dashboard_offline_as_the_guide_says(tmp_path, test_output):
-    """``nbconvert --execute`` saves the widget's state, and its HTML then draws the
-    dashboard with scripts from a CDN (nothing offline). The two ways the dashboard guide gives
-    ("Saved notebooks and HTML files") export the static summary instead, with no widget to draw
-    from the web (nbconvert's page links MathJax and require.js from a CDN either way). A
-    notebook saved without widget state (JupyterLab's default; what GitHub and nbviewer get)
-    keeps the dashboard's one display with the static summary, updated when the run ended."""
+def test_an_executed_notebook_exported_to_html_shows_the_finished_dashboard_offline(
+        tmp_path, test_output):
+    """A handout as a teacher makes one: ``jupyter nbconvert --execute``, then ``--to html``,
+    the page opened in Chromium with the network cut. The finished run's output holds no
+    widget (nbclient saves the closed widget's state, which nothing shows), and the page draws
+    the dashboard from that output alone: the loss chart with its log and smoothing toggles and
+    hover, validation points, badges, phases, the step split. With scripts off, the static
+    summary's SVG is there instead."""
     import subprocess
     import sys
 
+    import chromium
+    from test_browser import TRAIN as PACED, assert_readable_curves, check_curves
+
+    chromium.require()
     nbformat = pytest.importorskip("nbformat", reason="nbformat is in the test extra")
+    from playwright.sync_api import sync_playwright
+
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("%load_ext kdist_magics"),
-                nbformat.v4.new_code_cell("%%kdist --strategy default\n" + TRAIN)]
+                nbformat.v4.new_code_cell("%%kdist --strategy default\n" + PACED)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "fresh.ipynb")
-    nbconvert = [sys.executable, "-m", "jupyter", "nbconvert"]
 
     def convert(*args: str) -> None:
-        done = subprocess.run([*nbconvert, *args], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, done.stderr[-3000:]
 
-    def offline(html: str) -> bool:
-        return ("kdist-static" in html and "<polyline" in html and "embed-amd.js" not in html
-                and "application/vnd.jupyter.widget-view+json" not in html)
-
-    # the trap: executed with its widget state saved, the page needs the CDN
     convert("--to", "notebook", "--execute", "--output", "saved", "fresh.ipynb")
     saved = nbformat.read(tmp_path / "saved.ipynb", as_version=4)
-    assert saved.metadata["widgets"]  # nbclient's default: the state is saved
-    convert("--to", "html", "--output", "with_state", "saved.ipynb")
-    assert "embed-amd.js" in (tmp_path / "with_state.html").read_text()
-    # the guide's two ways out
-    convert("--to", "html", "--ClearMetadataPreprocessor.enabled=True", "--output", "cleared",
-            "saved.ipynb")
-    assert offline((tmp_path / "cleared.html").read_text())
-    convert("--to", "notebook", "--execute", "--ExecutePreprocessor.store_widget_state=False",
-            "--output", "stateless", "fresh.ipynb")
-    stateless = nbformat.read(tmp_path / "stateless.ipynb", as_version=4)
-    (test_output / "dashboard-saved.ipynb").write_text(nbformat.writes(stateless))
-    assert not stateless.metadata.get("widgets")  # as JupyterLab saves it, and as GitHub shows it
-    dash = [o for o in stateless.cells[1].outputs
-            if o.get("output_type") == "display_data" and WIDGET_MIME in o["data"]]
-    assert len(dash) == 1  # one display, updated in place at the end of the run
-    html = dash[0]["data"]["text/html"]
-    assert "done" in html and "<svg" in html and "<polyline" in html
-    convert("--to", "html", "--output", "executed", "stateless.ipynb")
-    assert offline((tmp_path / "executed.html").read_text())
+    shown = [o for o in saved.cells[1].outputs if o.get("output_type") == "display_data"]
+    assert [sorted(o["data"]) for o in shown] == [["text/html", "text/plain"]], shown
+    (test_output / "dashboard-saved.ipynb").write_text(nbformat.writes(saved))
+    convert("--to", "html", "--output", "handout", "saved.ipynb")
+    page_url = (tmp_path / "handout.html").as_uri()
+
+    def cut(route):  # nbconvert's page links MathJax and require.js from a CDN: refused
+        return route.continue_() if route.request.url.startswith("file:") else route.abort()
+
+    with sync_playwright() as pw:
+        browser = chromium.launch(pw)
+        try:
+            context = browser.new_context(offline=True, viewport={"width": 1300, "height": 1100})
+            context.route("**/*", cut)
+            page = context.new_page()
+            page.goto(page_url)
+            page.wait_for_selector(".kdist-dashboard[data-status='done']", timeout=30_000)
+            dash = page.locator(".kdist-dashboard")
+            assert dash.count() == 1 and not page.locator(".kdist-static").first.is_visible()
+            assert dash.locator(".kdist-rank .kdist-badge.kdist-done").count() == 1
+            assert dash.locator(".kdist-progress .kdist-bar-text").inner_text().startswith("epoch 5/5")
+            phases = dash.locator(".kdist-phases").inner_text()
+            assert "running the cell" in phases and "training" in phases, phases
+            split = dash.locator(".kdist-split .kdist-bar-text").all_inner_texts()
+            assert len(split) == 1 and split[0].startswith("in step "), split
+            dash.screenshot(path=str(test_output / "dashboard-exported.png"))
+            assert_readable_curves(check_curves(page, dash), ranks=1, epochs=5)
+            context.close()
+
+            plain = browser.new_context(offline=True, java_script_enabled=False)
+            page = plain.new_page()
+            page.goto(page_url)
+            assert page.locator(".kdist-dashboard").count() == 0
+            static = page.locator(".kdist-static")
+            assert static.is_visible() and static.locator("polyline").count() == 1
+            assert "done" in static.inner_text()
+            plain.close()
+        finally:
+            browser.close()
 
 
 TPU_CHIPS = [{"index": i, "name": f"TPU chip {i}", "source": "libtpu monitoring SDK",

@@ -52,6 +52,8 @@ def test_cell_help_is_the_options_own_text():
 
 
 def test_every_line_command_has_help_text_and_is_dispatched():
+    import importlib
+
     from kdist_magics.magics import KDist
     from kdist_tables import line_commands, line_help
 
@@ -59,7 +61,8 @@ def test_every_line_command_has_help_text_and_is_dispatched():
     assert set(commands) == {"start", "run", "status", "stop", "restart", "advise", "scale"}
     for name, text in commands.items():
         assert len(text.split()) >= 3, f"%kdist {name} has no help text (messages.LINE_COMMANDS)"
-        assert callable(getattr(KDist, f"_cmd_{name}", None)), f"%kdist {name} has no handler"
+        module = importlib.import_module(f"kdist_magics.commands.{name}")  # one module each
+        assert callable(getattr(module, "run", None)), f"%kdist {name} has no handler"
         assert f"  {name}  " in line_help()
     assert KDist.kdist_line.__doc__ == line_help()
 
@@ -211,9 +214,11 @@ def test_readme_links_resolve_to_built_pages(built_docs):
 
 @pytest.mark.docs
 def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
-    """The built tutorial pages, opened from disk in headless Chromium, show each executed
-    notebook's dashboard as its saved static view (summary and curves): one screenshot per page
-    is kept beside the build (``<test output>/docs/tutorial-NN.png``)."""
+    """The built tutorial pages, opened from disk in headless Chromium with the network cut,
+    show each executed notebook's finished dashboard as its own inline script draws it (the
+    SVG summary it replaces hidden), a training cell's loss curves among them; with scripts off,
+    the SVG summary shows instead. One screenshot per page is kept beside the build
+    (``<test output>/docs/tutorial-NN.png``)."""
     import chromium
 
     chromium.require()
@@ -225,27 +230,45 @@ def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
     if not shown:
         pytest.skip("no executed notebooks to show: make test runs the notebook tier before the docs")
     seen = {}
+
+    def local(route):  # the page's own files only: a dashboard must draw with nothing fetched
+        return route.continue_() if route.request.url.startswith("file:") else route.abort()
+
     with sync_api.sync_playwright() as pw:
         browser = chromium.launch(pw)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            context = browser.new_context(offline=True, viewport={"width": 1280, "height": 1400})
+            context.route("**/*", local)
+            page = context.new_page()
             for name in shown:
                 page.goto((built_docs / "tutorials" / f"{name}.html").as_uri())
-                views = page.locator(".kdist-static")
+                views = page.locator(".kdist-offline")
                 seen[name] = views.count()
                 if not seen[name]:
                     continue
-                # every view is drawn; a cell that trains has its curves (one that only
-                # prints, e.g. who is which worker, has the summary alone)
+                # every view is drawn by its script, which hides the summary; a cell that trains
+                # has its curves (one that only prints, e.g. who is which worker, has none)
                 for i in range(seen[name]):
-                    views.nth(i).scroll_into_view_if_needed()
-                    assert views.nth(i).is_visible(), f"{name}: dashboard {i} is not shown"
-                curves = page.locator(".kdist-static:has(svg)")
+                    view = views.nth(i)
+                    drawn = view.locator(".kdist-dashboard")
+                    drawn.wait_for(state="visible", timeout=15_000)
+                    assert drawn.get_attribute("data-status"), f"{name}: dashboard {i} has no status"
+                    assert not view.locator(".kdist-static").is_visible(), f"{name}: {i} drawn twice"
+                curves = page.locator(".kdist-offline .kdist-chart-loss:has(polyline.kdist-line)")
                 assert curves.count() >= 1, f"{name}: no dashboard on the page has its curves"
                 curves.first.scroll_into_view_if_needed()
                 box = curves.first.bounding_box()
                 assert box and box["height"] > 100, f"{name}: the curves are not drawn ({box})"
                 page.screenshot(path=str(built_docs.parent / f"tutorial-{name[:2]}.png"))
+            context.close()
+            plain = browser.new_context(offline=True, java_script_enabled=False)
+            page = plain.new_page()
+            first = next(name for name in shown if seen[name])
+            page.goto((built_docs / "tutorials" / f"{first}.html").as_uri())
+            static = page.locator(".kdist-offline .kdist-static")
+            assert static.count() == seen[first] and static.first.is_visible(), first
+            assert page.locator(".kdist-offline .kdist-static polyline").count() >= 1, first
+            plain.close()
         finally:
             browser.close()
     # every page whose notebook runs a %%kdist cell with its dashboard shows at least one

@@ -14,6 +14,7 @@ source and error in the message.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -540,10 +541,12 @@ def test_the_quickstart_as_a_newcomer_runs_it_shows_no_start_up_noise_and_no_wai
     noise = [line for text in texts for line in text.splitlines()
              if START_UP_NOISE.search(line) or re.match(r"[IWE]0000 00:00:", line)]
     assert noise == [], noise
-    widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
-    dashboards = [m["state"]["state"] for m in widgets.get("state", {}).values()
-                  if m.get("model_name") == "AnyModel" and "state" in m["state"]
-                  and isinstance(m["state"]["state"], dict) and "ranks" in m["state"]["state"]]
+    # each finished dashboard is its output's final state (no widget left to show it)
+    outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert not [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    dashboards = [json.loads(m.group(1))["state"] for o in outputs
+                  for m in re.finditer(r'<script type="application/json" class="kdist-data">'
+                                       r'(.*?)</script>', o.get("data", {}).get("text/html", ""), re.S)]
     assert dashboards, "no dashboard was saved in the notebook"
     for st in dashboards:
         progress = st["progress"]

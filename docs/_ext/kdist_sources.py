@@ -29,8 +29,8 @@ def _note(executed: bool, name: str) -> dict:
     if executed:
         text = (f":::{{note}}\nThe outputs below are the ones CI saved when it executed "
                 f"`notebooks/{name}` (`make test`'s notebook tier, `test-output/notebooks/`); "
-                f"the docs build shows them and runs nothing. The dashboard appears as its saved "
-                f"static view.\n:::")
+                f"the docs build shows them and runs nothing. Each dashboard is its finished view, "
+                f"drawn by its own inline script (a plain summary where scripts are off).\n:::")
     else:
         text = (f":::{{note}}\nThis build found no executed copy of `notebooks/{name}` "
                 f"(`make test` saves them under `test-output/notebooks/`) of its current cells, so the notebook is "
@@ -50,7 +50,7 @@ def copy_tutorials(root: Path, dest: Path) -> dict[str, bool]:
         if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
             for i, cell in enumerate(nb["cells"]):
                 cell.setdefault("id", f"kdist-cell-{i}")  # nbformat 4.5 wants every cell to have one
-        nb.get("metadata", {}).pop("widgets", None)  # no widget state: the static view shows
+        nb.get("metadata", {}).pop("widgets", None)  # no widget state: the finished view shows
         _write(dest / path.name, json.dumps(nb, indent=1))
         used[path.name] = source is ran
     for old in dest.glob("*.ipynb"):

@@ -13,9 +13,10 @@ front end is one small static ES module and a CSS file shipped in
 ``kdist_magics/watch/static`` (plain SVG, no CDN, no labextension build), so it runs
 wherever anywidget runs: JupyterLab 4, Notebook 7, VS Code, Colab.
 
-The display also carries a ``text/html`` summary with inline SVG loss curves,
-refreshed when the run ends (same display id), so a saved notebook shows the
-result on GitHub/nbviewer where no widget state exists.
+The display also carries a ``text/html`` summary with inline SVG loss curves. When the run
+ends, the same display (same display id) becomes the finished view of :mod:`.offline` and the
+widget is closed, so a saved notebook, an HTML export, GitHub and nbviewer show the same
+picture with nothing loaded from the web.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import collections
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import anywidget
@@ -36,11 +36,11 @@ from ..messages import SPLIT_LEGEND_LIVE, SPLIT_LEGEND_PROBED, SPLIT_TITLE, SPLI
 from ..messages import CURVES_NOTE, NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
 from .dashboard_rows import (add_sample, current_phase, fraction_eta, layout_note, rounded,
                              slowest_progress, thinned)
+from .offline import STATIC, finished_view
 from .record import RunRecord
 from .svg import PALETTE, static_summary, svg_curves  # noqa: F401  (the widget's colours too)
 from ..spec import KERNEL_STRATEGIES
 
-STATIC = Path(__file__).parent / "static"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 #: row fields that are not curves
@@ -314,7 +314,8 @@ class Dashboard:
         return self
 
     def finish(self) -> None:
-        """Stop the update thread, send the final state, refresh the static fallback."""
+        """Stop the update thread, send the final state, then replace the widget with the
+        finished view (:mod:`.offline`) and close it."""
         if self._finished:
             return
         self._finished = True
@@ -328,15 +329,26 @@ class Dashboard:
             pass
         if self.handle is not None:
             try:  # a cell that never began keeps its one error line, and no dashboard
-                bundle = {"text/plain": ""} if self.record.status == NOT_RUN else self.bundle()
+                bundle = ({"text/plain": ""} if self.record.status == NOT_RUN
+                          else self.finished_bundle())
                 self.handle.update(bundle, raw=True)
             except Exception:
                 pass
+        try:  # nothing shows it any more: nothing live is left in the kernel or the front end
+            self.widget.close()
+        except Exception:
+            pass
 
-    # -- static fallback -------------------------------------------------------------
+    # -- static views ----------------------------------------------------------------
     def html(self) -> str:
         """A self-contained HTML summary with an inline SVG of the loss curves."""
         return static_summary(*self.snapshot())
+
+    def finished_bundle(self) -> dict[str, Any]:
+        """What the output holds once the run ended: no widget, the view drawn from the final
+        state by the widget's own script where scripts run, the static summary where not."""
+        return {"text/plain": f"kdist dashboard: {self.record.summary()}",
+                "text/html": finished_view(*self.snapshot())}
 
 
 def split_entry(row: dict[str, Any]) -> dict[str, Any] | None:

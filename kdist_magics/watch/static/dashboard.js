@@ -174,6 +174,17 @@ function chart(name, series, val, o) {
   const Y = y => T + (1 - (f(y) - f(y0)) / (f(y1) - f(y0))) * H;
   out.toX = X;
   out.fromX = px => x0 + (px - L) / W * (x1 - x0);
+  const ax = { svg, L, T, W, H, X, Y, height };
+  ticks(ax, yTicks, linearRange(x0, x1, 4)[2].filter(v => v >= x0 - 1e-9 && v <= x1 + 1e-9));
+  const colour = r => PALETTE[(+r) % PALETTE.length];  // as the legend and rank rows
+  out.drawn = curveLines(ax, ranks, lines, o.smooth, colour) + valPoints(ax, vals, colour);
+  if (o.hoverX !== null && o.hoverX !== undefined) out.hoverStep = guide(ax, ranks, lines, o.hoverX, colour);
+  out.colour = colour;
+  return out;
+}
+
+// the value ticks with their grid lines, the step ticks, the axis' name
+function ticks({ svg, L, T, W, H, X, Y, height }, yTicks, xTicks) {
   for (const v of yTicks) {
     const y = Y(v);
     svg.appendChild(s("line", { x1: L, x2: L + W, y1: y, y2: y, class: "kdist-grid" }));
@@ -181,7 +192,6 @@ function chart(name, series, val, o) {
     t.textContent = tickLabel(v);
     svg.appendChild(t);
   }
-  const xTicks = linearRange(x0, x1, 4)[2].filter(v => v >= x0 - 1e-9 && v <= x1 + 1e-9);
   for (const v of xTicks) {
     const x = X(v);
     svg.appendChild(s("line", { x1: x, x2: x, y1: T + H, y2: T + H + 3, class: "kdist-tickmark" }));
@@ -192,15 +202,19 @@ function chart(name, series, val, o) {
   const label = s("text", { x: L + W, y: height - 2, "text-anchor": "end", class: "kdist-axis" });
   label.textContent = "step";
   svg.appendChild(label);
-  const colour = r => PALETTE[(+r) % PALETTE.length];  // as the legend and rank rows
+}
+
+// one line per rank (raw and smoothed when smoothing is on); returns the points drawn
+function curveLines({ svg, X, Y }, ranks, lines, smoothed, colour) {
   const path = (line, cls, extra) => s("polyline", Object.assign({
     points: line.map(p => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" "), fill: "none",
     class: cls }, extra));
+  let drawn = 0;
   for (const r of ranks) {
     const line = lines[r];
     if (!line.length) continue;
-    out.drawn += line.length;
-    if (o.smooth && line.length > 2) {
+    drawn += line.length;
+    if (smoothed && line.length > 2) {
       svg.appendChild(path(line, "kdist-line kdist-raw", { stroke: colour(r), "data-rank": r }));
       const sm = smooth(line.map(p => p[1]));
       svg.appendChild(path(line.map((p, i) => [p[0], sm[i]]), "kdist-line kdist-smoothed",
@@ -210,28 +224,66 @@ function chart(name, series, val, o) {
     }
     if (line.length === 1) svg.appendChild(s("circle", { cx: X(line[0][0]), cy: Y(line[0][1]), r: 2.5, fill: colour(r) }));
   }
+  return drawn;
+}
+
+// validation: a hollow point per epoch and rank; returns the points drawn
+function valPoints({ svg, X, Y }, vals, colour) {
+  let drawn = 0;
   for (const [r, pts] of Object.entries(vals)) {
     for (const p of pts) {
       svg.appendChild(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3.2, class: "kdist-val", stroke: colour(r),
         "data-rank": r }));
-      out.drawn += 1;
+      drawn += 1;
     }
   }
-  if (o.hoverX !== null && o.hoverX !== undefined) {  // the guide at the nearest step
-    const near = Object.values(lines).filter(l => l.length).map(l => nearest(l, o.hoverX));
-    if (near.length) {
-      const step = near.reduce((a, p) => Math.abs(p[0] - o.hoverX) < Math.abs(a - o.hoverX) ? p[0] : a, near[0][0]);
-      out.hoverStep = step;
-      svg.appendChild(s("line", { x1: X(step), x2: X(step), y1: T, y2: T + H, class: "kdist-guide" }));
-      for (const r of ranks) {
-        if (!lines[r].length) continue;
-        const p = nearest(lines[r], step);
-        svg.appendChild(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3, fill: colour(r), class: "kdist-hover-dot" }));
-      }
-    }
+  return drawn;
+}
+
+// the hover guide at the step nearest to `hoverX`, a dot on each rank's line; returns the step
+function guide({ svg, T, H, X, Y }, ranks, lines, hoverX, colour) {
+  const near = Object.values(lines).filter(l => l.length).map(l => nearest(l, hoverX));
+  if (!near.length) return undefined;
+  const step = near.reduce((a, p) => Math.abs(p[0] - hoverX) < Math.abs(a - hoverX) ? p[0] : a, near[0][0]);
+  svg.appendChild(s("line", { x1: X(step), x2: X(step), y1: T, y2: T + H, class: "kdist-guide" }));
+  for (const r of ranks) {
+    if (!lines[r].length) continue;
+    const p = nearest(lines[r], step);
+    svg.appendChild(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3, fill: colour(r), class: "kdist-hover-dot" }));
   }
-  out.colour = colour;
-  return out;
+  return step;
+}
+
+// a labelled checkbox: [label, input]
+function toggle(text, cls, title) {
+  const label = h("label", `kdist-toggle ${cls}`);
+  label.title = title;
+  const input = h("input");
+  input.type = "checkbox";
+  label.append(input, document.createTextNode(text));
+  return [label, input];
+}
+
+function readout(tip, c) {  // the hover read-out: the step, its epoch, each rank's value
+  tip.replaceChildren();
+  if (c.hoverStep === undefined) { tip.style.display = "none"; return; }
+  const ranks = Object.keys(c.lines).filter(r => c.lines[r].length).sort((a, b) => +a - +b);
+  const first = nearest(c.lines[ranks[0]], c.hoverStep);
+  const epoch = first[2] === undefined || first[2] === null ? "" : ` · epoch ${first[2] + 1}`;
+  tip.appendChild(h("div", "kdist-tip-head", `step ${c.hoverStep}${epoch}`));
+  for (const r of ranks) {
+    const p = nearest(c.lines[r], c.hoverStep);
+    const row = h("div", "kdist-tip-row");
+    const sw = h("span", "kdist-swatch");
+    sw.style.background = c.colour(r);
+    const v = (c.vals[r] || []).find(q => q[2] !== undefined && q[2] === p[2]);
+    row.append(sw, document.createTextNode(`rank ${r}: ${fmtNum(p[1])}${v ? ` · val ${fmtNum(v[1])}` : ""}`));
+    tip.appendChild(row);
+  }
+  tip.style.display = "";
+  const x = c.toX(c.hoverStep), w = +c.svg.getAttribute("width");
+  tip.style.left = x > w / 2 ? "" : `${x + 8}px`;
+  tip.style.right = x > w / 2 ? `${w - x + 8}px` : "";
 }
 
 // A chart with its own log and smoothing toggles and a hover read-out. The user's choices are
@@ -239,14 +291,6 @@ function chart(name, series, val, o) {
 function chartBox(titleEl) {
   const box = h("div", "kdist-chart-box");
   const head = h("div", "kdist-chart-head");
-  const toggle = (text, cls, title) => {
-    const label = h("label", `kdist-toggle ${cls}`);
-    label.title = title;
-    const input = h("input");
-    input.type = "checkbox";
-    label.append(input, document.createTextNode(text));
-    return [label, input];
-  };
   const [logLabel, logInput] = toggle("log", "kdist-log", "logarithmic value axis");
   const [smoothLabel, smoothInput] = toggle("smooth", "kdist-smooth", "moving average (TensorBoard's, weight 0.6)");
   head.append(titleEl, logLabel, smoothLabel);
@@ -268,28 +312,6 @@ function chartBox(titleEl) {
   });
   holder.addEventListener("mouseleave", () => { hoverX = null; redraw(); });
 
-  function readout(c) {
-    tip.replaceChildren();
-    if (c.hoverStep === undefined) { tip.style.display = "none"; return; }
-    const ranks = Object.keys(c.lines).filter(r => c.lines[r].length).sort((a, b) => +a - +b);
-    const first = nearest(c.lines[ranks[0]], c.hoverStep);
-    const epoch = first[2] === undefined || first[2] === null ? "" : ` · epoch ${first[2] + 1}`;
-    tip.appendChild(h("div", "kdist-tip-head", `step ${c.hoverStep}${epoch}`));
-    for (const r of ranks) {
-      const p = nearest(c.lines[r], c.hoverStep);
-      const row = h("div", "kdist-tip-row");
-      const sw = h("span", "kdist-swatch");
-      sw.style.background = c.colour(r);
-      const v = (c.vals[r] || []).find(q => q[2] !== undefined && q[2] === p[2]);
-      row.append(sw, document.createTextNode(`rank ${r}: ${fmtNum(p[1])}${v ? ` · val ${fmtNum(v[1])}` : ""}`));
-      tip.appendChild(row);
-    }
-    tip.style.display = "";
-    const x = c.toX(c.hoverStep), w = +c.svg.getAttribute("width");
-    tip.style.left = x > w / 2 ? "" : `${x + 8}px`;
-    tip.style.right = x > w / 2 ? `${w - x + 8}px` : "";
-  }
-
   function redraw() {
     if (name === null) return;
     const p = pref();
@@ -301,7 +323,7 @@ function chartBox(titleEl) {
     smoothInput.checked = p.smooth;
     drawnChart = chart(name, series, val, { log, smooth: p.smooth, hoverX, width: 350, height: 170 });
     holder.replaceChildren(drawnChart.svg, tip);
-    readout(drawnChart);
+    readout(tip, drawnChart);
   }
 
   return {
@@ -310,194 +332,220 @@ function chartBox(titleEl) {
   };
 }
 
+// the header: title, status, elapsed; why auto chose, layout, resize and straggler notes; the banner
+function headRows(st, status, received) {
+  const rows = [];
+  const head = h("div", "kdist-head");
+  head.appendChild(h("span", "kdist-title", titleText(st)));
+  head.appendChild(h("span", `kdist-badge kdist-status kdist-${status}`, status));
+  const elapsed = st.running ? (st.elapsed || 0) + (Date.now() - received) / 1000 : st.elapsed;
+  head.appendChild(h("span", "kdist-elapsed", `elapsed ${fmtTime(elapsed)}`));
+  rows.push(head);
+  if (st.reason) rows.push(h("div", "kdist-reason", `auto: ${st.reason}`));
+  if (st.layout_note) rows.push(h("div", "kdist-layout", st.layout_note));  // words from messages.layout_per_device
+  if (st.resize_note) rows.push(h("div", "kdist-resized", st.resize_note));  // words from messages.resized_note
+  for (const note of st.stragglers || []) rows.push(h("div", "kdist-straggler-note", `straggler: ${note}`));
+  if (st.lost_note) {  // the words come from Python (kdist_magics.messages.lost_batches)
+    rows.push(h("div", "kdist-lost", st.lost_note));
+  }
+  if (["failed", "interrupted", "timeout", "stopped"].includes(status) || st.error) {
+    rows.push(h("div", `kdist-banner kdist-${status}`,
+      `${status.toUpperCase()}${st.error ? ": " + st.error : ""}`));
+  }
+  return rows;
+}
+
+// the progress bar (epoch, step, throughput, ETA; before fit() reports, the phase) and the phases
+function progressRows(st, received) {
+  const p = st.progress || {};
+  const parts = [];
+  if (p.epochs) parts.push(`epoch ${Math.min((p.epoch || 0) + 1, p.epochs)}/${p.epochs}`);
+  if (p.total_steps) parts.push(`step ${p.step || 0}/${p.total_steps}`);
+  if (p.samples_per_s) parts.push(`${fmtNum(p.samples_per_s)} samples/s`);
+  else if (p.steps_per_s) parts.push(`${fmtNum(p.steps_per_s)} steps/s`);
+  if (p.eta_s !== null && p.eta_s !== undefined) {
+    const eta = st.running ? p.eta_s - (Date.now() - received) / 1000 : p.eta_s;
+    parts.push(`ETA ${fmtTime(eta)}`);
+  }
+  // before fit() reports, say what the run is doing (phase names come from Python)
+  const ph = st.phase;
+  let waiting = st.idle_note || "waiting for fit()…";  // idle_note: finished, trained nothing
+  if (ph && !parts.length && !st.idle_note) {
+    const since = (ph.elapsed || 0) + (st.running ? (Date.now() - received) / 1000 : 0);
+    waiting = `${ph.name}${ph.detail ? " (" + ph.detail + ")" : ""} · ${fmtTime(since)}`;
+  }
+  const rows = [bar("progress", p.fraction, parts.join(" · ") || waiting, "kdist-progress")];
+  if ((st.phases || []).length) {
+    rows.push(h("div", "kdist-phases",
+      st.phases.map(([name, secs]) => `${name} ${fmtTime(secs)}`).join(" · ")));
+  }
+  return rows;
+}
+
+// the curves' legend: a swatch per rank (in-kernel replicas: one), and validation's points
+function legend(cv, ranks, validation) {
+  const box = h("div", "kdist-legend");
+  const curveRanks = Object.keys((cv.series || {}).loss || {}).sort((a, b) => +a - +b);
+  const shared = ranks.some(r => r.shared);  // in-kernel replicas: one process, one curve
+  curveRanks.forEach(r => {
+    const item = h("span", "kdist-legend-item");
+    const sw = h("span", "kdist-swatch");
+    sw.style.background = PALETTE[(+r) % PALETTE.length];
+    item.appendChild(sw);
+    item.appendChild(document.createTextNode(
+      shared && curveRanks.length === 1 ? `all ${ranks.length} replicas (one process)` : `rank ${r}`));
+    box.appendChild(item);
+  });
+  if (validation) {
+    const item = h("span", "kdist-legend-item kdist-legend-val");
+    item.appendChild(h("span", "kdist-val-swatch"));
+    item.appendChild(document.createTextNode("validation (per epoch)"));
+    box.appendChild(item);
+  }
+  return box;
+}
+
+// one rank's row: its badges and where it runs, its bars, its loss and step time, its error
+function rankRow(r, longest) {
+  const row = h("div", `kdist-rank kdist-rank-${r.state}${r.straggler ? " kdist-rank-straggler" : ""}`);
+  row.dataset.rank = r.rank;
+  const left = h("div", "kdist-rank-id");
+  const badges = h("span", "kdist-badges");
+  badges.appendChild(h("span", `kdist-badge kdist-${r.state}`, r.state));
+  if (r.straggler) {
+    const b = h("span", "kdist-badge kdist-straggler", "straggler");
+    b.title = r.straggler;
+    badges.appendChild(b);
+  }
+  left.appendChild(badges);
+  left.appendChild(h("span", "kdist-rank-name", `rank ${r.rank}`));
+  const where = [r.host, r.pid ? `pid ${r.pid}` : null, r.device].filter(Boolean).join(" · ");
+  left.appendChild(h("span", "kdist-where", where + (r.shared ? " (shared process)" : "")));
+  row.append(left, rankBars(r, longest), rankSide(r));
+  if (r.error) row.appendChild(h("div", "kdist-rank-error", r.error));
+  return row;
+}
+
+// a rank's bars: CPU, memory, each GPU and TPU, the step split, and where the figures came from
+function rankBars(r, longest) {
+  const bars = h("div", "kdist-rank-bars");
+  const ncpu = r.cpu_count || 1;
+  const cpu = r.cpu_percent === undefined || r.cpu_percent === null ? null : r.cpu_percent;
+  bars.appendChild(bar("CPU", cpu === null ? null : cpu / (100 * ncpu),
+    cpu === null ? "–" : `${Math.round(cpu)}% of ${ncpu} core${ncpu === 1 ? "" : "s"}`, "kdist-cpu"));
+  const pss = r.pss_bytes !== undefined && r.pss_bytes !== null;
+  const mem = h("div", "kdist-rss", pss ? `memory ${fmtBytes(r.pss_bytes)} (PSS)` : `RSS ${fmtBytes(r.rss_bytes)}`);
+  mem.title = pss ? `proportional set size: pages this process shares with others (a --push's shared memory) `
+    + `are split between them, so the ranks' figures add up to what the host holds; RSS ${fmtBytes(r.rss_bytes)}`
+    : "resident set size: pages shared with other processes count in each";
+  bars.appendChild(mem);
+  for (const g of r.gpus || []) {
+    bars.appendChild(bar(`GPU${g.index}`, g.util_percent === null ? null : g.util_percent / 100,
+      g.util_percent === null ? "–" : `${Math.round(g.util_percent)}%`, "kdist-gpu"));
+    bars.appendChild(bar(`mem${g.index}`, g.mem_total_bytes ? g.mem_used_bytes / g.mem_total_bytes : null,
+      `${fmtBytes(g.mem_used_bytes)} / ${fmtBytes(g.mem_total_bytes)}`, "kdist-gpumem"));
+  }
+  for (const t of r.tpus || []) {
+    if (t.duty_cycle_percent !== null && t.duty_cycle_percent !== undefined) {
+      bars.appendChild(bar(`TPU${t.index}`, t.duty_cycle_percent / 100,
+        `${Math.round(t.duty_cycle_percent)}% duty cycle`, "kdist-gpu"));
+    }
+    bars.appendChild(t.mem_total_bytes
+      ? bar(`HBM${t.index}`, t.mem_used_bytes / t.mem_total_bytes,
+            `${fmtBytes(t.mem_used_bytes)} / ${fmtBytes(t.mem_total_bytes)}`, "kdist-gpumem")
+      : h("div", "kdist-tpu", `TPU${t.index} memory ${fmtBytes(t.mem_used_bytes)}`));
+  }
+  if (r.split) bars.appendChild(splitBar(r.split, longest));
+  if ((r.tpus || []).length && r.tpus[0].source) {
+    bars.appendChild(h("div", "kdist-note", `TPU figures: ${r.tpus[0].source}`));
+  }
+  if (!(r.gpus || []).length && !(r.tpus || []).length && r.accelerator_note) {
+    bars.appendChild(h("div", "kdist-note", `accelerator: ${r.accelerator_note}`));
+  }
+  return bars;
+}
+
+// a rank's last loss, its step, its own time per step and its wait for the others
+function rankSide(r) {
+  const right = h("div", "kdist-rank-loss");
+  if (r.loss !== null && r.loss !== undefined) right.appendChild(h("div", null, `loss ${fmtNum(r.loss)}`));
+  if (r.step) right.appendChild(h("div", "kdist-where", `step ${r.step}${r.total_steps ? "/" + r.total_steps : ""}`));
+  if (r.own_step_s) {
+    const ms = v => `${v >= 0.01 ? Math.round(v * 1000) : +(v * 1000).toPrecision(2)} ms`;
+    const t = h("div", "kdist-where kdist-own-step",
+      `${ms(r.own_step_s)}/step` + (r.wait_step_s >= 0.0005 ? ` · waits ${ms(r.wait_step_s)}` : ""));
+    t.title = "this rank's own work per step, and how long it waits per step for the others";
+    right.appendChild(t);
+  }
+  return right;
+}
+
+// the charts row: the loss, and one more metric chosen in its selector (kept across updates)
+function chartsRow() {
+  const row = h("div", "kdist-charts");
+  const loss = chartBox(h("div", "kdist-chart-title", "loss"));
+  loss.box.classList.add("kdist-chart-loss");
+  const sel = h("select", "kdist-metric-select");
+  const metric = chartBox(sel);
+  metric.box.classList.add("kdist-chart-metric");
+  row.append(loss.box, metric.box);
+  return { row, loss, metric, sel, optionsKey: "", chosen: null };
+}
+
+// the curves: training per step, validation (val_<name>) as points per epoch on <name>'s chart.
+// Returns the points drawn and whether any validation is shown.
+function drawCurves(c, st, cv, note) {
+  const names = cv.names || [];
+  const sv = cv.series || {};
+  const overlaid = n => n.startsWith("val_") && names.includes(n.slice(4));
+  const others = names.filter(n => n !== "loss" && !overlaid(n));
+  if (c.chosen === null || !others.includes(c.chosen)) c.chosen = others.find(n => !n.startsWith("val_") && n !== "lr") || others[0] || null;
+  let total = c.loss.update("loss", sv.loss, sv.val_loss);
+  c.loss.box.style.display = st.idle_note && !total ? "none" : "";  // no empty chart
+  note.textContent = total ? (st.curves_note || "") : "";
+  c.metric.box.style.display = others.length ? "" : "none";
+  if (others.length) {
+    if (others.join("\n") !== c.optionsKey) {  // only when the list of metrics changes
+      c.optionsKey = others.join("\n");
+      c.sel.replaceChildren(...others.map(n => { const o = h("option", null, n); o.value = n; return o; }));
+    }
+    if (c.sel.value !== c.chosen) c.sel.value = c.chosen;
+    total += c.metric.update(c.chosen, sv[c.chosen], c.chosen.startsWith("val_") ? null : sv["val_" + c.chosen]);
+  }
+  return { total, validation: names.some(overlaid) };
+}
+
+// one row per rank / device, the step-split bars scaled to the longest step
+function rankTable(ranks) {
+  const table = h("div", "kdist-ranks");
+  const stepOf = sp => sp ? Object.values(sp).reduce((a, b) => a + (b || 0), 0) : 0;
+  const longest = Math.max(0, ...ranks.map(r => stepOf(r.split)));
+  for (const r of ranks) table.appendChild(rankRow(r, longest));
+  return table;
+}
+
 function render({ model, el }) {
   const root = h("div", "kdist-dashboard");
   el.appendChild(root);
-  let chosen = null;      // metric picked in the selector (front-end only: the kernel may be busy)
   let received = Date.now();
-  let timer = null;
   // Persistent parts: the charts row (with the metric selector) is never detached, so an
   // open selector survives the live updates; `top` and `bottom` are rebuilt on each update.
   const top = h("div", "kdist-top");
-  const charts = h("div", "kdist-charts");
-  const lossChart = chartBox(h("div", "kdist-chart-title", "loss"));
-  lossChart.box.classList.add("kdist-chart-loss");
-  const sel = h("select", "kdist-metric-select");
-  const metricChart = chartBox(sel);
-  metricChart.box.classList.add("kdist-chart-metric");
-  const metricBox = metricChart.box;
-  charts.append(lossChart.box, metricBox);
+  const charts = chartsRow();  // charts.chosen: front-end only (the kernel may be busy)
   const curvesNote = h("div", "kdist-curves-note", "");  // what a point is (words from Python)
   const bottom = h("div", "kdist-bottom");
-  root.appendChild(top);
-  root.appendChild(charts);
-  root.appendChild(curvesNote);
-  root.appendChild(bottom);
-  let optionsKey = "";
-  sel.addEventListener("change", () => { chosen = sel.value; draw(); });
+  root.append(top, charts.row, curvesNote, bottom);
+  charts.sel.addEventListener("change", () => { charts.chosen = charts.sel.value; draw(); });
 
   function draw() {
     const st = model.get("state") || {};
-    const cv = curves();
     const status = st.status || "running";
     root.dataset.status = status;
-    top.replaceChildren();
-    bottom.replaceChildren();
-
-    // header
-    const head = h("div", "kdist-head");
-    head.appendChild(h("span", "kdist-title", titleText(st)));
-    head.appendChild(h("span", `kdist-badge kdist-status kdist-${status}`, status));
-    const elapsed = st.running ? (st.elapsed || 0) + (Date.now() - received) / 1000 : st.elapsed;
-    head.appendChild(h("span", "kdist-elapsed", `elapsed ${fmtTime(elapsed)}`));
-    top.appendChild(head);
-    if (st.reason) top.appendChild(h("div", "kdist-reason", `auto: ${st.reason}`));
-    if (st.layout_note) top.appendChild(h("div", "kdist-layout", st.layout_note));  // words from messages.layout_per_device
-    if (st.resize_note) top.appendChild(h("div", "kdist-resized", st.resize_note));  // words from messages.resized_note
-    for (const note of st.stragglers || []) top.appendChild(h("div", "kdist-straggler-note", `straggler: ${note}`));
-    if (st.lost_note) {  // the words come from Python (kdist_magics.messages.lost_batches)
-      top.appendChild(h("div", "kdist-lost", st.lost_note));
-    }
-    if (["failed", "interrupted", "timeout", "stopped"].includes(status) || st.error) {
-      top.appendChild(h("div", `kdist-banner kdist-${status}`,
-        `${status.toUpperCase()}${st.error ? ": " + st.error : ""}`));
-    }
-
-    // progress
-    const p = st.progress || {};
-    const parts = [];
-    if (p.epochs) parts.push(`epoch ${Math.min((p.epoch || 0) + 1, p.epochs)}/${p.epochs}`);
-    if (p.total_steps) parts.push(`step ${p.step || 0}/${p.total_steps}`);
-    if (p.samples_per_s) parts.push(`${fmtNum(p.samples_per_s)} samples/s`);
-    else if (p.steps_per_s) parts.push(`${fmtNum(p.steps_per_s)} steps/s`);
-    if (p.eta_s !== null && p.eta_s !== undefined) {
-      const eta = st.running ? p.eta_s - (Date.now() - received) / 1000 : p.eta_s;
-      parts.push(`ETA ${fmtTime(eta)}`);
-    }
-    // before fit() reports, say what the run is doing (phase names come from Python)
-    const ph = st.phase;
-    let waiting = st.idle_note || "waiting for fit()…";  // idle_note: finished, trained nothing
-    if (ph && !parts.length && !st.idle_note) {
-      const since = (ph.elapsed || 0) + (st.running ? (Date.now() - received) / 1000 : 0);
-      waiting = `${ph.name}${ph.detail ? " (" + ph.detail + ")" : ""} · ${fmtTime(since)}`;
-    }
-    const prog = bar("progress", p.fraction, parts.join(" · ") || waiting, "kdist-progress");
-    top.appendChild(prog);
-    if ((st.phases || []).length) {
-      top.appendChild(h("div", "kdist-phases",
-        st.phases.map(([name, secs]) => `${name} ${fmtTime(secs)}`).join(" · ")));
-    }
-
-    // curves: training per step, validation (val_<name>) as points per epoch on <name>'s chart
-    const names = cv.names || [];
-    const sv = cv.series || {};
-    const overlaid = n => n.startsWith("val_") && names.includes(n.slice(4));
-    const others = names.filter(n => n !== "loss" && !overlaid(n));
-    if (chosen === null || !others.includes(chosen)) chosen = others.find(n => !n.startsWith("val_") && n !== "lr") || others[0] || null;
-    let total = lossChart.update("loss", sv.loss, sv.val_loss);
-    lossChart.box.style.display = st.idle_note && !total ? "none" : "";  // no empty chart
-    curvesNote.textContent = total ? (st.curves_note || "") : "";
-    metricBox.style.display = others.length ? "" : "none";
-    if (others.length) {
-      if (others.join("\n") !== optionsKey) {  // only when the list of metrics changes
-        optionsKey = others.join("\n");
-        sel.replaceChildren(...others.map(n => { const o = h("option", null, n); o.value = n; return o; }));
-      }
-      if (sel.value !== chosen) sel.value = chosen;
-      total += metricChart.update(chosen, sv[chosen], chosen.startsWith("val_") ? null : sv["val_" + chosen]);
-    }
-    root.dataset.points = String(total);
-    // legend
+    top.replaceChildren(...headRows(st, status, received), ...progressRows(st, received));
+    const drawn = drawCurves(charts, st, curves(), curvesNote);
+    root.dataset.points = String(drawn.total);
     const ranks = st.ranks || [];
-    const legend = h("div", "kdist-legend");
-    const curveRanks = Object.keys((cv.series || {}).loss || {}).sort((a, b) => +a - +b);
-    const shared = ranks.some(r => r.shared);  // in-kernel replicas: one process, one curve
-    curveRanks.forEach(r => {
-      const item = h("span", "kdist-legend-item");
-      const sw = h("span", "kdist-swatch");
-      sw.style.background = PALETTE[(+r) % PALETTE.length];
-      item.appendChild(sw);
-      item.appendChild(document.createTextNode(
-        shared && curveRanks.length === 1 ? `all ${ranks.length} replicas (one process)` : `rank ${r}`));
-      legend.appendChild(item);
-    });
-    if (names.some(overlaid)) {
-      const item = h("span", "kdist-legend-item kdist-legend-val");
-      item.appendChild(h("span", "kdist-val-swatch"));
-      item.appendChild(document.createTextNode("validation (per epoch)"));
-      legend.appendChild(item);
-    }
-    bottom.appendChild(legend);
-
-    // one row per rank / device
-    const table = h("div", "kdist-ranks");
-    const stepOf = sp => sp ? Object.values(sp).reduce((a, b) => a + (b || 0), 0) : 0;
-    const longest = Math.max(0, ...ranks.map(r => stepOf(r.split)));
-    for (const r of ranks) {
-      const row = h("div", `kdist-rank kdist-rank-${r.state}${r.straggler ? " kdist-rank-straggler" : ""}`);
-      row.dataset.rank = r.rank;
-      const left = h("div", "kdist-rank-id");
-      const badges = h("span", "kdist-badges");
-      badges.appendChild(h("span", `kdist-badge kdist-${r.state}`, r.state));
-      if (r.straggler) {
-        const b = h("span", "kdist-badge kdist-straggler", "straggler");
-        b.title = r.straggler;
-        badges.appendChild(b);
-      }
-      left.appendChild(badges);
-      left.appendChild(h("span", "kdist-rank-name", `rank ${r.rank}`));
-      const where = [r.host, r.pid ? `pid ${r.pid}` : null, r.device].filter(Boolean).join(" · ");
-      left.appendChild(h("span", "kdist-where", where + (r.shared ? " (shared process)" : "")));
-      row.appendChild(left);
-      const bars = h("div", "kdist-rank-bars");
-      const ncpu = r.cpu_count || 1;
-      bars.appendChild(bar("CPU", r.cpu_percent === undefined || r.cpu_percent === null ? null : r.cpu_percent / (100 * ncpu),
-        r.cpu_percent === undefined || r.cpu_percent === null ? "–" : `${Math.round(r.cpu_percent)}% of ${ncpu} core${ncpu === 1 ? "" : "s"}`, "kdist-cpu"));
-      const pss = r.pss_bytes !== undefined && r.pss_bytes !== null;
-      const mem = h("div", "kdist-rss", pss ? `memory ${fmtBytes(r.pss_bytes)} (PSS)` : `RSS ${fmtBytes(r.rss_bytes)}`);
-      mem.title = pss ? `proportional set size: pages this process shares with others (a --push's shared memory) `
-        + `are split between them, so the ranks' figures add up to what the host holds; RSS ${fmtBytes(r.rss_bytes)}`
-        : "resident set size: pages shared with other processes count in each";
-      bars.appendChild(mem);
-      for (const g of r.gpus || []) {
-        bars.appendChild(bar(`GPU${g.index}`, g.util_percent === null ? null : g.util_percent / 100,
-          g.util_percent === null ? "–" : `${Math.round(g.util_percent)}%`, "kdist-gpu"));
-        bars.appendChild(bar(`mem${g.index}`, g.mem_total_bytes ? g.mem_used_bytes / g.mem_total_bytes : null,
-          `${fmtBytes(g.mem_used_bytes)} / ${fmtBytes(g.mem_total_bytes)}`, "kdist-gpumem"));
-      }
-      for (const t of r.tpus || []) {
-        if (t.duty_cycle_percent !== null && t.duty_cycle_percent !== undefined) {
-          bars.appendChild(bar(`TPU${t.index}`, t.duty_cycle_percent / 100,
-            `${Math.round(t.duty_cycle_percent)}% duty cycle`, "kdist-gpu"));
-        }
-        bars.appendChild(t.mem_total_bytes
-          ? bar(`HBM${t.index}`, t.mem_used_bytes / t.mem_total_bytes,
-                `${fmtBytes(t.mem_used_bytes)} / ${fmtBytes(t.mem_total_bytes)}`, "kdist-gpumem")
-          : h("div", "kdist-tpu", `TPU${t.index} memory ${fmtBytes(t.mem_used_bytes)}`));
-      }
-      if (r.split) bars.appendChild(splitBar(r.split, longest));
-      if ((r.tpus || []).length && r.tpus[0].source) {
-        bars.appendChild(h("div", "kdist-note", `TPU figures: ${r.tpus[0].source}`));
-      }
-      if (!(r.gpus || []).length && !(r.tpus || []).length && r.accelerator_note) {
-        bars.appendChild(h("div", "kdist-note", `accelerator: ${r.accelerator_note}`));
-      }
-      row.appendChild(bars);
-      const right = h("div", "kdist-rank-loss");
-      if (r.loss !== null && r.loss !== undefined) right.appendChild(h("div", null, `loss ${fmtNum(r.loss)}`));
-      if (r.step) right.appendChild(h("div", "kdist-where", `step ${r.step}${r.total_steps ? "/" + r.total_steps : ""}`));
-      if (r.own_step_s) {  // the rank's own time per step, and its wait for the others
-        const ms = v => `${v >= 0.01 ? Math.round(v * 1000) : +(v * 1000).toPrecision(2)} ms`;
-        const t = h("div", "kdist-where kdist-own-step",
-          `${ms(r.own_step_s)}/step` + (r.wait_step_s >= 0.0005 ? ` · waits ${ms(r.wait_step_s)}` : ""));
-        t.title = "this rank's own work per step, and how long it waits per step for the others";
-        right.appendChild(t);
-      }
-      row.appendChild(right);
-      if (r.error) row.appendChild(h("div", "kdist-rank-error", r.error));
-      table.appendChild(row);
-    }
-    bottom.appendChild(table);
+    bottom.replaceChildren(legend(curves(), ranks, drawn.validation), rankTable(ranks));
     if (st.split_legend) bottom.appendChild(h("div", "kdist-note kdist-split-legend", st.split_legend));
   }
 
@@ -516,7 +564,7 @@ function render({ model, el }) {
   draw();
   // keep elapsed/ETA ticking between updates while the run is live
   // (only the clock text, so an open metric selector is not rebuilt under the pointer)
-  timer = setInterval(() => {
+  const timer = setInterval(() => {
     const st = model.get("state") || {};
     const span = root.querySelector(".kdist-elapsed");
     if (st.running && span) span.textContent = `elapsed ${fmtTime((st.elapsed || 0) + (Date.now() - received) / 1000)}`;
