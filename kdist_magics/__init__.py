@@ -38,9 +38,9 @@ def unload_ipython_extension(ipython):
     if _extension is None:
         return
     _extension.close()
-    from .magics import _quiet_cell_failed
+    from .errors import quiet_cell_failed
 
-    _quiet_cell_failed(ipython, install=False)
+    quiet_cell_failed(ipython, install=False)
     from .strategies.multiworker.run_script import help_lines
 
     if help_lines in ipython.input_transformers_cleanup:

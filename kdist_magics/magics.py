@@ -7,23 +7,17 @@ One execute path: line -> :class:`~kdist_magics.spec.RunSpec` -> strategy ->
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
-from .cluster import namespace
 from . import spec as specmod
-from .errors import CellFailed, KDistError, StrategyUnavailable
-from .messages import (EXPOSED, LINE_COMMANDS, NOT_RUN, PHASE_CELL, SCALE_NOTHING_TRAINED,
-                       backend_changed, line_help, say,
-                       shared_host, tensorboard_line, warm_started)
+from .errors import quiet_cell_failed
+from .messages import backend_changed, line_help, say, tensorboard_line
 from .cluster.placement import RANK_GPUS
 from .strategies.base import RunOptions
 from .watch.record import RunRecord
-from .watch.tf_logs import quiet_info
 
 
 @magics_class
@@ -103,7 +97,7 @@ class KDist(Magics):
         super().__init__(shell=shell, **kwargs)
         if shell is not None:
             shell.configurables.append(self)
-            _quiet_cell_failed(shell, install=True)
+            quiet_cell_failed(shell, install=True)
         self._strategies: dict[str, Any] = {}
         self.last_record: RunRecord | None = None
         self.last_trained: tuple[specmod.RunSpec, str] | None = None  # %kdist scale's default
@@ -159,17 +153,23 @@ class KDist(Magics):
             %%kdist                      # --strategy auto: picks one and says why
         """
         if line.split()[:1] == ["scale"]:  # %%kdist scale [options]: the probe, on this cell
-            return self._scale(self.parse(line.split(None, 1)[1] if " " in line.strip() else ""), cell)
+            from .scale.probe import scale
+
+            return scale(self, self.parse(line.split(None, 1)[1] if " " in line.strip() else ""), cell)
         spec = self.parse(line)
         reason = None
         if spec.strategy == "auto":
             spec, reason = self.choose(spec, cell)
             say(f"--strategy auto chose {spec.strategy}: {reason}")
         if spec.strategy == "multiworker":
-            self._check_launcher_code(cell)
+            from .strategies.multiworker.launcher_env import refuse_torch_code_elsewhere
+
+            refuse_torch_code_elsewhere(cell, self.shell.user_ns)
         strategy = self.strategy_object(spec.strategy)
         if strategy.in_kernel:
-            self._check_jax_initialize(cell, spec.strategy)
+            from .strategies.kernel.tpu_hygiene import refuse_late_initialize
+
+            refuse_late_initialize(self.shell.transform_cell(cell), spec.strategy)
         record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec, reason=reason)
         probed = self.last_scale
         if probed is not None and probed.strategy == spec.strategy and probed.cell == cell:
@@ -191,84 +191,12 @@ class KDist(Magics):
             self.last_trained = (spec, cell)
         return value
 
-    def _scale(self, spec: specmod.RunSpec, cell: str):
-        from .scale.probe import scale
-
-        return scale(self, spec, cell)
-
-    def _check_launcher_code(self, cell: str) -> None:
-        """Code written for torchrun under another Keras backend: one line, nothing starts."""
-        from .strategies.frameworks.backends import keras_backend
-        from .strategies.multiworker.launcher_env import torch_code_elsewhere
-        from .strategies.multiworker.run_script import SCRIPT_NAME
-
-        script = self.shell.user_ns.get(SCRIPT_NAME) if SCRIPT_NAME in cell else None
-        why = torch_code_elsewhere(script[0] if script else cell, keras_backend())
-        if why is not None:
-            raise StrategyUnavailable(why)
-
-    def _check_jax_initialize(self, cell: str, name: str) -> None:
-        """A cell in the kernel that joins a multi-host JAX job once JAX has started (or kdist
-        will start it to find the devices): one line, before anything runs."""
-        from .strategies.frameworks.backends import keras_backend
-        from .errors import initialize_again, initialize_too_late
-        from .strategies.kernel.tpu_hygiene import backend_started, calls_initialize, joined
-
-        call = calls_initialize(self.shell.transform_cell(cell))
-        if call is None:
-            return
-        if joined():
-            raise initialize_again(call)
-        if backend_started():
-            why = "it has started in this kernel (an earlier cell used JAX or Keras on JAX)"
-        elif keras_backend() == "jax" and name != "default":
-            why = f"--strategy {name} starts it to find the devices before the cell runs"
-        else:
-            return
-        raise initialize_too_late(call, why)
-
     def execute(self, strategy, cell: str, spec: specmod.RunSpec, record: RunRecord,
                 probe: tuple[int, float | None] | None = None):
-        from .strategies import RunContext
+        """Run ``cell`` with ``strategy`` and finish ``record`` (:func:`.cell.execute`)."""
+        from .cell import execute
 
-        ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self),
-                         probe=probe)
-        if strategy.in_kernel:
-            record.phase(PHASE_CELL)  # engine strategies name their own phases
-        elif not spec.attach and getattr(strategy, "exposure", None) and not self._sharing_said:
-            self._sharing_said = True  # once per kernel: what other users here could reach
-            why = namespace.unavailable() if self.private_network else None
-            if why or not self.private_network:
-                from .cluster.peers import other_users
-
-                uids = other_users()
-                if uids:
-                    say(shared_host(uids, EXPOSED[strategy.exposure], why), warn=True)
-        try:
-            with quiet_info(not self.tf_info_logs, stderr=strategy.in_kernel):  # set-up's too
-                value = strategy.run(cell, ctx)
-        except CellFailed as exc:
-            status = getattr(exc, "status", "failed")  # "timeout", "interrupted": in the kernel
-            if strategy.in_kernel:
-                state = "stopped" if status == "interrupted" else "failed"
-                for rank in record.ranks:
-                    record.set_rank(rank, state=state, error=str(exc))
-            record.finish(status, str(exc))
-            raise
-        except KeyboardInterrupt:
-            record.finish("interrupted", "interrupted")
-            raise
-        except StrategyUnavailable as exc:  # "The cell did not run.": no dashboard stays
-            record.finish(NOT_RUN, str(exc))
-            raise
-        except KDistError as exc:
-            record.finish(getattr(exc, "status", "failed"), str(exc))
-            raise
-        except BaseException as exc:
-            record.finish("failed", f"{type(exc).__name__}: {exc}")
-            raise
-        record.finish("done")
-        return value
+        return execute(self, strategy, cell, spec, record, probe)
 
     def choose(self, spec: specmod.RunSpec, cell: str | None = None) -> tuple[specmod.RunSpec, str]:
         """Resolve ``--strategy auto``: from ``%kdist scale``'s figures on this cell where there
@@ -288,86 +216,9 @@ class KDist(Magics):
     @line_magic("kdist")
     def kdist_line(self, line: str):
         # the docstring (what %kdist? shows) is messages.line_help(), set below the class
-        words = line.split()
-        if not words or words[0] not in LINE_COMMANDS:
-            raise UsageError(f"%kdist takes one of: {', '.join(LINE_COMMANDS)} "
-                             f"(to run a cell distributed, use %%kdist)")
-        command, rest = words[0], line.strip()[len(words[0]):].strip()  # quoting kept (run)
-        return getattr(self, f"_cmd_{command}")(rest)
+        from .commands import dispatch
 
-    def _cmd_start(self, rest: str):
-        from .strategies import RunContext
-        from .strategies.engines import warm
-
-        spec = self.parse(rest)
-        if spec.strategy == "auto":
-            spec, _ = self.choose(spec)
-        if specmod.KINDS.get(spec.strategy) != "engines":
-            raise UsageError(f"%kdist start warms engines (--strategy {' or '.join(specmod.ENGINE_STRATEGIES)}); "
-                             f"{spec.strategy} runs in the notebook's own kernel and needs no start")
-        strategy = self.strategy_object(spec.strategy)
-        record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec)
-        ctx = RunContext(shell=self.shell, spec=spec, record=record, options=RunOptions.of(self),
-                         quiet=True)
-        warming = warm.start(strategy, ctx)
-        say(warm_started(warming.n, spec.strategy, strategy.warm_modules))
-
-    def _cmd_run(self, rest: str):
-        """``%kdist run [kdist options] script.py [script args]`` (:mod:`.strategies.multiworker.run_script`): the
-        script as a cell, through the one execute path."""
-        from .strategies.multiworker.run_script import script_cell
-
-        found = script_cell(rest, parse=self.parse, user_ns=self.shell.user_ns)
-        if found is not None:
-            return self.kdist(*found)
-
-    def _cmd_status(self, rest: str):
-        lines = ["kdist status"]
-        if not self._strategies:
-            lines.append("  no strategy has run in this kernel yet")
-        for name, strategy in self._strategies.items():
-            facts = ", ".join(f"{k}={v}" for k, v in strategy.status().items()) or "ready"
-            lines.append(f"  {name}: {facts}")
-        lines.append(f"  last run: {self.last_record.summary() if self.last_record else 'none'}")
-        if not self.same_user_only:
-            lines.append("  isolation: off (KDist.same_user_only = False): kdist's rendezvous and "
-                         "abort line accept any local user's connections")
-        why = namespace.unavailable() if self.private_network else None
-        lines.append("  private network: " + (
-            f"not here ({why}): the engines share this host's loopback" if why else
-            "on: a cluster kdist starts gets a network of its own" if self.private_network else
-            "off (KDist.private_network = False): the engines share this host's loopback"))
-        print("\n".join(lines))
-
-    def _cmd_stop(self, rest: str):
-        self.close()
-        say("stopped everything kdist started")
-
-    def _cmd_restart(self, rest: str):
-        names = list(self._strategies)
-        self.close()
-        say(f"restarted ({', '.join(names) or 'nothing was running'}); "
-            "engines start again with the next cell")
-
-    def _cmd_scale(self, rest: str):
-        """``%kdist scale [options]``: the probe on the last cell that trained (its options,
-        with those given here on top)."""
-        if self.last_trained is None:
-            raise UsageError(SCALE_NOTHING_TRAINED)
-        spec, cell = self.last_trained
-        if rest:
-            given = self.parse(rest)
-            spec = replace(spec, **{name: getattr(given, name) for name in given.given})
-        return self._scale(spec, cell)
-
-    def _cmd_advise(self, rest: str):
-        from .choose.advisor import advise, hardware_for
-
-        if self.last_scale is not None:  # measured figures first, then the rules
-            from .scale.probe import quote
-
-            quote(self.last_scale)
-        return advise(self.shell.user_ns, self.parse(rest), hardware=hardware_for(self))
+        return dispatch(self, line)
 
     def close(self) -> None:
         """Tear down every strategy (engines, servers, connections)."""
@@ -377,23 +228,3 @@ class KDist(Magics):
 
 
 KDist.kdist_line.__doc__ = line_help()
-
-
-def _show_cell_failed(shell, etype, value, tb, tb_offset=None):
-    """Custom exception handler for :class:`CellFailed`: show nothing when the cell's own
-    traceback is already on screen (its rendering is empty), else the usual rendering."""
-    if value._render_traceback_():
-        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
-    return []
-
-
-def _quiet_cell_failed(shell, install: bool) -> None:
-    """A notebook front end shows every ``error`` message a kernel sends, even one with an
-    empty traceback, so a CellFailed after the user's own traceback (a syntax error, a
-    failing in-kernel cell) would be a second, empty error output. IPython's custom
-    exception hook lets such a CellFailed mark the cell as failed without sending one.
-    Installed only when no other custom handler is set; removed again on unload."""
-    if install and not shell.custom_exceptions:
-        shell.set_custom_exc((CellFailed,), _show_cell_failed)
-    elif not install and shell.custom_exceptions == (CellFailed,):
-        shell.set_custom_exc((), None)

@@ -162,6 +162,40 @@ def test_no_function_over_60_lines():
     assert not found, f"functions over {MAX_LINES} lines:\n" + "\n".join(found)
 
 
+def long_js_functions(path: Path, limit: int = MAX_LINES) -> list[str]:
+    """``function`` declarations in a JavaScript file longer than ``limit`` lines, nested ones
+    counted in their own right and inside the one that holds them (braces matched; those in
+    strings and template literals come in pairs on a line)."""
+    lines = path.read_text().splitlines()
+    found = []
+    for start, line in enumerate(lines):
+        m = re.match(r"\s*(?:export\s+)?(?:async\s+)?function\s+(\w+)\s*\(", line)
+        if not m:
+            continue
+        depth, opened = 0, False
+        for end in range(start, len(lines)):
+            depth += lines[end].count("{") - lines[end].count("}")
+            opened = opened or "{" in lines[end]
+            if opened and depth <= 0:
+                break
+        if end - start + 1 > limit:
+            found.append(f"{path.name}:{start + 1} {m.group(1)} ({end - start + 1} lines)")
+    return found
+
+
+def test_the_dashboards_javascript_keeps_the_same_function_length_rule():
+    found = [f for path in sorted((PACKAGE / "watch" / "static").glob("*.js"))
+             for f in long_js_functions(path)]
+    assert not found, f"JavaScript functions over {MAX_LINES} lines:\n" + "\n".join(found)
+
+
+def test_the_javascript_length_check_sees_a_long_function(tmp_path):
+    body = "\n".join(f"  x += {i};" for i in range(70))
+    (tmp_path / "a.js").write_text(f"function short() {{ return 1; }}\n"
+                                   f"export function long(x) {{\n{body}\n  return x;\n}}\n")
+    assert long_js_functions(tmp_path / "a.js") == ["a.js:2 long (73 lines)"]
+
+
 def test_every_package_says_what_it_owns():
     bare = [str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("__init__.py"))
             if not ast.get_docstring(ast.parse(path.read_text()))]
@@ -267,3 +301,67 @@ def test_no_work_item_numbers_in_code_or_comments():
                 if re.search(r"\b[Ii]ssues? \d+(\.\d+)?\b", line):
                     found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+#: where ARCHITECTURE.md's generated list of imports across components begins and ends
+IMPORTS_BEGIN = "<!-- imports across components: begin (python tests/test_structure.py writes it) -->"
+IMPORTS_END = "<!-- imports across components: end -->"
+#: what every component may import without being listed (the page says so)
+SHARED = ("messages", "errors", "spec")
+
+
+def _component(module: str) -> str:
+    """``cluster/``, ``strategies/``, ... for a folder's modules; ``magics.py`` for a top-level one."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    folder = PACKAGE / parts[0]
+    return f"{parts[0]}/" if folder.is_dir() else f"{parts[0]}.py"
+
+
+def _path(module: str) -> str:
+    path, is_package = _modules()[module]
+    return "/".join(path.relative_to(PACKAGE).parts)
+
+
+def imports_across_components() -> str:
+    """The table ARCHITECTURE.md holds: for each pair of components, which module imports which
+    (imports inside functions too; the shared top-level modules left out)."""
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for module, targets in import_graph().items():
+        for target in targets:
+            source, dest = _component(module), _component(target)
+            if source == dest or dest.rstrip("/").removesuffix(".py") in SHARED:
+                continue
+            pairs.setdefault((source, dest), []).append(f"{_path(module)} → {_path(target)}")
+    rows = ["| from | to | which module imports which |", "| --- | --- | --- |"]
+    rows += [f"| `{a}` | `{b}` | " + ", ".join(sorted(edges)) + " |"
+             for (a, b), edges in sorted(pairs.items())]
+    return "\n".join([IMPORTS_BEGIN, *rows, IMPORTS_END])
+
+
+def test_the_architecture_page_lists_every_import_across_components(architecture):
+    """The page's table is the code's own imports, as they are: regenerate it with
+    ``python tests/test_structure.py`` when a component starts (or stops) leaning on another."""
+    start, end = architecture.find(IMPORTS_BEGIN), architecture.find(IMPORTS_END)
+    assert start >= 0 and end > start, "ARCHITECTURE.md has no generated import table"
+    listed = architecture[start:end + len(IMPORTS_END)]
+    assert listed == imports_across_components(), (
+        "ARCHITECTURE.md's imports across components differ from the code's: run "
+        "python tests/test_structure.py")
+
+
+def test_the_import_table_sees_an_import_inside_a_function():
+    table = imports_across_components()
+    # cell.py imports strategies' RunContext inside execute(); magics.py imports commands/ in one
+    assert "cell.py → strategies/__init__.py" in table and "magics.py → commands/__init__.py" in table
+
+
+if __name__ == "__main__":  # rewrite ARCHITECTURE.md's generated import table
+    page = PACKAGE.parent / "ARCHITECTURE.md"
+    text = page.read_text()
+    start, end = text.find(IMPORTS_BEGIN), text.find(IMPORTS_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{page} has no {IMPORTS_BEGIN!r} ... {IMPORTS_END!r} block")
+    page.write_text(text[:start] + imports_across_components() + text[end + len(IMPORTS_END):])
+    print(f"wrote {page}'s table of imports across components")

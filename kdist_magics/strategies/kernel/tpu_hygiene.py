@@ -125,3 +125,24 @@ def joined() -> bool:
         return bool(sys.modules["jax"].distributed.is_initialized())
     except AttributeError:  # JAX before 0.4.32 has no is_initialized
         return False
+
+
+def refuse_late_initialize(code: str, strategy: str) -> None:
+    """Before a cell runs in the kernel: one that joins a multi-host JAX job
+    (``jax.distributed.initialize``) once JAX has started, or once ``strategy`` will start it to
+    find the devices, is one line, and nothing runs. ``code``: the cell as Python."""
+    from ...errors import initialize_again, initialize_too_late
+    from ..frameworks.backends import keras_backend
+
+    call = calls_initialize(code)
+    if call is None:
+        return
+    if joined():
+        raise initialize_again(call)
+    if backend_started():
+        why = "it has started in this kernel (an earlier cell used JAX or Keras on JAX)"
+    elif keras_backend() == "jax" and strategy != "default":
+        why = f"--strategy {strategy} starts it to find the devices before the cell runs"
+    else:
+        return
+    raise initialize_too_late(call, why)
