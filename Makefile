@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 COLAB_VENV ?= .venv-colab
-# What also runs on Colab's own stack (.venv-colab): everything but Horovod (Colab has none),
+# What also runs on Colab's own stack (.venv-colab): everything but Horovod (Colab has none), Ray
+# (the ray extra is not on Colab's stack; the Ray tier runs beside the long one in .venv),
 # the JupyterLab browser tests (Colab's front end is Notebook 6: the classic test runs instead),
 # network namespaces and the pinned-stack installs (both are about this machine, not the stack),
 # PyTorch (Colab's torch comes from its own wheel index, not from its published freeze), and the
@@ -12,7 +13,7 @@ COLAB_VENV ?= .venv-colab
 # the tests about an environment without TensorFlow (tfless) and the TensorFlow-free ones (notf):
 # .venv-colab-tpu runs those on the same JAX, Keras, NumPy and ipykernel pins as Colab's
 # (0.7.2, 3.13.2, 2.1.3, 6.17.1), and the main suite runs them with TensorFlow installed.
-COLAB_TESTS ?= (not horovod and not torch and not netns and not slurm and not browser and not stacks and not long and not gpucheck and not docs and not tfless and not notf) or classic
+COLAB_TESTS ?= (not horovod and not torch and not ray and not netns and not slurm and not browser and not stacks and not long and not gpucheck and not docs and not tfless and not notf) or classic
 
 .PHONY: setup lab test test-fast test-quick docs demo bench clean
 
@@ -41,7 +42,7 @@ test-fast: setup
 
 # A developer's loop: the fast tier plus one real run per strategy (tests marked quick); minutes.
 test-quick:
-	@bash scripts/setup.sh --torch
+	@bash scripts/setup.sh --torch --ray
 	$(PY) -m pytest -m "($(FAST_TESTS)) or quick" $(PYTEST_ARGS)
 
 # The documentation site, offline, into docs/_build/html: Sphinx, warnings as errors, every

@@ -198,3 +198,23 @@ class RunTimedOut(KDistError):
 
 class ClusterError(KDistError):
     """The engines could not be started, reached or restarted."""
+
+
+def _show_cell_failed(shell, etype, value, tb, tb_offset=None):
+    """Custom exception handler for :class:`CellFailed`: show nothing when the cell's own
+    traceback is already on screen (its rendering is empty), else the usual rendering."""
+    if value._render_traceback_():
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    return []
+
+
+def quiet_cell_failed(shell, install: bool) -> None:
+    """A notebook front end shows every ``error`` message a kernel sends, even one with an
+    empty traceback, so a CellFailed after the user's own traceback (a syntax error, a
+    failing in-kernel cell) would be a second, empty error output. IPython's custom
+    exception hook lets such a CellFailed mark the cell as failed without sending one.
+    Installed only when no other custom handler is set; removed again on unload."""
+    if install and not shell.custom_exceptions:
+        shell.set_custom_exc((CellFailed,), _show_cell_failed)
+    elif not install and shell.custom_exceptions == (CellFailed,):
+        shell.set_custom_exc((), None)

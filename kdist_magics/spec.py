@@ -26,7 +26,9 @@ STRATEGIES = ("auto", *KINDS)
 ENGINE_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "engines")
 KERNEL_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "kernel")
 OUT_MODES = ("rank0", "all", "none")
-LAUNCHERS = ("local", "slurm")
+LAUNCHERS = ("local", "ray", "slurm")
+#: the options of a Ray cluster's placement (--launcher ray only)
+RAY_OPTIONS = ("address", "placement")
 #: the options passed to sbatch (--launcher slurm only)
 SLURM_OPTIONS = ("partition", "time", "account", "gres", "sbatch")
 
@@ -70,14 +72,19 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--profile",), dict(default=None, metavar="NAME",
         help="IPython profile of the ipyparallel cluster to attach to")),
     (("--launcher",), dict(default=None, choices=LAUNCHERS, metavar="WHERE",
-        help="where a cluster kdist starts runs its engines: local (this machine) or slurm (a Slurm "
-             "job kdist submits, watches and cancels; default: %%config KDist.launcher)")),
+        help="where a cluster kdist starts runs its engines: local (this machine), slurm (a Slurm "
+             "job kdist submits, watches and cancels) or ray (a Ray cluster's nodes, one placement "
+             "group kdist removes after; default: %%config KDist.launcher)")),
     (("--partition",), dict(default=None, metavar="NAME", help="--launcher slurm: sbatch --partition")),
     (("--time",), dict(default=None, metavar="LIMIT", help="--launcher slurm: sbatch --time (the job's time limit)")),
     (("--account",), dict(default=None, metavar="NAME", help="--launcher slurm: sbatch --account")),
     (("--gres",), dict(default=None, metavar="SPEC", help="--launcher slurm: sbatch --gres (gpu:4)")),
     (("--sbatch",), dict(default=None, metavar="'ARGS'",
         help="--launcher slurm: more sbatch options in one quoted string, passed to sbatch as they are")),
+    (("--address",), dict(default=None, metavar="HOST:PORT",
+        help="--launcher ray: the Ray cluster (default: RAY_ADDRESS, else the one this machine runs)")),
+    (("--placement",), dict(default=None, choices=("spread", "pack"), metavar="HOW",
+        help="--launcher ray: spread the ranks over Ray's nodes (default) or pack them on as few as fit")),
 )
 
 
@@ -116,6 +123,8 @@ class RunSpec:
     launcher: str = "local"
     #: what ``sbatch`` gets (:class:`~kdist_magics.cluster.slurm.SlurmOptions`), with ``--launcher slurm``
     slurm: Any = None
+    #: where and how Ray places the ranks (:class:`~kdist_magics.cluster.ray_actors.RayOptions`), with ``--launcher ray``
+    ray: Any = None
     #: option names the user wrote on the line (as opposed to defaults)
     given: frozenset[str] = field(default_factory=frozenset)
 
@@ -216,19 +225,25 @@ def validate(spec: RunSpec) -> RunSpec:
 def _check_launcher(spec: RunSpec) -> None:
     if spec.launcher not in LAUNCHERS:
         raise UsageError(f"--launcher: {spec.launcher!r} is not a launcher; choose from {', '.join(LAUNCHERS)}")
-    if spec.launcher != "slurm":
-        named = [f"--{n}" for n in SLURM_OPTIONS if n in spec.given]
-        if named:
-            raise UsageError(f"{', '.join(named)} applies to --launcher slurm (a cluster kdist submits "
-                             f"to Slurm); add --launcher slurm")
+    for name, options in (("slurm", SLURM_OPTIONS), ("ray", RAY_OPTIONS)):
+        named = [f"--{n}" for n in options if n in spec.given]
+        if spec.launcher != name and named:
+            what = "a cluster kdist submits to Slurm" if name == "slurm" else "engines Ray places"
+            raise UsageError(f"{', '.join(named)} applies to --launcher {name} ({what}); add "
+                             f"--launcher {name}")
+    if spec.launcher == "local":
         return
     # (sharded runs in the notebook, or across engines: --np N, or a Slurm job's engines)
+    options = SLURM_OPTIONS if spec.launcher == "slurm" else RAY_OPTIONS
+    named = " ".join([f"--launcher {spec.launcher}"] + [f"--{n}" for n in options if n in spec.given])
     if spec.strategy in KERNEL_STRATEGIES and spec.strategy != "sharded" and "launcher" in spec.given:
-        named = " ".join(["--launcher slurm"] + [f"--{n}" for n in SLURM_OPTIONS if n in spec.given])
         raise UsageError(f"{named} starts engines (horovod, multiworker, sharded), not {spec.strategy}")
+    if spec.launcher == "ray" and spec.strategy == "sharded":
+        raise UsageError(f"{named}: sharded across Ray's nodes is not supported yet; horovod and "
+                         f"multiworker are (or sharded with --launcher local or slurm)")
     if spec.attach:
-        raise UsageError("--launcher slurm starts a cluster kdist owns; --cluster-id/--profile attach "
-                         "to one somebody started (give one or the other)")
+        raise UsageError(f"--launcher {spec.launcher} starts a cluster kdist owns; --cluster-id/--profile "
+                         f"attach to one somebody started (give one or the other)")
 
 
 def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
@@ -264,6 +279,12 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
             values["slurm"] = SlurmOptions.of(**slurm)
         except ValueError as exc:  # unbalanced quotes in --sbatch
             raise UsageError(f"--sbatch: cannot read {slurm['sbatch']!r} ({exc})") from None
+    ray = {name: getattr(args, name) for name in RAY_OPTIONS}
+    given |= {name for name, value in ray.items() if value is not None}
+    if launcher == "ray":
+        from .cluster.ray_actors import RayOptions
+
+        values["ray"] = RayOptions(ray["address"], ray["placement"] or "spread")
     for key in ("push", "pull"):
         raw = getattr(args, key)
         if raw is not None:

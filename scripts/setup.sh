@@ -7,6 +7,7 @@
 #                                    Horovod 0.28.1 built with Gloo against that TensorFlow (cached)
 #   scripts/setup.sh --torch         also PyTorch (Keras on torch across engines); pip's default torch is
 #                                    the CUDA build, ~5 GB, so only make test (and `make lab TORCH=1`) ask
+#   scripts/setup.sh --ray           also Ray (--launcher ray; a 79 MB wheel): make test asks
 #   scripts/setup.sh --env colab     .venv-colab: Colab's published stack (envs/colab-2026-08.txt as pip
 #                                    constraints: Python 3.13, TF 2.20, IPython 7.34, ipywidgets 7.7,
 #                                    ipyparallel 8.8, Notebook 6.5), no Horovod
@@ -22,13 +23,15 @@ cd "$(dirname "$0")/.."
 
 want_browser=0
 want_torch=0
+want_ray=0
 env_name=main
 while [ $# -gt 0 ]; do
   case "$1" in
     --browser) want_browser=1 ;;
     --torch) want_torch=1 ;;
+    --ray) want_ray=1 ;;
     --env) env_name=$2; shift ;;
-    *) echo "usage: scripts/setup.sh [--browser] [--torch] [--env main|colab|colab-tpu]" >&2; exit 2 ;;
+    *) echo "usage: scripts/setup.sh [--browser] [--torch] [--ray] [--env main|colab|colab-tpu]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -166,6 +169,7 @@ PY="$VENV/bin/python"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then tf_extra=tensorflow; else tf_extra=tensorflow-cpu; fi
 extras="$tf_extra,jax,lab,test,docs"
 [ $want_torch = 1 ] && extras="$extras,torch"
+[ $want_ray = 1 ] && extras="$extras,ray"
 stamp="$VENV/.kdist-installed"
 hash="$(sha256sum pyproject.toml | cut -c1-16)"
 have_hash="" have_extras=""

@@ -46,7 +46,7 @@ kill_tree() {
 }
 trap 'for job in $(jobs -p); do kill_tree "$job"; done; exit 130' INT TERM
 
-step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser --torch || {
+step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser --torch --ray || {
   python3 scripts/test_account.py "$STEPS"; exit 1; }
 
 # The main suite: what .venv runs of the suite but for the sessions below. First P10's timing
@@ -55,7 +55,7 @@ step "set-up .venv" env KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser 
 # engine tests (mostly waiting for processes: ~55% of 2 cores alone) beside the rest (fast,
 # kernel, notebook and browser tiers), each its own pytest session and account; the engines'
 # half's output follows in the log (test-output/engines.log).
-MAIN="not classic and not docs and not long and not netns and not tfless and not stacks"
+MAIN="not classic and not docs and not long and not ray and not netns and not tfless and not stacks"
 ENGINES_HALF="engines and not notf"
 # shellcheck disable=SC2086
 step "suite in .venv: P10's timing check, alone" env KDIST_ACCOUNT=account-p10 .venv/bin/python -m pytest -m "$MAIN" \
@@ -86,10 +86,11 @@ wait $setups
 cat "$OUT/setup-colab.log" "$OUT/setup-colab-tpu.log"
 ready() { [ "$(cat "$OUT/setup-$1.rc" 2>/dev/null)" = 0 ]; }
 
-# the long tier in a session of its own beside the Colab part
+# the long tier in a session of its own beside the Colab part, with the Ray tier (a Ray head of
+# its own, started and stopped by tests/test_ray.py)
 # shellcheck disable=SC2086
-( step "long tier in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
-    .venv/bin/python -m pytest -m "long and not netns" ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
+( step "long and Ray tiers in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
+    .venv/bin/python -m pytest -m "(long or ray) and not netns" ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
 long=$!
 # the network-namespace and Slurm tiers (a Slurm job at its time limit among them: 100 s, nearly
 # all waiting for slurmctld) in a third session: they hold fixed names, so only here, in turn;

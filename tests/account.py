@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 #: a test's tier: the first of these markers it carries; "fast" when it carries none
-TIERS = ("browser", "classic", "notebook", "slurm", "netns", "stacks", "docs", "long",
+TIERS = ("browser", "classic", "notebook", "slurm", "netns", "stacks", "docs", "ray", "long",
          "engines", "kernel")
 SLOWEST = 15
 

@@ -14,7 +14,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from kdist_magics.strategies import capabilities
-from kdist_magics.spec import KINDS, OPTIONS, SLURM_OPTIONS, parse_line
+from kdist_magics.spec import KINDS, OPTIONS, RAY_OPTIONS, SLURM_OPTIONS, parse_line
 
 TESTS = Path(__file__).resolve().parent
 
@@ -24,11 +24,13 @@ def _dest(flags, kwargs) -> str:
 
 
 def _sample(flags, kwargs) -> str:
-    """The option with a valid value that is not its default (sbatch's options with the
-    launcher they belong to)."""
+    """The option with a valid value that is not its default (sbatch's and Ray's options with
+    the launcher they belong to)."""
     flag = flags[0]
     if _dest(flags, kwargs) in SLURM_OPTIONS:
         return f"--launcher slurm {flag} x"
+    if _dest(flags, kwargs) in RAY_OPTIONS:
+        return f"--launcher ray {flag} {'pack' if flag == '--placement' else 'x'}"
     if kwargs.get("action") == "store_true":
         return flag
     if kwargs.get("choices"):

@@ -37,8 +37,8 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
     setup = [i for i, ln in enumerate(lines) if "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest" in ln]
     assert setup and runs and setup[0] < runs[0], lines
-    assert ('MAIN="not classic and not docs and not long and not netns and not tfless and not stacks"'
-            in lines)
+    assert ('MAIN="not classic and not docs and not long and not ray and not netns and not tfless '
+            'and not stacks"' in lines)
     # the main suite: P10's timing check alone, then two halves side by side that together run
     # every other test of MAIN once (one marker expression and its negation)
     p10, = [i for i, ln in enumerate(lines) if ln.startswith("tests/test_scale_netns.py ${PYTEST_ARGS")]
@@ -61,10 +61,11 @@ def test_make_test_runs_the_long_tier_beside_the_colab_part():
     Slurm's among them) and the pip dry runs (stacks) out; the docs run before the Colab part,
     the others in two sessions of their own, started in the background before the docs and
     waited for (their exit statuses count) after the Colab part. Between the three, every test
-    of .venv runs once: "docs", "long and not netns" and "netns or stacks" are the rest of the
-    main suite's."""
+    of .venv runs once: "docs", "(long or ray) and not netns" (the Ray tier beside the long one)
+    and "netns or stacks" are the rest of the main suite's."""
     lines = make_test_steps()
-    long = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and not netns"' in ln]
+    long = [i for i, ln in enumerate(lines)
+            if '.venv/bin/python -m pytest -m "(long or ray) and not netns"' in ln]
     limit = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns or stacks"' in ln]
     colab = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
     waited = [i for i, ln in enumerate(lines) if ln.startswith(("wait $long", "wait $limit")) and "status=1" in ln]

@@ -19,6 +19,7 @@ STARTED = {
     "kdist_magics.cluster.follow": "a controller or engine on this host, its children, their guards",
     "kdist_magics.cluster.namespace": "a private network's holder",
     "kdist_magics.cluster.slurm": "a Slurm job's guard, and the engines on the job's nodes",
+    "kdist_magics.cluster.ray_actors": "the engines in Ray's actors, on the Ray cluster's nodes",
 }
 
 

@@ -257,13 +257,8 @@ class SlurmCluster(EngineCluster):
         self.engines = []
         super().stop()
 
-    def restart(self) -> "SlurmCluster":
-        self.stop()
-        self.cluster_id = None
-        return self.start()
-
     def status(self) -> dict:
-        facts = super().status() if self.running else {"engines": "not started"}
+        facts = super().status()
         if self.job is not None:
             state = self.job_state
             words = state.words() if state is not None else "submitted"

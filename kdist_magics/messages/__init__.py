@@ -1,7 +1,7 @@
 """The one place kdist's words live, and the one rule for its own lines in a notebook: ``say()``.
 
-The words of ``--strategy sharded``, ``--launcher slurm`` and ``--push`` are in :mod:`.sharded`,
-:mod:`.slurm` and :mod:`.push` beside this module, imported here: every word is
+The words of ``--strategy sharded``, ``--launcher slurm``, ``--launcher ray`` and ``--push`` are
+in :mod:`.sharded`, :mod:`.slurm`, :mod:`.ray` and :mod:`.push` beside this module, imported here: every word is
 ``kdist_magics.messages.NAME``.
 
 Jupyter shows a cell's stderr in the error style (red), so where a ``kdist:`` line goes says how
@@ -311,6 +311,16 @@ from .slurm import (  # noqa: E402
     slurm_loopback,
     phase_queue,
     unresolved_hosts,
+)
+from .ray import (  # noqa: E402
+    RAY_MISSING,
+    ray_actor_ended,
+    ray_asks_token,
+    ray_engine_ended,
+    ray_no_cluster,
+    ray_node_died,
+    ray_placing,
+    ray_unplaceable,
 )
 from .scale import (  # noqa: E402
     LINK_FITTED,

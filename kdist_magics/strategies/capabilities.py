@@ -72,6 +72,15 @@ HONOURED.update({
                "sharded": SLURM + "test_keras_on_jax_trains_across_the_nodes"},
 })
 
+RAY = "test_ray.py::"
+HONOURED.update({
+    # --launcher ray places horovod's and multiworker's ranks (sharded is refused in spec.py)
+    "address": {"horovod": RAY + "test_horovod_on_ray_and_a_rank_lost_mid_run_is_named",
+                "multiworker": RAY + "test_multiworker_on_ray_trains_one_model_and_leaves_nothing_reserved"},
+    "placement": {"horovod": RAY + "test_horovod_on_ray_and_a_rank_lost_mid_run_is_named",
+                  "multiworker": RAY + "test_a_placement_ray_cannot_satisfy_is_one_line_and_nothing_stays_reserved"},
+})
+
 #: options handled by the magic itself, alike whatever the strategy
 MAGIC_LEVEL = ("tensorboard", "no_dashboard", "no_telemetry")
 

@@ -1,6 +1,6 @@
 """The run's first step on engines: the cell checked once in the kernel, then a warm cluster
 reused, restarted (N changed, an engine died, the strategy asked) or started (on this machine,
-in a Slurm job, or attached to a user's cluster)."""
+in a Slurm job, on a Ray cluster, or attached to a user's cluster)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,11 @@ def cluster_for(strategy, ctx: RunContext) -> EngineCluster:
 
         cluster = strategy.cluster = submit(n, ctx, news)
         start_phase(cluster, ctx, cluster.start)
+    elif (cluster is None or not cluster.running) and spec.ray is not None:
+        from ...cluster.ray_engines import submit as place
+
+        cluster = strategy.cluster = place(n, ctx, news)
+        start_phase(cluster, ctx, cluster.start)
     elif cluster is None or not cluster.running:
         address = ctx.options.bind_address if spec.attach else "127.0.0.1"
         cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
@@ -56,7 +61,7 @@ def _reuse(strategy, cluster: EngineCluster, ctx: RunContext, n: int, news) -> E
     """The running cluster, restarted if it must be; None once it was stopped (another N or
     place): a new one starts."""
     spec = ctx.spec
-    key = (n, spec.cluster_id, spec.profile, spec.slurm)
+    key = (n, spec.cluster_id, spec.profile, spec.slurm or spec.ray)
     current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile,
                getattr(cluster, "options", None))
     if current != key:

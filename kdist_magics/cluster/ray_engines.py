@@ -1,0 +1,224 @@
+"""``--launcher ray``: an owned cluster whose engines Ray places.
+
+kdist starts the controller on this host (as for a local cluster, ending with the kernel),
+listening on ``KDist.bind_address`` (an address every Ray node reaches), and starts the engines
+through :class:`RayEngines`, an ipyparallel engine launcher (registered as ``ray`` through
+ipyparallel's ``ipyparallel.engine_launchers`` entry point, so ``ipcluster start --engines ray``
+uses it too): one placement group, one actor per rank in it, each running that rank's engine
+(:mod:`.ray_actors`). The engines get the controller's connection from the environment
+(``IPP_CONNECTION_INFO``), so no file needs to be shared with the nodes.
+
+kdist owns what it asked Ray for: ``%kdist stop``, a restart, an interrupt or a failed start stop
+the engines, kill the actors and remove the placement group; the kernel's death ends them too
+(Ray ends a driver's actors and placement groups with it; each engine dies with its actor). A
+node lost mid-run is named: ``rank 2 on node <id> (host): the Ray node died``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from ipyparallel.cluster.launcher import EngineLauncher
+from traitlets import Any, CaselessStrEnum, Float, Unicode
+
+from . import ray_actors
+from .cluster import EngineCluster, _following, _log_start, heartbeat_args
+from .lifetime import process_tree
+from ..errors import ClusterError, Interrupted
+from ..messages import (interrupted_start, ray_actor_ended, ray_engine_ended, ray_node_died,
+                        ray_placing)
+
+
+#: each engine's command, as the actor runs it (``python``: the node's own)
+ENGINE = ["python", "-m", "kdist_magics.cluster.ray_actors", "engine"]
+
+
+class RayEngines(EngineLauncher):
+    """ipyparallel's engine-set launcher for a Ray cluster (see the module's docstring)."""
+
+    entrypoint_name = "ray"
+    address = Unicode("", config=True, help="the Ray cluster ('' : RAY_ADDRESS, else this machine's)")
+    placement = CaselessStrEnum(ray_actors.PLACEMENTS, "spread", config=True,
+                                help="spread the ranks over Ray's nodes, or pack them on few")
+    ready_timeout = Float(60.0, config=True, help="seconds Ray may take to place every rank")
+    #: how kdist says what it does (the run's ``say``; None: silent, as under ipcluster)
+    news = Any(None)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.actors: list = []
+        self.group = None
+        self.placed: list[dict] = []  # per rank: its engine's pid, host and Ray node
+        self.joined = False
+
+    def find_args(self) -> list[str]:
+        """What each actor runs (with its node's own Python)."""
+        return [*ENGINE, *self.cluster_args, *self.engine_args]
+
+    def start(self, n: int):
+        import ray
+
+        options = ray_actors.RayOptions(self.address or None, self.placement)
+        self.n = n
+        self.joined = ray_actors.connect(options)
+        share = ray_actors.bundle(n)
+        if self.news is not None:
+            self.news(ray_placing(n, options.where(), ray_actors.live_nodes(),
+                                  ray.cluster_resources().get("CPU", 0), share, self.placement))
+        try:
+            name = ray_actors.new_name()
+            self.group = ray_actors.reserve(n, share, self.placement, self.ready_timeout, name)
+            self.actors = ray_actors.hosts(self.group, n, share, name)
+            env, args = self.get_env(), self.find_args()[len(ENGINE):]
+            self.placed = ray.get([actor.start.remote(args, env, f"kdist-{self.cluster_id}-{i}")
+                                   for i, actor in enumerate(self.actors)],
+                                  timeout=self.ready_timeout)
+        except BaseException:
+            self._release()
+            raise
+        return self.notify_start({"engines": self.placed})
+
+    def _release(self) -> None:
+        actors, group = self.actors, self.group
+        self.actors, self.group = [], None
+        ray_actors.release(actors, group)
+        ray_actors.disconnect(self.joined)
+        self.joined = False
+
+    async def stop(self):
+        self._release()
+        return self.notify_stop({"exit_code": 0})
+
+    def signal(self, sig):
+        if ray_actors.connected():  # never after a stop: Ray would start a cluster of its own
+            for actor in self.actors:
+                actor.signal.remote(int(sig))
+
+    def lost(self) -> dict[int, str]:
+        """``{rank: words}`` for ranks whose node died or whose engine ended (asks each actor)."""
+        import ray
+
+        out: dict[int, str] = {}
+        if not ray_actors.connected():
+            return out
+        for rank, actor in enumerate(self.actors):
+            where = self.placed[rank] if rank < len(self.placed) else {"node": "?", "host": "?"}
+            try:
+                code = ray.get(actor.poll.remote(), timeout=5)
+            except ray.exceptions.GetTimeoutError:
+                continue  # busy, not gone
+            except Exception as exc:  # RayActorError: the actor is gone; its node too?
+                alive = {node["NodeID"]: node.get("Alive") for node in ray.nodes()}
+                out[rank] = (ray_node_died(where["node"], where["host"]) if not alive.get(where["node"])
+                             else ray_actor_ended(where["host"], type(exc).__name__))
+                continue
+            if code is not None:
+                out[rank] = ray_engine_ended(where["host"], code)
+        return out
+
+
+class RayCluster(EngineCluster):
+    """An owned :class:`~.cluster.EngineCluster` whose engines Ray places (see module doc)."""
+
+    def __init__(self, n: int, options: ray_actors.RayOptions, ip: str,
+                 start_timeout: float = 120.0, controller_nice: int = 0):
+        super().__init__(n, ip=ip, start_timeout=start_timeout, controller_nice=controller_nice)
+        self.options = options
+        self.news = None
+
+    @property
+    def loopback(self) -> bool:
+        """The ranks talk over loopback only when Ray placed them all on this machine."""
+        return bool(self.engines) and all(self._local(e) for e in self.engines)
+
+    def start(self) -> "RayCluster":
+        import ipyparallel as ipp
+
+        if self.running:
+            return self
+        ray_actors.require()
+        self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
+        config = _following(self.controller_nice)
+        config.RayEngines.address = self.options.address or ""
+        config.RayEngines.placement = self.options.placement
+        try:
+            self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
+                                       controller_args=heartbeat_args(), log_level=40,
+                                       shutdown_atexit=True, engines=RayEngines, config=config)
+            self.cluster.start_controller_sync()
+            self._exits.attach(self.cluster)
+            self._pids_started |= set(self._process_tree_pids())
+            self.cluster.start_engines_sync(news=self.news)
+            self.client = self.cluster.connect_client_sync()
+            self._wait_for_engines()
+            self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
+        except KeyboardInterrupt:
+            self.stop()
+            raise Interrupted(interrupted_start(self.n)) from None
+        except Exception as exc:
+            self.stop()
+            if isinstance(exc, ClusterError):
+                raise
+            raise ClusterError(f"could not start {self.n} engines on the Ray cluster at "
+                               f"{self.options.where()}: {type(exc).__name__}: {exc}") from exc
+        self.starts += 1
+        _log_start(self)
+        self._identify()
+        return self
+
+    def _launcher(self) -> RayEngines | None:
+        return next(iter(getattr(self.cluster, "engines", {}).values()), None)
+
+    def _identify(self) -> None:
+        super()._identify()
+        # engine pids on other machines are not this machine's to kill
+        self._pids_started -= {e.pid for e in self.engines if not self._local(e)}
+
+    def dead(self, settle: bool = False) -> dict[int, str]:
+        launcher = self._launcher()
+        if launcher is not None and launcher.actors:
+            by_pid = {p["pid"]: words for rank, words in launcher.lost().items()
+                      for p in [launcher.placed[rank]]}
+            named = {e.engine_id: by_pid[e.pid] for e in self.engines if e.pid in by_pid}
+            if named:
+                return named
+        return super().dead(settle)
+
+    def kill(self, engine_ids=None) -> None:
+        launcher = self._launcher()
+        if launcher is not None:
+            launcher._release()
+        super().kill(engine_ids)
+
+    def _local(self, engine) -> bool:
+        from .machine import same_machine
+
+        return same_machine(engine)
+
+    def _process_tree_pids(self) -> list[int]:
+        """The controller's processes only: the engines are Ray's actors' children."""
+        pid = self.processes()["controller"]
+        return sorted(process_tree({pid})) if pid else []
+
+    def stop(self) -> None:
+        launcher = self._launcher()
+        if launcher is not None:
+            launcher._release()  # before the controller: the engines end, the group is removed
+        super().stop()
+
+    def status(self) -> dict:
+        facts = super().status()
+        launcher = self._launcher()
+        if launcher is not None and launcher.placed:
+            nodes = sorted({p["node"][:12] for p in launcher.placed})
+            facts["ray"] = (f"{self.options.where()}, {self.options.placement}, "
+                            f"node{'s' if len(nodes) != 1 else ''} {', '.join(nodes)}")
+        return facts
+
+
+def submit(n: int, ctx, news) -> RayCluster:
+    """The run's Ray cluster, not yet started (``news``: how kdist tells what it does)."""
+    cluster = RayCluster(n, ctx.spec.ray, ip=ctx.options.bind_address,
+                         controller_nice=ctx.options.helper_nice)
+    cluster.news = news
+    return cluster

@@ -1,0 +1,343 @@
+"""``--launcher ray``: ranks placed by Ray (kdist_magics/cluster/ray_engines.py, ray_actors.py).
+
+Fast tier: the options, and the one line each for a Ray that is missing, a cluster that is not
+there, and ``--cluster-id``. Ray tier (marker ``ray``): a real Ray head started for the module
+(``ray start --head --block``, 2 CPUs, no dashboard), stopped at the end; kdist's engines placed
+there by ipyparallel's entry point and by ``%%kdist``: multiworker and horovod train with
+identical weights on every rank (multiworker on TensorFlow, Keras on JAX and on PyTorch), the
+placement group and the engines are gone after ``%kdist stop``, a group Ray cannot place is one
+line with nothing left reserved, and a rank whose engine dies mid-run is named. Before the head
+stops, no placement group or actor of kdist's is left on it (any kernel's), and its session
+folder goes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+
+import kdist_magics
+import kernel_driver
+from kdist_magics.cluster.network import free_port
+from kdist_magics.errors import ClusterError
+from kdist_magics.spec import parse_line
+
+
+# -- fast tier ----------------------------------------------------------------------------
+
+def test_ray_options_are_parsed_and_refused_where_they_mean_nothing():
+    spec = parse_line("--strategy multiworker --launcher ray --address 10.0.0.5:6379 --placement pack")
+    assert spec.ray.address == "10.0.0.5:6379" and spec.ray.placement == "pack"
+    assert parse_line("--strategy horovod --launcher ray").ray.where() in (
+        os.environ.get("RAY_ADDRESS") or "auto",)
+    with pytest.raises(UsageError, match="--address applies to --launcher ray"):
+        parse_line("--strategy multiworker --address 10.0.0.5:6379")
+    with pytest.raises(UsageError, match="--launcher ray starts a cluster kdist owns; --cluster-id"):
+        parse_line("--strategy multiworker --launcher ray --cluster-id abc")
+    with pytest.raises(UsageError, match="starts engines .* not mirrored"):
+        parse_line("--strategy mirrored --launcher ray")
+    with pytest.raises(UsageError, match="sharded across Ray's nodes is not supported yet"):
+        parse_line("--strategy sharded --np 2 --launcher ray")
+
+
+def test_no_ray_installed_is_one_line_naming_the_extra(monkeypatch):
+    from kdist_magics.cluster import ray_actors
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ClusterError, match=r"pip install 'kdist_magics\[ray\]'"):
+        ray_actors.require()
+
+
+def test_no_cluster_at_the_address_is_one_line_before_anything_starts():
+    pytest.importorskip("ray", reason="Ray is in the ray extra (make test installs it)")
+    from kdist_magics.cluster import ray_actors
+
+    port = free_port("127.0.0.1")  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=f"no Ray cluster at 127.0.0.1:{port} .*ray start --head"):
+        ray_actors.connect(ray_actors.RayOptions(f"127.0.0.1:{port}"))
+    assert time.monotonic() - t0 < 10
+
+
+def test_ipyparallel_finds_kdists_ray_launcher_by_its_entry_point():
+    from ipyparallel.cluster.launcher import abbreviate_launcher_class, find_launcher_class
+
+    from kdist_magics.cluster.ray_engines import RayEngines
+
+    assert find_launcher_class("ray", "engine") is RayEngines
+    assert abbreviate_launcher_class(RayEngines) == "ray"
+
+
+# -- Ray tier: a real Ray head ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """A Ray head of 2 CPUs for the module (its own temp folder and port), stopped at the end
+    with everything it started."""
+    pytest.importorskip("ray", reason="Ray is in the ray extra (make test installs it)")
+    import psutil
+
+    ray_bin = shutil.which("ray", path=os.path.dirname(sys.executable))
+    port = free_port("127.0.0.1")
+    temp = tmp_path_factory.mktemp("ray")
+    head = subprocess.Popen(
+        [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", "--disable-usage-stats", "--object-store-memory=100000000",
+         f"--temp-dir={temp}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"})  # Ray 2.60's token auth, off on loopback
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    import socket
+
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        head.kill()
+        pytest.fail("the Ray head did not listen within 120 s")
+    yield address
+    try:  # the Ray tier's session check: nothing kdist asked Ray for is left (any driver's)
+        left = held(address)
+    finally:
+        _stop_head(head, psutil)
+        shutil.rmtree(temp, ignore_errors=True)  # Ray's session folder: logs, sockets, spill
+    assert left == {"placement groups": [], "actors": []}, f"left on the Ray cluster: {left}"
+
+
+def _stop_head(head, psutil) -> None:
+    tree = [head.pid] + [p.pid for p in psutil.Process(head.pid).children(recursive=True)]
+    head.send_signal(signal.SIGTERM)
+    try:
+        head.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in tree:
+        try:
+            os.killpg(pid, signal.SIGKILL) if pid == head.pid else os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def ask_ray(address: str, code: str):
+    """Run ``code`` as a driver of the Ray cluster at ``address``, in a process of its own (never
+    this kernel's connection); what its last printed line holds, as JSON."""
+    import json
+
+    done = subprocess.run([sys.executable, "-c", (
+        "import json, logging, ray\n"
+        f"ray.init(address={address!r}, logging_level=logging.ERROR, log_to_driver=False)\n"
+        + code)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def held(address: str) -> dict[str, list[str]]:
+    """What kdist holds on the Ray cluster, any kernel's (:func:`ray_actors.held`)."""
+    return ask_ray(address, "from kdist_magics.cluster.ray_actors import held\n"
+                            "print(json.dumps(held(all_drivers=True)))")
+
+
+def groups(address: str) -> dict[str, str]:
+    """Every placement group Ray knows of, and its state."""
+    return ask_ray(address, "from ray.util.placement_group import placement_group_table\n"
+                            "print(json.dumps({k: v['state'] for k, v in placement_group_table().items()}))")
+
+
+TRAIN = """
+import os, numpy as np, keras
+rng = np.random.default_rng(0)
+x = rng.normal(size=(128, 4)).astype("float32")
+y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
+keras.utils.set_random_seed(10 + strategy.cluster_resolver.task_id)   # different initial weights
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
+                          keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
+kd_weights = [w.tolist() for w in model.get_weights()]
+kd_node = os.environ.get("RAY_NODE_ID", "") or __import__("socket").gethostname()
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_multiworker_on_ray_trains_one_model_and_leaves_nothing_reserved(ip, ray_head, capsys):
+    """Two ranks placed by Ray (one bundle of a CPU each, spread), trained as one model:
+    identical weights; the dashboard's rows name each rank's host; %kdist status names the
+    Ray cluster; after %kdist stop the placement group is removed and the engines are gone."""
+    import psutil
+
+    ip.run_cell_magic("kdist", f"--strategy multiworker --np 2 --launcher ray --address {ray_head}",
+                      TRAIN)
+    out = capsys.readouterr()
+    assert f"placing 2 engines on the Ray cluster at {ray_head} (1 node, 2 CPUs): one bundle each " \
+           "{CPU: 1}, spread" in out.out + out.err, out
+    strategy = kdist_magics._extension._strategies["multiworker"]
+    weights = kernel_driver.engine_values(strategy, "kd_weights")
+    for wa, wb in zip(*weights):
+        np.testing.assert_array_equal(np.array(wa), np.array(wb))
+    rec = kdist_magics.last_run()
+    assert rec.status == "done" and {r.state for r in rec.ranks.values()} == {"done"}
+    launcher = strategy.cluster._launcher()
+    placed = launcher.placed
+    assert len(placed) == 2 and {p["pid"] for p in placed} == {e.pid for e in strategy.cluster.engines}
+    ip.run_line_magic("kdist", "status")
+    assert f"ray={ray_head}, spread, node {placed[0]['node'][:12]}" in capsys.readouterr().out
+    pids = [p["pid"] for p in placed]
+    assert list(groups(ray_head).values()).count("CREATED") == 1
+    from kdist_magics.cluster.ray_actors import held as held_here
+
+    holding = held_here()  # this kernel's, by name: one group, an actor per rank named after it
+    assert len(holding["placement groups"]) == 1 and len(holding["actors"]) == 2, holding
+    assert all(a.startswith(holding["placement groups"][0] + "-") for a in holding["actors"]), holding
+    ip.run_line_magic("kdist", "stop")
+    assert "CREATED" not in groups(ray_head).values()
+    assert held(ray_head) == {"placement groups": [], "actors": []}
+    assert not sys.modules["ray"].is_initialized()  # no Ray of its own was started on the way
+    time.sleep(1)
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.ray
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_placement_ray_cannot_satisfy_is_one_line_and_nothing_stays_reserved(ip, ray_head,
+                                                                                 monkeypatch):
+    """Four ranks of a CPU each on a head of two CPUs: within the timeout, one line saying what was
+    asked and what the cluster has; no placement group left, no engine started."""
+    from kdist_magics.cluster.ray_engines import RayEngines
+
+    monkeypatch.setattr(RayEngines, "ready_timeout", 8.0)
+    with pytest.raises(ClusterError) as caught:
+        ip.run_cell_magic("kdist", f"--strategy multiworker --np 4 --launcher ray --address {ray_head}",
+                          "print('never')")
+    words = str(caught.value)
+    assert "Ray could not place 4 bundles of {CPU: 1} (spread) within 8 s: the cluster has 1 node, " \
+           "CPU 2 free of 2" in words, words
+    assert "CREATED" not in groups(ray_head).values()
+    ip.run_line_magic("kdist", "stop")
+
+
+@pytest.mark.ray
+@pytest.mark.engines
+@pytest.mark.horovod
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_horovod_on_ray_and_a_rank_lost_mid_run_is_named(ip, ray_head):
+    """Horovod over two Ray-placed engines: the same weights on both ranks. Then rank 1's
+    engine is killed mid-run: the run fails with one line naming the rank, and the next cell
+    runs on new engines."""
+    from kdist_magics.errors import RankDied
+
+    line = f"--strategy horovod --np 2 --launcher ray --address {ray_head} --no-dashboard"
+    ip.run_cell_magic("kdist", line, """
+import numpy as np, keras
+rng = np.random.default_rng(hvd.rank())
+x = rng.normal(size=(64, 4)).astype("float32"); y = x.sum(axis=1, keepdims=True)
+keras.utils.set_random_seed(hvd.rank())
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+kd_weights = [w.tolist() for w in model.get_weights()]
+""")
+    strategy = kdist_magics._extension._strategies["horovod"]
+    w0, w1 = kernel_driver.engine_values(strategy, "kd_weights")
+    for a, b in zip(w0, w1):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    victim = strategy.cluster.engines[1]
+    with pytest.raises(RankDied) as caught:
+        ip.run_cell_magic("kdist", line, f"""
+import os, signal, time
+if hvd.rank() == 1:
+    os.kill({victim.pid}, signal.SIGKILL)
+time.sleep(60)
+""")
+    assert str(caught.value).startswith("rank 1 "), str(caught.value)  # which watcher names it first varies
+    ip.run_cell_magic("kdist", line, "kd_ok = hvd.size()")
+    assert kernel_driver.engine_values(kdist_magics._extension._strategies["horovod"], "kd_ok") == [2, 2]
+    ip.run_line_magic("kdist", "stop")
+    assert "CREATED" not in groups(ray_head).values()
+    assert not sys.modules["ray"].is_initialized()  # no Ray of its own was started on the way
+
+
+@pytest.mark.ray
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ipyparallels_own_cluster_starts_engines_on_ray_by_name(ray_head):
+    """Without kdist's magic: ``ipp.Cluster(engines="ray")`` (what ``ipcluster start --engines
+    ray`` does) finds the launcher by its entry point and places the engines on Ray; stopping the
+    cluster removes the placement group."""
+    import ipyparallel as ipp
+    from traitlets.config import Config
+
+    config = Config()
+    config.RayEngines.address = ray_head
+    cluster = ipp.Cluster(n=2, engines="ray", config=config, log_level=40)
+    try:
+        cluster.start_cluster_sync()
+        client = cluster.connect_client_sync()
+        client.wait_for_engines(2, timeout=120)
+        pids = client[:].apply_sync(os.getpid)
+        launcher = next(iter(cluster.engines.values()))
+        assert sorted(pids) == sorted(p["pid"] for p in launcher.placed)
+        assert list(groups(ray_head).values()).count("CREATED") == 1
+        client.close()
+    finally:
+        cluster.stop_cluster_sync()
+    assert "CREATED" not in groups(ray_head).values()
+
+
+#: after the cell (conftest.PROCESS_FIT, the suite's cell for multiworker across processes)
+KERAS_ON = """
+out["err"] = repr(err) if err is not None else None
+if err is None:
+    out["weights"], out["loss"], out["backend"] = by_rank("kd_weights"), by_rank("kd_loss"), by_rank("kd_backend")
+    out["placed"] = [p["node"] for p in kdist_magics._extension._strategies["multiworker"].cluster._launcher().placed]
+ip.run_line_magic("kdist", "stop")
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", ["jax", pytest.param("torch", marks=pytest.mark.torch)])
+def test_keras_on_jax_and_torch_over_ray_trains_one_model(ray_head, backend):
+    """multiworker under KERAS_BACKEND=jax and torch on two Ray-placed engines (a kernel of its
+    own: the backend is fixed at Keras' import): both processes end with the same weights (and,
+    on JAX, the same losses), each placed by Ray; %kdist stop leaves nothing reserved."""
+    pytest.importorskip(backend, reason=f"{backend} is installed by make test (.venv)")
+    from conftest import PROCESS_FIT
+
+    line = f"--strategy multiworker --np 2 --launcher ray --address {ray_head} --no-dashboard"
+    cell = PROCESS_FIT + "kd_backend = keras.backend.backend()\n"
+    r = kernel_driver.run_in_fresh_shell(f"value, err = attempt({line!r}, {cell!r})\n" + KERAS_ON,
+                                         env={"KERAS_BACKEND": backend})
+    assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-2000:]
+    assert r["backend"] == [backend, backend]
+    w0, w1 = r["weights"]
+    for a, b in zip(w0, w1):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    # JAX logs the loss over every process's batch; torch each rank's own (its own samples)
+    assert all(loss[-1] < loss[0] for loss in r["loss"]), r["loss"]
+    if backend == "jax":
+        assert r["loss"][0] == r["loss"][1], r["loss"]
+    assert len(r["placed"]) == 2 and all(r["placed"])
+    assert held(ray_head) == {"placement groups": [], "actors": []}
