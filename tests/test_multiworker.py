@@ -19,7 +19,7 @@ import pytest
 import kdist_magics
 import kernel_driver
 from kdist_magics.errors import KDistError, RankFailed, RunTimedOut
-from kdist_magics.cluster.network import engine_address, free_port, free_ports, join
+from kdist_magics.cluster.network import engine_address, ephemeral_range, free_port, free_ports, join
 from kdist_magics.cluster.placement import host_grouped_ranks
 
 TRAIN = """
@@ -73,7 +73,44 @@ def test_worker_addresses_by_mode():
     for p in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))
+    # below the range outgoing connections take their source ports from, so nothing but an
+    # explicit bind can take one before the worker listens ("Could not start gRPC server")
+    low, high = ephemeral_range()
+    assert all(p < low for p in ports) and low <= high
     assert join("10.0.0.1", 5) == "10.0.0.1:5" and join("fe80::1", 5) == "[fe80::1]:5"
+
+
+def test_two_engines_on_one_host_drawing_one_port_get_distinct_tf_config_addresses():
+    from types import SimpleNamespace
+
+    from kdist_magics.strategies.multiworker.tf_workers import MultiWorkerStrategy
+
+    draws = {0: [5001], 1: [5001, 5001, 5002]}  # engine 1 draws engine 0's port twice
+
+    class Done:
+        def __init__(self, value):
+            self.value = value
+
+        def wait(self, timeout=None):
+            pass
+
+        def ready(self):
+            return True
+
+        def get(self, timeout=None):
+            return self.value
+
+    def view(engine_id):
+        def apply_async(fn, mode):
+            return Done({"host": "h", "tf_config": None, "tf_started": False,
+                         "address": "127.0.0.1", "port": draws[engine_id].pop(0)})
+        return SimpleNamespace(apply_async=apply_async)
+
+    cluster = SimpleNamespace(loopback=True, owned=True, client={0: view(0), 1: view(1)},
+                              engines=[SimpleNamespace(engine_id=i, hostname="h") for i in (0, 1)])
+    ranks, configs = MultiWorkerStrategy()._plan(cluster, SimpleNamespace(options=None))
+    assert ranks == [0, 1] and not draws[1]
+    assert json.loads(configs[0])["cluster"]["worker"] == ["127.0.0.1:5001", "127.0.0.1:5002"]
 
 
 def test_multiworker_is_registered_and_imports_without_tensorflow():

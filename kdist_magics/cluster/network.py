@@ -115,19 +115,50 @@ def free_port(address: str) -> int:
 
 
 def free_ports(n: int, address: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports free on ``address`` now (all bound at once, then released)."""
+    """``n`` distinct ports free on ``address`` now (all bound at once, then released).
+
+    They are drawn below the system's ephemeral range where there is room: a port handed out
+    there can be taken, between now and the moment a worker binds it, as the source port of any
+    outgoing connection on the machine (a TensorFlow worker then fails with "Could not start gRPC
+    server"); a port below the range is only ever taken by an explicit bind."""
+    import random
     import socket
 
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    socks = []
+    low = ephemeral_range()[0]
+    candidates = random.sample(range(_LOWEST, low), min(4 * n + 60, low - _LOWEST)) if low > _LOWEST else []
+    socks: list[socket.socket] = []
     try:
-        for _ in range(n):
-            socks.append(socket.socket(family, socket.SOCK_STREAM))
-            socks[-1].bind((address, 0))
+        for port in [*candidates, *[0] * n]:
+            if len(socks) == n:
+                break
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.bind((address, port))
+            except OSError:
+                sock.close()
+                continue
+            socks.append(sock)
+        if len(socks) < n:
+            raise OSError(f"no {n} free ports on {address}")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+_LOWEST = 20000  # below this sit well-known services' ports (databases, brokers, notebooks)
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the system hands out as source ports of outgoing connections (Linux's
+    ``ip_local_port_range``; its default where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def route_iface(address: str) -> str:

@@ -159,8 +159,14 @@ class MultiWorkerStrategy(EngineStrategy):
         if bad:
             raise KDistError("no TF_CONFIG address: " + "; ".join(bad))
         workers = [""] * len(ranks)
-        for rank, info in zip(ranks, infos):
+        for engine, rank, info in zip(cluster.engines, ranks, infos):
             workers[rank] = join(info["address"], info["port"])
+            for _ in range(5):
+                if workers.count(workers[rank]) == 1:
+                    break
+                # two engines on one host drew the same port: this one draws again
+                again = cluster.client[engine.engine_id].apply_async(_probe, mode).get(timeout=60)
+                workers[rank] = join(again["address"], again["port"])
         configs = [json.dumps({"cluster": {"worker": workers},
                                "task": {"type": "worker", "index": rank}}) for rank in ranks]
         self.addresses = workers
