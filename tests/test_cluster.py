@@ -204,12 +204,21 @@ class _FakeIpp:
 
 
 class _FakeClient:
-    def __init__(self, ids):
+    def __init__(self, ids, silent=False):
         self.ids = list(ids)
         self.signals = []
+        self.silent = silent
 
     def send_signal(self, sig, targets=None, block=None):
+        from concurrent.futures import Future
+
         self.signals.append((sig, list(targets)))
+        answered = Future()  # an engine whose host died never answers
+        if not self.silent:
+            answered.set_result(None)
+        if block:  # as ipyparallel's: wait for the answers (here at most 10 s)
+            answered.result(timeout=10)
+        return answered
 
     def close(self):
         pass
@@ -312,6 +321,18 @@ def test_attached_cluster_is_never_killed_and_remote_engines_are_signalled_throu
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_signal_to_an_engine_on_a_dead_host_is_not_waited_for_ever(monkeypatch):
+    from kdist_magics.cluster import cluster as cluster_mod
+
+    monkeypatch.setattr(cluster_mod, "SIGNAL_WAIT", 0.3)
+    c = EngineCluster(1, cluster_id="theirs")
+    c.client = _FakeClient([0], silent=True)
+    c.engines = [EngineInfo(0, 999999, "elsewhere")]
+    t0 = time.monotonic()
+    c.kill()
+    assert c.client.signals == [(signal.SIGINT, [0])] and time.monotonic() - t0 < 5
 
 
 # -- keeping engines warm -----------------------------------------------------------------

@@ -132,7 +132,7 @@ def _stop_head(head, psutil) -> None:
 
 def ask_ray(address: str, code: str):
     """Run ``code`` as a driver of the Ray cluster at ``address``, in a process of its own (never
-    this kernel's connection); what its last printed line holds, as JSON."""
+    this kernel's connection); what the last line it printed as JSON holds."""
     import json
 
     done = subprocess.run([sys.executable, "-c", (
@@ -140,7 +140,12 @@ def ask_ray(address: str, code: str):
         f"ray.init(address={address!r}, logging_level=logging.ERROR, log_to_driver=False)\n"
         + code)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    for line in reversed(done.stdout.splitlines()):  # Ray prints its warnings there too
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    raise AssertionError(f"no JSON printed: {done.stdout[-2000:]}")
 
 
 def held(address: str) -> dict[str, list[str]]:

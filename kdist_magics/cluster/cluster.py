@@ -43,6 +43,10 @@ def _identify():  # runs on an engine
 HEARTBEAT_MS, HEARTBEAT_MISSES = 250, 120
 
 
+#: seconds to wait for engines on other hosts to answer a signal sent through ipyparallel
+SIGNAL_WAIT = 5.0
+
+
 def heartbeat_args() -> list[str]:
     return [f"--HeartMonitor.period={HEARTBEAT_MS}",
             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
@@ -350,8 +354,9 @@ class EngineCluster(Liveness):
             else:
                 remote.append(engine.engine_id)
         if remote and self.client is not None:
-            try:
-                self.client.send_signal(signum, targets=remote, block=True)
+            try:  # an engine whose host died stays registered until its heartbeat stops and
+                # never answers: wait for the answers a while, never for ever
+                self.client.send_signal(signum, targets=remote, block=False).result(timeout=SIGNAL_WAIT)
             except Exception:
                 pass
 

@@ -125,6 +125,22 @@ def live_nodes() -> int:
     return sum(1 for node in ray.nodes() if node.get("Alive"))
 
 
+def node_alive(node_id: str, wait: float = 2.0) -> bool:
+    """Is this Ray node up? Ray's own table says so for some seconds after a node died (until
+    its health checks fail), so a node Ray still lists must also answer at its raylet's port."""
+    import ray
+
+    node = next((n for n in ray.nodes() if n.get("NodeID") == node_id), None)
+    if node is None or not node.get("Alive"):
+        return False
+    try:
+        socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
+                                 timeout=wait).close()
+    except (OSError, KeyError, ValueError):
+        return False
+    return True
+
+
 def reserve(n: int, share: dict[str, float], placement: str, timeout: float, name: str):
     """A placement group of ``n`` bundles named ``name``, ready; or, after ``timeout`` s, none
     and one line."""

@@ -107,10 +107,10 @@ class RayEngines(EngineLauncher):
                 code = ray.get(actor.poll.remote(), timeout=5)
             except ray.exceptions.GetTimeoutError:
                 continue  # busy, not gone
-            except Exception as exc:  # RayActorError: the actor is gone; its node too?
-                alive = {node["NodeID"]: node.get("Alive") for node in ray.nodes()}
-                out[rank] = (ray_node_died(where["node"], where["host"]) if not alive.get(where["node"])
-                             else ray_actor_ended(where["host"], type(exc).__name__))
+            except Exception as exc:  # RayActorError, ActorUnavailableError: its node too?
+                out[rank] = (ray_actor_ended(where["host"], type(exc).__name__)
+                             if ray_actors.node_alive(where["node"])
+                             else ray_node_died(where["node"], where["host"]))
                 continue
             if code is not None:
                 out[rank] = ray_engine_ended(where["host"], code)
@@ -185,10 +185,15 @@ class RayCluster(EngineCluster):
         return super().dead(settle)
 
     def kill(self, engine_ids=None) -> None:
+        """Every engine ends with its actor (killed here with the placement group); only those
+        on this machine are signalled as well (one on a dead node would never answer)."""
         launcher = self._launcher()
         if launcher is not None:
             launcher._release()
-        super().kill(engine_ids)
+        local = [e.engine_id for e in self.engines if self._local(e)]
+        wanted = local if engine_ids is None else [i for i in engine_ids if i in local]
+        if wanted:
+            super().kill(wanted)
 
     def _local(self, engine) -> bool:
         from .machine import same_machine
