@@ -152,15 +152,17 @@ def _names(option: str, value: str | None) -> tuple[str, ...]:
     return names
 
 
-def slurm_given(spec: RunSpec) -> bool:
-    """``--launcher slurm`` on the line (a configured launcher does not move a sharded cell)."""
-    return "launcher" in spec.given and spec.launcher == "slurm"
+def launcher_given(spec: RunSpec) -> bool:
+    """``--launcher slurm`` or ``ray`` on the line (a configured launcher does not move a sharded
+    cell)."""
+    return "launcher" in spec.given and spec.launcher != "local"
 
 
 def sharded_on_engines(spec: RunSpec) -> bool:
     """A sharded cell runs on engines (one JAX process each) when the line gives ``--np``, a
-    launcher (``--launcher slurm``: a Slurm job's engines) or a cluster to attach to."""
-    return "np" in spec.given or slurm_given(spec) or bool(spec.attach)
+    launcher (``--launcher slurm`` or ``ray``: a Slurm job's or Ray's engines) or a cluster to
+    attach to."""
+    return "np" in spec.given or launcher_given(spec) or bool(spec.attach)
 
 
 def validate(spec: RunSpec) -> RunSpec:
@@ -233,14 +235,11 @@ def _check_launcher(spec: RunSpec) -> None:
                              f"--launcher {name}")
     if spec.launcher == "local":
         return
-    # (sharded runs in the notebook, or across engines: --np N, or a Slurm job's engines)
+    # (sharded runs in the notebook, or across engines: --np N, or a Slurm job's or Ray's engines)
     options = SLURM_OPTIONS if spec.launcher == "slurm" else RAY_OPTIONS
     named = " ".join([f"--launcher {spec.launcher}"] + [f"--{n}" for n in options if n in spec.given])
     if spec.strategy in KERNEL_STRATEGIES and spec.strategy != "sharded" and "launcher" in spec.given:
         raise UsageError(f"{named} starts engines (horovod, multiworker, sharded), not {spec.strategy}")
-    if spec.launcher == "ray" and spec.strategy == "sharded":
-        raise UsageError(f"{named}: sharded across Ray's nodes is not supported yet; horovod and "
-                         f"multiworker are (or sharded with --launcher local or slurm)")
     if spec.attach:
         raise UsageError(f"--launcher {spec.launcher} starts a cluster kdist owns; --cluster-id/--profile "
                          f"attach to one somebody started (give one or the other)")

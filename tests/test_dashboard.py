@@ -39,7 +39,7 @@ def sample(rank, **extra):
 def test_snapshot_has_ranks_curves_progress_and_eta():
     rec = RunRecord("horovod", size=2)
     rec.set_rank(0, state="running", host="h", pid=100)
-    rec.set_rank(1, state="running", host="h", pid=101)
+    rec.set_rank(1, state="running", host="h", node="Ray node 5f0c1a2b3c4d", pid=101)
     dash = Dashboard(rec, interval=None, clock=lambda: 1010.0)
     feed(rec, 0, 10, total=40)
     feed(rec, 1, 10, total=40, loss0=2.0)
@@ -54,6 +54,9 @@ def test_snapshot_has_ranks_curves_progress_and_eta():
     assert r0["pss_bytes"] == 2**19  # the memory shown: shared pages split between processes
     assert r0["accelerator_note"].startswith("not available")
     assert r1["gpus"][0]["util_percent"] == 80.0 and r1["loss"] == pytest.approx(0.2)
+    # where a scheduler placed a rank is said beside its host, live and in the saved view
+    assert r0["node"] is None and r1["node"] == "Ray node 5f0c1a2b3c4d"
+    assert "<td>h · Ray node 5f0c1a2b3c4d</td>" in dash.html() and "<td>h</td>" in dash.html()
     # curves: loss first, one line per rank, x = step
     assert curves["names"][0] == "loss" and "accuracy" in curves["names"] and "lr" in curves["names"]
     assert set(curves["series"]["loss"]) == {"0", "1"}

@@ -44,8 +44,7 @@ def test_ray_options_are_parsed_and_refused_where_they_mean_nothing():
         parse_line("--strategy multiworker --launcher ray --cluster-id abc")
     with pytest.raises(UsageError, match="starts engines .* not mirrored"):
         parse_line("--strategy mirrored --launcher ray")
-    with pytest.raises(UsageError, match="sharded across Ray's nodes is not supported yet"):
-        parse_line("--strategy sharded --np 2 --launcher ray")
+    assert parse_line("--strategy sharded --np 2 --launcher ray").launcher == "ray"
 
 
 def test_no_ray_installed_is_one_line_naming_the_extra(monkeypatch):
@@ -198,6 +197,8 @@ def test_multiworker_on_ray_trains_one_model_and_leaves_nothing_reserved(ip, ray
     assert rec.status == "done" and {r.state for r in rec.ranks.values()} == {"done"}
     launcher = strategy.cluster._launcher()
     placed = launcher.placed
+    # the dashboard's rank rows name each rank's Ray node beside its host
+    assert sorted(r.node for r in rec.ranks.values()) == sorted(f"Ray node {p['node'][:12]}" for p in placed)
     assert len(placed) == 2 and {p["pid"] for p in placed} == {e.pid for e in strategy.cluster.engines}
     ip.run_line_magic("kdist", "status")
     assert f"ray={ray_head}, spread, node {placed[0]['node'][:12]}" in capsys.readouterr().out
@@ -344,5 +345,37 @@ def test_keras_on_jax_and_torch_over_ray_trains_one_model(ray_head, backend):
     assert all(loss[-1] < loss[0] for loss in r["loss"]), r["loss"]
     if backend == "jax":
         assert r["loss"][0] == r["loss"][1], r["loss"]
+    assert len(r["placed"]) == 2 and all(r["placed"])
+    assert held(ray_head) == {"placement groups": [], "actors": []}
+
+
+@pytest.mark.ray
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sharded_over_ray_trains_as_one_device(ray_head):
+    """``--strategy sharded --mesh 1,2 --launcher ray``: the model axis across two Ray-placed
+    engine processes (a kernel of its own on Keras' JAX backend) trains as one device does on the
+    same batches, each process holding half of the sharded kernel; nothing left reserved."""
+    pytest.importorskip("jax", reason="JAX is in the jax extra (make test installs it)")
+    from test_sharded import TRAIN as SHARDED
+
+    cell = SHARDED + "\nkd_local = {v.path: list(v.value.addressable_data(0).shape) for v in model.weights}\n"
+    line = (f"--strategy sharded --mesh 1,2 --launcher ray --address {ray_head} "
+            "--pull kd_loss,kd_local --no-dashboard --no-telemetry")
+    r = kernel_driver.run_in_fresh_shell(f"""
+        value, err = attempt("-s default --no-dashboard --no-telemetry", {SHARDED!r})
+        assert err is None, repr(err)
+        out["one"] = ip.user_ns["kd_loss"]
+        value, err = attempt({line!r}, {cell!r})
+        out["err"] = repr(err) if err is not None else None
+        if err is None:
+            out["loss"], out["local"] = ip.user_ns["kd_loss"], ip.user_ns["kd_local"]
+            out["placed"] = [p["node"] for p in kdist_magics._extension._strategies["sharded"].engines.cluster._launcher().placed]
+        ip.run_line_magic("kdist", "stop")
+        """, env={"KERAS_BACKEND": "jax"})
+    assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-2000:]
+    assert r["local"]["d1/kernel"] == [256, 128]  # this process's half; the other holds the rest
+    np.testing.assert_allclose(r["loss"], r["one"], rtol=1e-5, atol=1e-6)
     assert len(r["placed"]) == 2 and all(r["placed"])
     assert held(ray_head) == {"placement groups": [], "actors": []}

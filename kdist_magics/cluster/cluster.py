@@ -338,6 +338,11 @@ class EngineCluster(Liveness):
         roots |= {e.pid for e in self.engines} if self.owned else set()
         return sorted(process_tree(roots))
 
+    def node_of(self, engine: EngineInfo) -> str | None:
+        """Where a scheduler placed ``engine``, said beside its host (None: nowhere more than the
+        host, as here)."""
+        return None
+
     # -- signalling ------------------------------------------------------------
     def signal(self, signum: int, engine_ids: Iterable[int] | None = None) -> None:
         """Send ``signum`` to engines (by pid when local, else through ipyparallel)."""

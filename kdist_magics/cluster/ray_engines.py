@@ -184,6 +184,11 @@ class RayCluster(EngineCluster):
                 return named
         return super().dead(settle)
 
+    def node_of(self, engine) -> str | None:
+        launcher = self._launcher()
+        placed = {p["pid"]: p["node"] for p in (launcher.placed if launcher is not None else [])}
+        return f"Ray node {placed[engine.pid][:12]}" if engine.pid in placed else None
+
     def kill(self, engine_ids=None) -> None:
         """Every engine ends with its actor (killed here with the placement group); only those
         on this machine are signalled as well (one on a dead node would never answer)."""

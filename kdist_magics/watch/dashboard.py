@@ -200,7 +200,7 @@ class Dashboard:
             sample, shared = self._sample_for(r, st.get("device"))
             step = self.latest_step.get(r, {})
             entry = {"rank": r, "state": st.get("state"), "host": st.get("host"),
-                     "pid": st.get("pid"), "device": st.get("device"), "error": st.get("error"),
+                     "node": st.get("node"), "pid": st.get("pid"), "device": st.get("device"), "error": st.get("error"),
                      "loss": rounded(step.get("loss")), "step": step.get("step"),
                      "epoch": step.get("epoch"), "shared": shared,
                      "total_steps": self.progress_by_rank.get(r, {}).get("total_steps"),

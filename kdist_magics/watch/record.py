@@ -25,6 +25,7 @@ class RankState:
     rank: int
     state: str = "starting"
     host: str | None = None
+    node: str | None = None  # where a scheduler placed it, beside the host ("Ray node 5f0c...")
     pid: int | None = None
     device: str | None = None
     error: str | None = None

@@ -163,7 +163,7 @@ def static_summary(state: dict, curves: dict) -> str:
     accelerators = any(devices(r) for r in state["ranks"])
     rows = "".join(
         f"<tr><td>{r['rank']}</td><td>{esc(str(r['state']))}</td>"
-        f"<td>{esc(str(r.get('host') or ''))}</td><td>{r.get('pid') or ''}</td>"
+        f"<td>{esc(' · '.join(str(w) for w in (r.get('host'), r.get('node')) if w))}</td><td>{r.get('pid') or ''}</td>"
         f"<td>{'' if r.get('loss') is None else r['loss']}</td>"
         + (f"<td>{esc(devices(r))}</td>" if accelerators else "")
         + (f"<td>{svg_split(r.get('split'), longest)}</td>" if longest else "") + "</tr>"

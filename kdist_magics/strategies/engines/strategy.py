@@ -181,7 +181,8 @@ class EngineStrategy(Strategy):
         ranks = self.ranks(cluster, ctx)
         by_rank = dict(zip(ranks, cluster.engines))
         for rank, eng in by_rank.items():
-            ctx.record.set_rank(rank, state="starting", host=eng.hostname, pid=eng.pid)
+            ctx.record.set_rank(rank, state="starting", host=eng.hostname, node=cluster.node_of(eng),
+                                pid=eng.pid)
         ctx.record.phase(phase_setup(self.setup_words))
         ok, now, self.lost = False, None, set()
         try:

@@ -419,7 +419,7 @@ function rankRow(r, longest) {
   }
   left.appendChild(badges);
   left.appendChild(h("span", "kdist-rank-name", `rank ${r.rank}`));
-  const where = [r.host, r.pid ? `pid ${r.pid}` : null, r.device].filter(Boolean).join(" · ");
+  const where = [r.host, r.node, r.pid ? `pid ${r.pid}` : null, r.device].filter(Boolean).join(" · ");
   left.appendChild(h("span", "kdist-where", where + (r.shared ? " (shared process)" : "")));
   row.append(left, rankBars(r, longest), rankSide(r));
   if (r.error) row.appendChild(h("div", "kdist-rank-error", r.error));
