@@ -12,8 +12,8 @@ Horovod finds each rank by its hostname: the namespace sees ``/etc/netns/NS/host
 of its own where ``/etc/hosts`` names both hosts, so this machine's own ``/etc/hosts`` is never
 touched.
 
-Tested: multiworker on TensorFlow and horovod across the two nodes end with identical weights
-on both ranks, one on each host; then the second node is killed whole mid-run (every process in
+Tested: multiworker on TensorFlow and on Keras' JAX backend, and horovod, across the two nodes
+end with identical weights on both ranks, one on each host; then the second node is killed whole mid-run (every process in
 its namespace), and the run ends within seconds naming the rank and its node ("the Ray node
 died"), with nothing of kdist's left reserved on Ray. Needs root, ``ip``, ``unshare`` and Ray;
 skipped, saying which is missing, elsewhere.
@@ -221,6 +221,30 @@ def test_multiworker_and_horovod_spread_over_two_ray_hosts_end_identical(ip, acr
     _same(kernel_driver.engine_values(strategy, "kd_weights"))
     rec = kdist_magics.last_run()
     assert rec.status == "done" and {r.host for r in rec.ranks.values()} == {socket.gethostname(), NODE_B}
+
+
+def test_keras_on_jax_spread_over_two_ray_hosts_trains_one_model(ray_hosts):
+    """multiworker under KERAS_BACKEND=jax (a kernel of its own: the backend is fixed at Keras'
+    import) with one process on each Ray host: JAX's coordinator on the bridge, both processes
+    end with the same weights and the same losses."""
+    pytest.importorskip("jax", reason="JAX is in the jax extra (make test installs it)")
+    from conftest import PROCESS_FIT
+
+    line = f"--strategy multiworker --np 2 --launcher ray --address {ray_hosts.address} --no-dashboard"
+    cell = PROCESS_FIT + "import socket\nkd_node = socket.gethostname()\n"
+    r = kernel_driver.run_in_fresh_shell(f"""
+        ip.run_line_magic("config", "KDist.bind_address = {ray_hosts.head_ip!r}")
+        ip.run_line_magic("config", "KDist.worker_network = {ray_hosts.network!r}")
+        value, err = attempt({line!r}, {cell!r})
+        out["err"] = repr(err) if err is not None else None
+        if err is None:
+            out["weights"], out["loss"], out["node"] = by_rank("kd_weights"), by_rank("kd_loss"), by_rank("kd_node")
+        ip.run_line_magic("kdist", "stop")
+        """, env={"KERAS_BACKEND": "jax"})
+    assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-2000:]
+    assert sorted(r["node"]) == sorted([socket.gethostname(), NODE_B])
+    _same(r["weights"])
+    assert r["loss"][0] == r["loss"][1] and r["loss"][0][-1] < r["loss"][0][0], r["loss"]
 
 
 SLOW_FIT = """
