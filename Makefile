@@ -17,9 +17,10 @@ COLAB_TESTS ?= (not horovod and not torch and not ray and not netns and not slur
 
 .PHONY: setup lab test test-fast test-quick docs demo bench clean
 
-# TORCH=1 also installs PyTorch (the CUDA build pip gives by default is ~5 GB; make test always does)
+# TORCH=1 also installs PyTorch (the CUDA build pip gives by default is ~5 GB; make test always does);
+# RAY=1 installs Ray (the ray extra: --launcher ray, notebook 11)
 setup:
-	@bash scripts/setup.sh $(if $(filter 1,$(TORCH)),--torch)
+	@bash scripts/setup.sh $(if $(filter 1,$(TORCH)),--torch) $(if $(filter 1,$(RAY)),--ray)
 
 # Loopback only; as root (containers, CI boxes) Jupyter needs --allow-root to start at all.
 lab: setup

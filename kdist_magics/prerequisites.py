@@ -39,6 +39,7 @@ def _fixes() -> dict[str, tuple[str, str]]:
         "jax": ("JAX is not installed", f'{py} -m pip install "jax[cpu]"'),
         "torch": ("PyTorch is not installed",
                   f"{py} -m pip install torch --index-url https://download.pytorch.org/whl/cpu"),
+        "ray": ("Ray is not installed (--launcher ray)", f"{py} -m pip install 'kdist_magics[ray]'"),
         "horovod": ("Horovod is not built (its TensorFlow part)",
                     f"{py} -m kdist_magics.strategies.horovod.build   (6-11 minutes; make lab does it too)"),
     }

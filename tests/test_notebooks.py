@@ -36,6 +36,9 @@ WITHOUT_TENSORFLOW = {"04-colab-tpu", "07-keras-on-jax-across-engines",
 #: ... of which these run there only (marker tfless): Keras on torch, no TensorFlow needed, and
 #: the main suite's time is spent elsewhere (tests/README.md)
 ONLY_WITHOUT_TENSORFLOW = {"10-will-more-devices-help"}
+#: notebooks that start a Ray head (marker ray): with the Ray tier, in .venv (Ray is not on
+#: Colab's stack)
+ON_RAY = {"11-on-a-ray-cluster"}
 
 
 def _nb_id(path: Path) -> str:
@@ -51,6 +54,7 @@ def _runs() -> list:
     for path in PAPERS:
         marks = [pytest.mark.notf] if path.stem in WITHOUT_TENSORFLOW else []
         marks += [pytest.mark.tfless] if path.stem in ONLY_WITHOUT_TENSORFLOW else []
+        marks += [pytest.mark.ray] if path.stem in ON_RAY else []
         runs.append(pytest.param(path, {}, id=path.stem, marks=marks))
         meta = json.loads(path.read_text()).get("metadata", {})
         for env in meta.get("kdist", {}).get("variants", []):

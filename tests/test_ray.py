@@ -66,6 +66,37 @@ def test_no_cluster_at_the_address_is_one_line_before_anything_starts():
     assert time.monotonic() - t0 < 10
 
 
+def test_joining_off_the_main_thread_shows_no_warning_about_sigterm(monkeypatch, capsys):
+    """ipyparallel starts launchers off the main thread, where Ray's init warns that it set no
+    SIGTERM handler (which the kernel wants none of): the user never sees that line."""
+    import logging
+    import types
+
+    from kdist_magics.cluster import ray_actors
+
+    said = []
+
+    def init(**kwargs):  # as Ray 2.60's does off the main thread
+        logging.getLogger("ray._private.worker").warning(
+            "SIGTERM handler is not set because current thread is not the main thread.")
+        logging.getLogger("ray._private.worker").warning("another warning")
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(ray_actors, "_answers", lambda address: None)
+    keep = Keep()
+    logging.getLogger("ray._private.worker").addHandler(keep)
+    try:
+        assert ray_actors.connect(ray_actors.RayOptions("127.0.0.1:1")) is True
+    finally:
+        logging.getLogger("ray._private.worker").removeHandler(keep)
+    assert said == ["another warning"]
+
+
 def test_ipyparallel_finds_kdists_ray_launcher_by_its_entry_point():
     from ipyparallel.cluster.launcher import abbreviate_launcher_class, find_launcher_class
 

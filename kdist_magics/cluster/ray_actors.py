@@ -75,6 +75,11 @@ def connect(options: RayOptions) -> bool:
         raise ClusterError(ray_no_cluster(address, why))
     import logging
 
+    # ipyparallel starts engine launchers off the main thread, where Ray 2.60's init warns that
+    # it set no SIGTERM handler: the kernel wants none (Ray's would exit the kernel on SIGTERM),
+    # so the warning is dropped, not shown to the user
+    worker_log = logging.getLogger("ray._private.worker")
+    worker_log.addFilter(_no_sigterm_warning)
     try:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                  logging_level=logging.WARNING, configure_logging=False)
@@ -82,7 +87,13 @@ def connect(options: RayOptions) -> bool:
         if "AuthToken" in f"{exc} {exc.__cause__}":
             raise ClusterError(ray_asks_token(address)) from None
         raise ClusterError(ray_no_cluster(address, str(exc).splitlines()[0])) from None
+    finally:
+        worker_log.removeFilter(_no_sigterm_warning)
     return True
+
+
+def _no_sigterm_warning(record) -> bool:
+    return "SIGTERM handler is not set" not in record.getMessage()
 
 
 def connected() -> bool:
