@@ -392,7 +392,7 @@ def test_sharded_over_ray_trains_as_one_device(ray_head):
     from test_sharded import TRAIN as SHARDED
 
     cell = SHARDED + "\nkd_local = {v.path: list(v.value.addressable_data(0).shape) for v in model.weights}\n"
-    line = (f"--strategy sharded --mesh 1,2 --launcher ray --address {ray_head} "
+    line = (f"--strategy sharded --mesh 1,2 --launcher ray --address {ray_head} --placement pack "
             "--pull kd_loss,kd_local --no-dashboard --no-telemetry")
     r = kernel_driver.run_in_fresh_shell(f"""
         value, err = attempt("-s default --no-dashboard --no-telemetry", {SHARDED!r})
@@ -406,6 +406,7 @@ def test_sharded_over_ray_trains_as_one_device(ray_head):
         ip.run_line_magic("kdist", "stop")
         """, env={"KERAS_BACKEND": "jax"})
     assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-2000:]
+    assert "one bundle each {CPU: 1}, pack" in r["_stdout"], r["_stdout"][-2000:]
     assert r["local"]["d1/kernel"] == [256, 128]  # this process's half; the other holds the rest
     np.testing.assert_allclose(r["loss"], r["one"], rtol=1e-5, atol=1e-6)
     assert len(r["placed"]) == 2 and all(r["placed"])

@@ -79,7 +79,8 @@ HONOURED.update({
                 "multiworker": RAY + "test_multiworker_on_ray_trains_one_model_and_leaves_nothing_reserved",
                 "sharded": RAY + "test_sharded_over_ray_trains_as_one_device"},
     "placement": {"horovod": RAY + "test_horovod_on_ray_and_a_rank_lost_mid_run_is_named",
-                  "multiworker": RAY + "test_a_placement_ray_cannot_satisfy_is_one_line_and_nothing_stays_reserved"},
+                  "multiworker": RAY + "test_a_placement_ray_cannot_satisfy_is_one_line_and_nothing_stays_reserved",
+                  "sharded": RAY + "test_sharded_over_ray_trains_as_one_device"},
 })
 
 #: options handled by the magic itself, alike whatever the strategy
