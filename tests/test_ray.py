@@ -29,6 +29,7 @@ import kernel_driver
 from kdist_magics.cluster.network import free_port
 from kdist_magics.errors import ClusterError
 from kdist_magics.spec import parse_line
+from test_multiworker import TRAIN as MW_TRAIN
 
 
 # -- fast tier ----------------------------------------------------------------------------
@@ -190,18 +191,20 @@ def groups(address: str) -> dict[str, str]:
                             "print(json.dumps({k: v['state'] for k, v in placement_group_table().items()}))")
 
 
-TRAIN = """
-import os, numpy as np, keras
-rng = np.random.default_rng(0)
-x = rng.normal(size=(128, 4)).astype("float32")
-y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
-keras.utils.set_random_seed(10 + strategy.cluster_resolver.task_id)   # different initial weights
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
-                          keras.layers.Dense(1)])
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
+#: test_multiworker's regression (different initial weights per worker), and where it ran
+TRAIN = MW_TRAIN + "kd_node = __import__('socket').gethostname()\n"
+
+HOROVOD = """
+import socket, numpy as np, keras
+rng = np.random.default_rng(hvd.rank())
+x = rng.normal(size=(64, 4)).astype("float32"); y = x.sum(axis=1, keepdims=True)
+keras.utils.set_random_seed(hvd.rank())
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 kd_weights = [w.tolist() for w in model.get_weights()]
-kd_node = os.environ.get("RAY_NODE_ID", "") or __import__("socket").gethostname()
+kd_node = socket.gethostname()
 """
 
 
@@ -282,17 +285,7 @@ def test_horovod_on_ray_and_a_rank_lost_mid_run_is_named(ip, ray_head):
     from kdist_magics.errors import RankDied
 
     line = f"--strategy horovod --np 2 --launcher ray --address {ray_head} --no-dashboard"
-    ip.run_cell_magic("kdist", line, """
-import numpy as np, keras
-rng = np.random.default_rng(hvd.rank())
-x = rng.normal(size=(64, 4)).astype("float32"); y = x.sum(axis=1, keepdims=True)
-keras.utils.set_random_seed(hvd.rank())
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
-model.fit(x, y, batch_size=16, epochs=2, verbose=0,
-          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-kd_weights = [w.tolist() for w in model.get_weights()]
-""")
+    ip.run_cell_magic("kdist", line, HOROVOD)
     strategy = kdist_magics._extension._strategies["horovod"]
     w0, w1 = kernel_driver.engine_values(strategy, "kd_weights")
     for a, b in zip(w0, w1):

@@ -38,7 +38,7 @@ import kdist_magics
 import kernel_driver
 from kdist_magics.errors import RankDied
 from test_netns import _run, netns_unavailable
-from test_ray import TRAIN, _stop_head, ask_ray, held
+from test_ray import HOROVOD, TRAIN, _stop_head, ask_ray, held
 
 pytestmark = [pytest.mark.netns, pytest.mark.ray, pytest.mark.engines, pytest.mark.slow,
               pytest.mark.timeout(900)]
@@ -182,20 +182,6 @@ def across(ip, ray_hosts):
         yield ray_hosts
     finally:
         ip.run_line_magic("kdist", "stop")
-
-
-HOROVOD = """
-import socket, numpy as np, keras
-rng = np.random.default_rng(hvd.rank())
-x = rng.normal(size=(64, 4)).astype("float32"); y = x.sum(axis=1, keepdims=True)
-keras.utils.set_random_seed(hvd.rank())
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
-model.fit(x, y, batch_size=16, epochs=2, verbose=0,
-          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-kd_weights = [w.tolist() for w in model.get_weights()]
-kd_node = socket.gethostname()
-"""
 
 
 def _same(weights) -> None:
