@@ -338,12 +338,23 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
         else:
             assert sum(slow) == 0 and notes == []
         # each step's split, one stacked bar per process that times its steps (in-kernel
-        # replicas are one process): inside the step and the rest, until a probe splits it
+        # replicas are one process): inside the step and the rest, until a probe splits it;
+        # Horovod's all-reduce is timed on every rank: compute, communication, the wait for
+        # slower ranks (rank 0 waits for rank 1) and the rest
         split = dash.locator(".kdist-split .kdist-bar-text").all_inner_texts()
-        assert len(split) == (2 if strategy == "horovod" else 1), split
-        assert all(t.startswith("in step ") and " · rest " in t for t in split), split
-        assert dash.locator(".kdist-split .kdist-split-seg").count() == 2 * len(split)
-        assert "inside the step" in dash.locator(".kdist-split-legend").inner_text()
+        legend = dash.locator(".kdist-split-legend").inner_text()
+        if strategy == "horovod":
+            assert len(split) == 2, split
+            assert all(t.startswith("compute ") and " · communication " in t
+                       and " · wait for slower ranks " in t and " · rest " in t for t in split), split
+            assert dash.locator(".kdist-split .kdist-split-seg").count() == 4 * len(split)
+            assert dash.locator(".kdist-split-wait").count() == 2
+            assert "the all-reduce, timed on every rank" in legend, legend
+        else:
+            assert len(split) == 1, split
+            assert all(t.startswith("in step ") and " · rest " in t for t in split), split
+            assert dash.locator(".kdist-split .kdist-split-seg").count() == 2 * len(split)
+            assert "inside the step" in legend, legend
         dash.screenshot(path=str(test_output / f"dashboard-{strategy}.png"))
         seen = check_curves(page, dash)
         assert_readable_curves(seen, ranks=1 if strategy != "horovod" else 2, epochs=5)

@@ -214,6 +214,26 @@ def test_each_ranks_step_split_is_a_bar_live_and_in_the_static_view_and_a_probe_
     assert probed.split()[0]["communication_s"] == pytest.approx(0.005)
 
 
+def test_a_timed_collective_shows_communication_and_the_wait_for_slower_ranks_in_the_bar():
+    rec = RunRecord("horovod", size=2)
+    for r in (0, 1):
+        rec.set_rank(r, state="running")
+    dash = Dashboard(rec, interval=None)
+    for r, (step_s, collective_s) in enumerate([(0.019, 0.009), (0.019, 0.003)]):
+        for step in range(1, 6):
+            rec.add("metric", {"rank": r, "kind": "step", "step": step, "time": float(step),
+                               "loss": 1.0, "step_time": step_s, "gap_time": 0.002,
+                               "collective_time": collective_s})
+    state, _ = dash.snapshot()
+    assert state["ranks"][0]["split"] == {"compute": 0.01, "communication": 0.003, "wait": 0.006,
+                                          "rest": 0.002}
+    assert state["ranks"][1]["split"]["wait"] == 0.0
+    assert "the all-reduce, timed on every rank" in state["split_legend"]
+    page = dash.html()
+    assert "compute 10 ms &middot; communication 3 ms &middot; wait for slower ranks 6 ms" in page
+    assert 'fill="#ffb74d"' in page
+
+
 def test_a_run_whose_steps_are_not_timed_live_says_so_instead_of_a_bar():
     rec = RunRecord("multiworker", size=1)  # Keras on JAX: rows without step_time
     rec.set_rank(0, state="running")

@@ -235,6 +235,12 @@ def test_a_slowed_rank_is_marked_as_the_straggler_and_a_balanced_run_has_none(hi
     assert rec.status == "done"
     assert [s.rank for s in rec.stragglers()] == [1], stragglers.own_times(rec.metrics)
     assert "rank 1: steps" in rec.summary() and "rank 0: steps" not in rec.summary()
+    # the all-reduce is timed on both ranks: rank 0's 30 ms a step inside it is the wait for
+    # rank 1, not communication (the least either spent there)
+    split = {row["rank"]: row for row in rec.split()}
+    assert all("all-reduce timed on every rank" in row["source"] for row in split.values()), split
+    assert split[0]["wait_s"] > 0.02 and split[1]["wait_s"] < 0.01, split
+    assert split[0]["communication_s"] == split[1]["communication_s"] < 0.01, split
     # --tensorboard: the kernel wrote both ranks' rows, as TensorBoard reads them
     assert f"%tensorboard --logdir {tmp_path}/tb" in capsys.readouterr().out
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",

@@ -136,6 +136,12 @@ def test_fit_syncs_broadcasts_warms_up_and_averages_metrics(tmp_path):
     assert i0["opt_class"] == "SGD" and i0["is_sgd"]
     assert i0["iterations"] == i0["steps"] * i0["epochs"]
 
+    # Its all-reduce is timed where it runs, every step: rank 1 started each step 30 ms late,
+    # so rank 0 waited for it inside the collective and rank 1 did not
+    (s0, n0), (s1, n1) = i0["collective"], i1["collective"]
+    assert n0 == n1 == i0["steps"] * i0["epochs"]
+    assert s0 / n0 > 0.02 and s1 / n1 < s0 / n0 - 0.015, (s0 / n0, s1 / n1)
+
     # Loss falls (averaged over ranks by MetricAverageCallback, so equal on both).
     loss = i0["history"]["loss"]
     assert loss[-1] < loss[0]

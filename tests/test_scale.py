@@ -221,6 +221,26 @@ def test_a_runs_split_is_compute_communication_and_rest_per_rank_once_probed():
     assert probed[1]["compute_s"] == 0.009
 
 
+def test_where_the_collective_is_timed_on_every_rank_the_wait_for_a_slower_rank_is_its_own():
+    """Horovod's all-reduce timed on both ranks: rank 0 (its compute 10 ms) spends 9 ms in the
+    collective, waiting for rank 1 (compute 16 ms), which spends 3 ms there: communication 3 ms
+    on both, rank 0 waited 6 ms; measured, so a probe's compute does not override it."""
+    from kdist_magics.watch.split import split
+
+    compute, collective = {0: 0.010, 1: 0.016}, {0: 0.009, 1: 0.003}
+    rows = [{"rank": r, "kind": "step", "step": s, "step_time": compute[r] + collective[r],
+             "gap_time": 0.001, "collective_time": collective[r]} for r in (0, 1) for s in range(1, 6)]
+    for probe in (None, 0.012):
+        timed = split(rows, compute=probe)
+        assert [pytest.approx((r["compute_s"], r["communication_s"], r["wait_s"])) for r in timed] == [
+            (0.010, 0.003, 0.006), (0.016, 0.003, 0.0)]
+        assert all("all-reduce timed on every rank" in r["source"] and "collective_s" not in r
+                   for r in timed)
+    # one rank without the timing (another optimizer there): inferred as before, no wait column
+    partly = split(rows[:5] + [{k: v for k, v in r.items() if k != "collective_time"} for r in rows[5:]])
+    assert all(r["wait_s"] is None and r["compute_s"] is None for r in partly)
+
+
 class _Model:
     stop_training = False
     trainable_variables = ()

@@ -407,6 +407,45 @@ def test_callback_keeps_keras_batch_ends_off_the_training_loop():
     assert not any(on_main)  # all ran on Keras' callback threads
 
 
+def test_rows_carry_the_all_reduce_time_where_the_optimizer_times_it(monkeypatch):
+    """kdist's Horovod binding sums its all-reduce's seconds on the rank: each step row carries
+    the mean per step since the row before; without that binding, rows carry none."""
+    import keras
+
+    done = {"seconds": 0.0, "count": 0}
+    seen = []
+
+    def collective_timing(optimizer):
+        seen.append(optimizer)
+        return (done["seconds"], done["count"]) if done["count"] else None
+
+    monkeypatch.setitem(sys.modules, "kdist_magics.keras_horovod._optimizer",
+                        types.SimpleNamespace(collective_timing=collective_timing))
+    rows, clock = [], Clock()
+    cb = telemetry.make_callback(lambda k, r: rows.append(r), rank=0, batch_size=16,
+                                 min_interval=0.5, clock=clock)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    cb.set_model(model)
+    cb.set_params({"epochs": 1, "steps": 10, "verbose": 0})
+    cb.on_train_begin()
+    cb.on_epoch_begin(0)
+    for batch in range(10):
+        clock.t += 0.1
+        done["seconds"] += 0.004 if batch < 5 else 0.010  # slower all-reduces later
+        done["count"] += 1
+        cb.on_train_batch_end(batch, {"loss": 1.0})
+    steps = [r for r in rows if r.get("kind") == "step"]
+    timed = [r["collective_time"] for r in steps if "collective_time" in r]
+    assert timed and timed[0] == pytest.approx(0.004) and timed[-1] == pytest.approx(0.010)
+    assert seen[0] is model.optimizer
+    monkeypatch.delitem(sys.modules, "kdist_magics.keras_horovod._optimizer")
+    rows.clear()
+    clock.t += 1.0
+    cb.on_train_batch_end(9, {"loss": 1.0})
+    assert rows and "collective_time" not in rows[0]
+
+
 @pytest.mark.kernel
 @pytest.mark.timeout(300)
 def test_other_callbacks_time_counts_between_steps_not_inside_them():

@@ -79,6 +79,9 @@ class _State:
         self.local = []          # registered worker-local tf.Variables
         self.counter = None      # tf.Variable int32, backward passes since the last allreduce
         self.accumulators = None  # list of tf.Variable or None (for None gradients)
+        #: the allreduce timed where it runs: its seconds summed, and how many (tf.Variables,
+        #: made by the first traced step; read by kdist's telemetry: :func:`collective_timing`)
+        self.collective_s = self.collectives = None
 
     # -- local variables -------------------------------------------------------------
     def is_local(self, var) -> bool:
@@ -106,13 +109,24 @@ class _State:
             else:
                 pre, post = 1.0, 1.0
             with tf.name_scope(s.name + "_Allreduce"):
+                self.ensure_timer()
+                # the clock read once this rank's gradients are ready, and again once every
+                # group is reduced: the collective, with the wait for slower ranks inside it
+                with tf.control_dependencies(_tensors([grads[i] for i in todo])):
+                    began = tf.timestamp()
                 for chunk in self._groups(todo, variables):
+                    with tf.control_dependencies([began]):
+                        given = [_after(grads[i]) for i in chunk]
                     reduced = hvd_tf.grouped_allreduce(
-                        [grads[i] for i in chunk], device_dense=s.device_dense,
+                        given, device_dense=s.device_dense,
                         device_sparse=s.device_sparse, compression=s.compression, op=s.op,
                         prescale_factor=pre, postscale_factor=post, process_set=ps)
                     for i, r in zip(chunk, reduced):
                         out[i] = r
+                with tf.control_dependencies(_tensors([out[i] for i in todo])):
+                    took = tf.timestamp() - began
+                self.collective_s.assign_add(took)
+                self.collectives.assign_add(1)
         if self.local and s.scale_local_gradients:
             n = ps.size()
             for i, (g, v) in enumerate(zip(out, variables)):
@@ -146,6 +160,14 @@ class _State:
         chunks.extend([i] for i in todo if i not in seen)
         return chunks
 
+    def ensure_timer(self):
+        if self.collective_s is None:
+            with tf.init_scope():  # eager variables even when first called while tracing
+                self.collective_s = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                                name="hvd_collective_seconds")
+                self.collectives = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                               name="hvd_collectives")
+
     # -- local gradient aggregation (backward_passes_per_step > 1) ---------------------
     def ensure_accumulators(self, grads, variables):
         if self.accumulators is not None:
@@ -174,6 +196,28 @@ class _State:
             raise ValueError("IndexedSlices are not supported when `backward_passes_per_step` > 1 "
                              "and `sparse_as_dense` is False.")
         return g
+
+
+def _tensors(grads) -> list:
+    """The dense tensors of ``grads`` (an IndexedSlices' values), for control dependencies."""
+    return [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
+
+
+def _after(g):
+    """``g`` again, as a tensor made under the enclosing control dependencies."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
+    return tf.identity(g)
+
+
+def collective_timing(optimizer) -> tuple[float, int] | None:
+    """``(seconds, count)`` of the allreduces ``optimizer`` (a DistributedOptimizer of this
+    binding) has run so far, read on the host; None for any other optimizer, or before its
+    first allreduce was traced."""
+    state = getattr(optimizer, "_kdist_hvd", None)
+    if state is None or state.collective_s is None:
+        return None
+    return float(state.collective_s.numpy()), int(state.collectives.numpy())
 
 
 def _make_class(base_cls, settings: _Settings):

@@ -71,12 +71,17 @@ SPLIT_UNTIMED = ("not timed live: Keras on JAX runs batch ends late, on a thread
 SPLIT_TITLE = "step split"
 #: the split's source once %kdist scale has probed this cell with this strategy
 SPLIT_PROBED = "telemetry and %kdist scale's 1-rank step"
+#: the split's source where the collective is timed where it runs (kdist's Horovod binding)
+SPLIT_TIMED = "telemetry and the all-reduce timed on every rank"
 #: ... and before: compute and communication are one figure inside a step
 SPLIT_LIVE = "telemetry (run %kdist scale to split compute from communication)"
 #: the dashboard's legend of a rank's step split
 SPLIT_LEGEND_PROBED = ("each rank's mean step: compute (its 1-rank step, from %kdist scale), "
                        "communication (the gradient collective and the wait for slower ranks), "
                        "the rest (input, callbacks)")
+SPLIT_LEGEND_TIMED = ("each rank's mean step: compute, communication (the all-reduce, timed on "
+                      "every rank: the least any rank spent in it), the wait for slower ranks "
+                      "(the rest of its own), the rest (input, callbacks)")
 SPLIT_LEGEND_LIVE = ("each rank's mean step: inside the step (compute and the gradient collective "
                      "together: %kdist scale splits them), the rest (input, callbacks)")
 

@@ -32,7 +32,8 @@ import traitlets
 
 from . import stragglers
 from .split import split
-from ..messages import SPLIT_LEGEND_LIVE, SPLIT_LEGEND_PROBED, SPLIT_TITLE, SPLIT_UNTIMED
+from ..messages import (SPLIT_LEGEND_LIVE, SPLIT_LEGEND_PROBED, SPLIT_LEGEND_TIMED, SPLIT_TIMED,
+                        SPLIT_TITLE, SPLIT_UNTIMED)
 from ..messages import CURVES_NOTE, NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
 from .dashboard_rows import (add_sample, current_phase, fraction_eta, layout_note, rounded,
                              slowest_progress, thinned)
@@ -183,10 +184,12 @@ class Dashboard:
         slow = {s.rank: straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
                 for s in stragglers.find(recent, cpu)}
         slowest_progress(progress, per_rank)
-        splits = {s["rank"]: split_entry(s) for s in split(recent, rec.probe_compute_s)}
+        rows = split(recent, rec.probe_compute_s)
+        splits = {s["rank"]: split_entry(s) for s in rows}
         ranks, throughput = self._rank_entries(rank_states, timed, slow, splits)
         state = self._state(now, phases, progress, ranks, throughput, slow)
-        state["split_legend"] = split_legend(splits, rec.probe_compute_s)
+        state["split_legend"] = split_legend(splits, rec.probe_compute_s,
+                                             any(s["source"] == SPLIT_TIMED for s in rows))
         if not with_curves:
             return state, None
         return state, self._curves()
@@ -358,13 +361,17 @@ def split_entry(row: dict[str, Any]) -> dict[str, Any] | None:
         return None
     parts = ({"compute": row["compute_s"], "communication": row["communication_s"]}
              if row["compute_s"] is not None else {"in_step": row["in_step_s"]})
+    if row.get("wait_s") is not None:
+        parts["wait"] = row["wait_s"]
     parts["rest"] = row["rest_s"] or 0.0
     return {k: rounded(v) for k, v in parts.items()}
 
 
-def split_legend(splits: dict[int, Any], compute: float | None) -> str:
+def split_legend(splits: dict[int, Any], compute: float | None, timed: bool = False) -> str:
     """What the bars show, or why there are none (a run whose steps are not timed live)."""
     if any(splits.values()):
+        if timed:
+            return SPLIT_LEGEND_TIMED
         return SPLIT_LEGEND_PROBED if compute is not None else SPLIT_LEGEND_LIVE
     return f"{SPLIT_TITLE}: {SPLIT_UNTIMED}" if splits else ""
 

@@ -224,8 +224,9 @@ class RunRecord:
         return self.layout_table
 
     def split(self) -> list[dict[str, Any]]:
-        """Each rank's mean seconds per step in compute, communication and the rest
-        (:mod:`kdist_magics.watch.split`); compute and communication apart once ``%kdist
+        """Each rank's mean seconds per step in compute, communication, the wait for slower
+        ranks and the rest (:mod:`kdist_magics.watch.split`): measured where the collective is
+        timed where it runs (Horovod), else compute and communication inferred once ``%kdist
         scale`` has probed this cell with this strategy (``probe_compute_s``)."""
         from .split import split
 

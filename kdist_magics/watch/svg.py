@@ -77,7 +77,8 @@ def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,
 
 #: the step split's colours and names, as in static/dashboard.css and dashboard.js
 SPLIT_PARTS = (("compute", "compute", "#42a5f5"), ("communication", "communication", "#ef5350"),
-               ("in_step", "in step", "#7e57c2"), ("rest", "rest", "#bdbdbd"))
+               ("wait", "wait for slower ranks", "#ffb74d"), ("in_step", "in step", "#7e57c2"),
+               ("rest", "rest", "#bdbdbd"))
 
 
 def _ms(v: float) -> str:

@@ -10,8 +10,9 @@ rows can cross process boundaries unchanged:
   - ``metric`` rows ``{rank, epoch, step, batch, time, kind: "step", loss, <metrics>,
     lr, steps_per_s, samples_per_s, step_time, gap_time}`` at most every ``min_interval`` seconds
     (``step_time``/``gap_time``: mean seconds inside a step and between steps since the last
-    row, which :mod:`kdist_magics.watch.stragglers` reads; None on JAX, whose batch ends run late)
-    (plus the last step of every epoch), and ``kind: "epoch"`` rows with the
+    row, which :mod:`kdist_magics.watch.stragglers` reads; None on JAX, whose batch ends run late;
+    ``collective_time``: mean seconds of the gradient all-reduce, timed where it runs, when the
+    optimizer is kdist's Horovod binding's) (plus the last step of every epoch), and ``kind: "epoch"`` rows with the
     epoch logs (validation metrics included) at every epoch end;
   - ``progress`` rows ``{rank, epochs, steps_per_epoch, epoch, step, total_steps,
     fit_started, time, samples_per_s, steps_per_s}`` with the same throttle.
@@ -31,6 +32,7 @@ Nothing here imports TensorFlow or Keras at module import.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -136,6 +138,7 @@ class _Telemetry:
         self._began = self._ended = self._step_ended = None
         self._in_step = self._between = 0.0
         self._n_in = self._n_between = 0
+        self._collective = None  # (seconds, count) of the gradient collective at the last row
         self.markers = (mark(self, "_step_ended"), mark(self, "_began"))
 
     # -- helpers ---------------------------------------------------------
@@ -186,6 +189,12 @@ class _Telemetry:
                "gap_time": self._between / self._n_between if self._n_between else None}
         self._in_step = self._between = 0.0
         self._n_in = self._n_between = 0
+        timed = _collective_timing(self.model)
+        if timed is not None:
+            before = self._collective or (0.0, 0)
+            self._collective = timed
+            if timed[1] > before[1]:  # mean seconds in the collective per step since the last row
+                out["collective_time"] = (timed[0] - before[0]) / (timed[1] - before[1])
         return out
 
     def on_train_batch_end(self, batch, logs=None):
@@ -238,6 +247,19 @@ class _Telemetry:
         sps = self.step / elapsed if elapsed > 0 and self.step else None
         self._progress(now, {"steps_per_s": sps, "samples_per_s":
                              sps * self.batch_size if sps and self.batch_size else None})
+
+
+def _collective_timing(model) -> tuple[float, int] | None:
+    """The gradient collective's seconds and count so far, where the optimizer times it where
+    it runs (kdist's Horovod binding); None elsewhere. Never imports a framework."""
+    binding = sys.modules.get("kdist_magics.keras_horovod._optimizer")
+    optimizer = getattr(model, "optimizer", None) if binding is not None else None
+    if optimizer is None:
+        return None
+    try:
+        return binding.collective_timing(optimizer)
+    except Exception:  # a variable on a device being torn down: no figure this time
+        return None
 
 
 class _Mark:

@@ -57,7 +57,7 @@ function bar(label, fraction, text, cls) {
 
 // a rank's step split as one stacked bar (watch/split.py): scaled to the longest rank's step
 export const SPLIT_PARTS = [["compute", "compute"], ["communication", "communication"],
-  ["in_step", "in step"], ["rest", "rest"]];
+  ["wait", "wait for slower ranks"], ["in_step", "in step"], ["rest", "rest"]];
 export function splitBar(split, longest) {
   const row = h("div", "kdist-bar kdist-split");
   row.appendChild(h("span", "kdist-bar-label", "step"));
