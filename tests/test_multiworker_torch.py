@@ -73,6 +73,7 @@ out["group_after"] = s.cluster.view().apply_sync(
 pids = {{e.pid for e in s.cluster.engines}}
 value, err = attempt("--strategy multiworker --np 2 --no-dashboard --pull model,history", FIT)
 out["fit_err"] = repr(err) if err is not None else None
+out["fit_split"] = kdist_magics.last_run().split()
 for name in ("kd_weights", "kd_loss", "kd_steps", "kd_pred"):
     out[name] = by_rank(name)
 out["warm"] = pids == {{e.pid for e in s.cluster.engines}}
@@ -140,6 +141,13 @@ def test_keras_on_torch_across_two_engine_processes():
     assert r["group_after"] == [False, False]  # torn down after the cell
     # model.fit: kdist averages every step's gradients, so the processes end identical
     assert r["fit_err"] is None, r["fit_err"]
+    # kdist's all_reduce of the gradients is timed where it runs (Gloo, on the CPU): the split
+    # is measured, communication one figure for both ranks, each rank's wait its own
+    split = r["fit_split"]
+    assert [row["rank"] for row in split] == [0, 1], split
+    assert all("all-reduce timed on every rank" in row["source"] for row in split), split
+    assert split[0]["communication_s"] == split[1]["communication_s"] > 0, split
+    assert min(row["wait_s"] for row in split) == 0.0, split
     w0, w1 = r["kd_weights"]
     for a, b in zip(w0, w1):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-7)

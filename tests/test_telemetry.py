@@ -444,6 +444,23 @@ def test_rows_carry_the_all_reduce_time_where_the_optimizer_times_it(monkeypatch
     clock.t += 1.0
     cb.on_train_batch_end(9, {"loss": 1.0})
     assert rows and "collective_time" not in rows[0]
+    # a clock kdist keeps on the optimizer where it issues the collective itself (Keras on
+    # PyTorch): the same figure, and none once the fit took it off again
+    from kdist_magics.watch.collective import CollectiveClock
+
+    kept = CollectiveClock.on(model.optimizer)
+    for seconds in (0.002, 0.004):
+        kept.add(seconds)
+    rows.clear()
+    clock.t += 1.0
+    cb.on_train_batch_end(9, {"loss": 1.0})
+    assert rows[0]["collective_time"] == pytest.approx(0.003)
+    assert not model.optimizer.variables or all(v is not kept for v in model.optimizer.variables)
+    CollectiveClock.off(model.optimizer)
+    rows.clear()
+    clock.t += 1.0
+    cb.on_train_batch_end(9, {"loss": 1.0})
+    assert "collective_time" not in rows[0]
 
 
 @pytest.mark.kernel

@@ -32,7 +32,6 @@ Nothing here imports TensorFlow or Keras at module import.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 from typing import Any, Callable
@@ -192,6 +191,8 @@ class _Telemetry:
         timed = _collective_timing(self.model)
         if timed is not None:
             before = self._collective or (0.0, 0)
+            if timed[1] < before[1]:  # a new clock (a new fit's): counted from nothing
+                before = (0.0, 0)
             self._collective = timed
             if timed[1] > before[1]:  # mean seconds in the collective per step since the last row
                 out["collective_time"] = (timed[0] - before[0]) / (timed[1] - before[1])
@@ -250,14 +251,12 @@ class _Telemetry:
 
 
 def _collective_timing(model) -> tuple[float, int] | None:
-    """The gradient collective's seconds and count so far, where the optimizer times it where
-    it runs (kdist's Horovod binding); None elsewhere. Never imports a framework."""
-    binding = sys.modules.get("kdist_magics.keras_horovod._optimizer")
-    optimizer = getattr(model, "optimizer", None) if binding is not None else None
-    if optimizer is None:
-        return None
+    """The gradient collective's seconds and count so far on this rank, where it is timed
+    where it runs (:mod:`.collective`); None elsewhere, or when it cannot be read now."""
+    from .collective import timing
+
     try:
-        return binding.collective_timing(optimizer)
+        return timing(getattr(model, "optimizer", None))
     except Exception:  # a variable on a device being torn down: no figure this time
         return None
 

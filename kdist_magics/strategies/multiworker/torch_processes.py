@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from typing import Any
 
 from ...cluster.cluster import EngineCluster
@@ -249,12 +250,19 @@ def _averaged_fit():
     import torch
     import torch.distributed as dist
 
-    def averaged(apply):
+    from ...watch.collective import CollectiveClock
+
+    def averaged(apply, clock):
         def apply_averaged(grads, trainable_variables=None):
             present = [g for g in grads if g is not None]
             if present:
                 flat = torch.cat([g.reshape(-1) for g in present])
+                # timed where it runs on the CPU, where Gloo's all_reduce returns once done (a
+                # CUDA one returns once queued: not timed, its split stays inferred)
+                began = time.perf_counter() if flat.device.type == "cpu" else None
                 dist.all_reduce(flat)
+                if began is not None:
+                    clock.add(time.perf_counter() - began)
                 flat /= dist.get_world_size()
                 out, at = [], 0
                 for g in grads:
@@ -275,11 +283,13 @@ def _averaged_fit():
                     dist.broadcast(v.value.data, 0)
             optimizer = self.model.optimizer
             self._optimizer = optimizer
-            optimizer.apply = averaged(type(optimizer).apply.__get__(optimizer))
+            clock = CollectiveClock.on(optimizer)
+            optimizer.apply = averaged(type(optimizer).apply.__get__(optimizer), clock)
 
         def on_train_end(self, logs=None):
             optimizer = getattr(self, "_optimizer", None)
             if optimizer is not None:
                 optimizer.__dict__.pop("apply", None)
+                CollectiveClock.off(optimizer)
 
     return AveragedFit()
