@@ -404,3 +404,33 @@ def test_sharded_over_ray_trains_as_one_device(ray_head):
     np.testing.assert_allclose(r["loss"], r["one"], rtol=1e-5, atol=1e-6)
     assert len(r["placed"]) == 2 and all(r["placed"])
     assert held(ray_head) == {"placement groups": [], "actors": []}
+
+
+@pytest.mark.ray
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_killed_kernel_leaves_no_engine_and_nothing_reserved_on_ray(ray_head, tmp_path):
+    """A real kernel places two engines on Ray, then dies by SIGKILL: its controller, the engines
+    in Ray's actors and its placement group all go (Ray ends a dead driver's actors and groups;
+    each engine dies with its actor)."""
+    from kernel_driver import Kernel, wait_gone
+
+    kernel = Kernel(cwd=tmp_path)
+    try:
+        kernel.check(f"%%kdist --strategy multiworker --np 2 --launcher ray --address {ray_head} "
+                     "--no-dashboard\nkd_ok = strategy.num_replicas_in_sync\n", timeout=300)
+        engines = kernel.eval("[p['pid'] for p in __import__('kdist_magics')._extension"
+                              "._strategies['multiworker'].cluster._launcher().placed]")
+        ours = held(ray_head)
+        assert len(engines) == 2 and len(ours["placement groups"]) == 1 and len(ours["actors"]) == 2, ours
+        tree = set(kernel.tree()) | set(engines)
+        kernel.kill()
+        left, _ = wait_gone(tree, 120)
+        assert not left, f"still running after the kernel was SIGKILLed: {left}"
+        deadline = time.monotonic() + 60
+        while (ours := held(ray_head)) != {"placement groups": [], "actors": []} and time.monotonic() < deadline:
+            time.sleep(2)
+        assert ours == {"placement groups": [], "actors": []}, ours
+    finally:
+        kernel.cleanup()
