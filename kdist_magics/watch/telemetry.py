@@ -138,6 +138,10 @@ class _Telemetry:
         self._in_step = self._between = 0.0
         self._n_in = self._n_between = 0
         self._collective = None  # (seconds, count) of the gradient collective at the last row
+        # read only where batch ends run on the training thread: never from JAX's thread pool,
+        # where touching the model while the next step donates its buffers breaks that step
+        # (and no JAX collective is timed)
+        self._reads_collective = keras.backend.backend() != "jax"
         self.markers = (mark(self, "_step_ended"), mark(self, "_began"))
 
     # -- helpers ---------------------------------------------------------
@@ -188,7 +192,7 @@ class _Telemetry:
                "gap_time": self._between / self._n_between if self._n_between else None}
         self._in_step = self._between = 0.0
         self._n_in = self._n_between = 0
-        timed = _collective_timing(self.model)
+        timed = _collective_timing(self.model) if self._reads_collective else None
         if timed is not None:
             before = self._collective or (0.0, 0)
             if timed[1] < before[1]:  # a new clock (a new fit's): counted from nothing
