@@ -11,9 +11,10 @@ rows can cross process boundaries unchanged:
     lr, steps_per_s, samples_per_s, step_time, gap_time}`` at most every ``min_interval`` seconds
     (``step_time``/``gap_time``: mean seconds inside a step and between steps since the last
     row, which :mod:`kdist_magics.watch.stragglers` reads; None on JAX, whose batch ends run late;
-    ``collective_time``: mean seconds of the gradient all-reduce, timed where it runs, when the
-    optimizer is kdist's Horovod binding's) (plus the last step of every epoch), and ``kind: "epoch"`` rows with the
-    epoch logs (validation metrics included) at every epoch end;
+    ``collective_time``: mean seconds of the gradient all-reduce, timed where it runs, under
+    kdist's Horovod binding and its averaged fit on PyTorch: :mod:`.collective`) (plus the last
+    step of every epoch), and ``kind: "epoch"`` rows with the epoch logs (validation metrics
+    included) at every epoch end;
   - ``progress`` rows ``{rank, epochs, steps_per_epoch, epoch, step, total_steps,
     fit_started, time, samples_per_s, steps_per_s}`` with the same throttle.
 
@@ -138,9 +139,9 @@ class _Telemetry:
         self._in_step = self._between = 0.0
         self._n_in = self._n_between = 0
         self._collective = None  # (seconds, count) of the gradient collective at the last row
-        # read only where batch ends run on the training thread: never from JAX's thread pool,
-        # where touching the model while the next step donates its buffers breaks that step
-        # (and no JAX collective is timed)
+        # read only where batch ends run on the training thread: on JAX they run on a thread
+        # pool, where Keras' Callback.model syncs the model's state from buffers the next step
+        # may be donating ("Array has been deleted"); and no JAX collective is timed
         self._reads_collective = keras.backend.backend() != "jax"
         self.markers = (mark(self, "_step_ended"), mark(self, "_began"))
 
