@@ -126,18 +126,11 @@ def ray_head(tmp_path_factory):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         env={**os.environ, "RAY_AUTH_MODE": "disabled"})  # Ray 2.60's token auth, off on loopback
     address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    import socket
-
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.5)
-    else:
+    try:
+        wait_for(lambda: listens("127.0.0.1", port), 120, "the Ray head did not listen")
+    except BaseException:
         head.kill()
-        pytest.fail("the Ray head did not listen within 120 s")
+        raise
     yield address
     try:  # the Ray tier's session check: nothing kdist asked Ray for is left (any driver's)
         left = held(address)
@@ -145,6 +138,29 @@ def ray_head(tmp_path_factory):
         _stop_head(head, psutil)
         shutil.rmtree(temp, ignore_errors=True)  # Ray's session folder: logs, sockets, spill
     assert left == {"placement groups": [], "actors": []}, f"left on the Ray cluster: {left}"
+
+
+def listens(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_for(ready, seconds: float, what: str) -> None:
+    """Until ``ready()`` is true (an AssertionError counts as not yet), or fail saying ``what``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if ready():
+                return
+        except AssertionError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"{what} within {seconds:.0f} s")
 
 
 def _stop_head(head, psutil) -> None:

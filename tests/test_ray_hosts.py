@@ -38,7 +38,7 @@ import kdist_magics
 import kernel_driver
 from kdist_magics.errors import RankDied
 from test_netns import _run, netns_unavailable
-from test_ray import HOROVOD, TRAIN, _stop_head, ask_ray, held
+from test_ray import HOROVOD, TRAIN, _stop_head, ask_ray, held, listens, wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.ray, pytest.mark.engines, pytest.mark.slow,
               pytest.mark.timeout(900)]
@@ -95,13 +95,13 @@ class RayHosts:
              ray, "start", "--head", f"--port={port}", f"--node-ip-address={self.head_ip}",
              "--include-dashboard=false", f"--temp-dir={self.temp / 'ray'}", *common],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
-        _wait_for(lambda: _answers(self.head_ip, port), 120, "the Ray head did not listen")
+        wait_for(lambda: listens(self.head_ip, port), 120, "the Ray head did not listen")
         self.node = subprocess.Popen(
             ["ip", "netns", "exec", self.ns, "unshare", "--uts", "sh", "-c",
              f'hostname {NODE_B} && exec "$@"', "sh",
              ray, "start", f"--address={self.address}", f"--node-ip-address={self.node_ip}", *common],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
-        _wait_for(lambda: ask_ray(self.address, "print(sum(n['Alive'] for n in ray.nodes()))") == 2,
+        wait_for(lambda: ask_ray(self.address, "print(sum(n['Alive'] for n in ray.nodes()))") == 2,
                   120, "the second Ray node did not join")
 
     def kill_node(self) -> int:
@@ -127,26 +127,6 @@ class RayHosts:
             except OSError:
                 pass
             shutil.rmtree(self.temp, ignore_errors=True)
-
-
-def _answers(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-def _wait_for(ready, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if ready():
-                return
-        except AssertionError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"{what} within {seconds:.0f} s")
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from .collective import timing as collective_timing
+
 Sink = Callable[[str, dict[str, Any]], None]
 
 #: default seconds between step rows (and progress rows) from one rank
@@ -258,10 +260,8 @@ class _Telemetry:
 def _collective_timing(model) -> tuple[float, int] | None:
     """The gradient collective's seconds and count so far on this rank, where it is timed
     where it runs (:mod:`.collective`); None elsewhere, or when it cannot be read now."""
-    from .collective import timing
-
     try:
-        return timing(getattr(model, "optimizer", None))
+        return collective_timing(getattr(model, "optimizer", None))
     except Exception:  # a variable on a device being torn down: no figure this time
         return None
 
