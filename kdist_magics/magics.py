@@ -173,7 +173,12 @@ class KDist(Magics):
         record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec, reason=reason)
         probed = self.last_scale
         if probed is not None and probed.strategy == spec.strategy and probed.cell == cell:
-            record.probe_compute_s = probed.compute_s
+            from .strategies.frameworks.backends import keras_backend
+
+            if probed.describes(spec.strategy, cell, record.size, keras_backend()):
+                probed.lend(record)
+            else:
+                record.probe_other = True
         self.last_record = record
         for observe in list(self._observers):
             observe(record)

@@ -18,13 +18,13 @@ from kdist_magics.watch.record import RunRecord
 pytestmark = pytest.mark.notf  # also in .venv-colab-tpu: no TensorFlow (tests/README.md)
 
 
-def feed(rec, rank, steps, t0=1000.0, total=None, loss0=1.0):
+def feed(rec, rank, steps, t0=1000.0, total=None, loss0=1.0, **extra):
     rec.add("progress", {"rank": rank, "epochs": 2, "steps_per_epoch": (total or steps) // 2,
                          "total_steps": total or steps, "fit_started": t0, "step": 0, "time": t0})
     for s in range(1, steps + 1):
         rec.add("metric", {"rank": rank, "epoch": 0, "step": s, "time": t0 + s, "kind": "step",
                            "loss": loss0 / s, "accuracy": s / steps, "lr": 0.01,
-                           "steps_per_s": 1.0, "samples_per_s": 32.0})
+                           "steps_per_s": 1.0, "samples_per_s": 32.0, **extra})
         rec.add("progress", {"rank": rank, "step": s, "time": t0 + s, "fit_started": t0})
 
 
@@ -41,8 +41,9 @@ def test_snapshot_has_ranks_curves_progress_and_eta():
     rec.set_rank(0, state="running", host="h", pid=100)
     rec.set_rank(1, state="running", host="h", node="Ray node 5f0c1a2b3c4d", pid=101)
     dash = Dashboard(rec, interval=None, clock=lambda: 1010.0)
-    feed(rec, 0, 10, total=40)
-    feed(rec, 1, 10, total=40, loss0=2.0)
+    timings = {"batch_size": 32, "step_time": 0.5, "gap_time": 0.01, "collective_time": 0.1}
+    feed(rec, 0, 10, total=40, **timings)
+    feed(rec, 1, 10, total=40, loss0=2.0, **timings)
     rec.add("sample", sample(0))
     rec.add("sample", sample(1, gpus=[{"index": 1, "name": "G", "util_percent": 80.0,
                                        "mem_used_bytes": 1, "mem_total_bytes": 4}]))
@@ -59,6 +60,7 @@ def test_snapshot_has_ranks_curves_progress_and_eta():
     assert "<td>h · Ray node 5f0c1a2b3c4d</td>" in dash.html() and "<td>h</td>" in dash.html()
     # curves: loss first, one line per rank, x = step
     assert curves["names"][0] == "loss" and "accuracy" in curves["names"] and "lr" in curves["names"]
+    assert sorted(curves["names"]) == ["accuracy", "loss", "lr"]  # timings and the batch are no curves
     assert set(curves["series"]["loss"]) == {"0", "1"}
     assert curves["series"]["loss"]["1"][-1] == [10, 0.2, 0]  # [step, value, epoch]
     # progress: 10 of 40 steps after 10 s -> 30 s to go; throughput summed over ranks

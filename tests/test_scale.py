@@ -12,6 +12,7 @@ from kdist_magics.scale.model import Link, Row, advice, link_from, predict, with
 from kdist_magics.scale.probe import ranks_to_probe
 from kdist_magics.scale.table import ScaleTable
 from kdist_magics.watch.probe import StepProbe
+from kdist_magics import messages
 
 MiB = 2 ** 20
 
@@ -239,6 +240,70 @@ def test_where_the_collective_is_timed_on_every_rank_the_wait_for_a_slower_rank_
     # one rank without the timing (another optimizer there): inferred as before, no wait column
     partly = split(rows[:5] + [{k: v for k, v in r.items() if k != "collective_time"} for r in rows[5:]])
     assert all(r["wait_s"] is None and r["compute_s"] is None for r in partly)
+
+
+def _probe_rows(batch, period=0.02):
+    return [{"kind": "probe", "rank": r, "steps": 20, "step_s": period * 0.9, "period_s": period,
+             "rest_s": period * 0.1, "batch_size": batch, "grad_bytes": MiB} for r in (0, 1)]
+
+
+def test_a_probe_of_a_cell_whose_batch_is_not_known_counts_batches_and_never_guesses():
+    """fit given a dataset whose batch kdist cannot read: the table's throughput is batches/s
+    (said in its head and column), its advice names no batch size; a known batch is samples/s."""
+    from kdist_magics.scale.probe import _figures, _table
+    from kdist_magics.watch.record import RunRecord
+
+    def figures(batch, strategy):
+        out = {}
+        for n in (1, 2):
+            rec = RunRecord(strategy, size=n)
+            fit = batch * n if batch and strategy == "multiworker" else batch  # the global batch
+            rec.metrics.extend(_probe_rows(fit, period=0.02 + 0.006 * (n - 1)))  # comm-bound at 2
+            out[n] = _figures(rec, n, strategy)
+        return out
+
+    slow = Link(bandwidth=1 * MiB, latency=1e-4, ranks=2)
+    unknown = _table("horovod", figures(None, "horovod"), slow, MiB, 2, 1.0)
+    assert unknown.batch is None and unknown.rows[0].samples_per_s == pytest.approx(50.0)  # batches/s
+    text = repr(unknown)
+    assert "per-rank batch not known (fit was given data whose batch" in text
+    assert "batches/s" in text.splitlines()[1] and "samples/s" not in text.splitlines()[1]
+    assert any(a.startswith("twice the per-rank batch would give") for a in unknown.advice), unknown.advice
+    assert "batch not known" in messages.scale_quoted("horovod", None, 3.0)
+    known = _table("multiworker", figures(64, "multiworker"), slow, MiB, 2, 1.0)
+    assert known.batch == 64 and known.rows[0].samples_per_s == pytest.approx(64 / 0.02)
+    assert "samples/s" in repr(known).splitlines()[1]
+    assert known.fit_batch(2) == 128 and known.fit_batch(4) == 256  # multiworker's cells give the global batch
+
+
+def test_a_probes_compute_splits_only_the_runs_it_describes():
+    """The probe's 1-rank compute splits a later run of the same cell only at a probed N, on
+    the same backend and at the probed batch; a run it does not describe says so in its split."""
+    from kdist_magics.messages import SPLIT_OTHER_RUN
+    from kdist_magics.watch.record import RunRecord
+
+    table = _probed("horovod", 1.6, "cell")
+    table.backend = "tensorflow"
+    assert table.describes("horovod", "cell", 2, "tensorflow")
+    assert not table.describes("horovod", "cell", 3, "tensorflow")  # N never measured
+    assert not table.describes("horovod", "cell", 2, "jax")
+    assert not table.describes("horovod", "other cell", 2, "tensorflow")
+    assert not table.describes("multiworker", "cell", 2, "tensorflow")
+
+    def steps(batch):
+        return [{"rank": r, "kind": "step", "step": s, "step_time": 0.03, "gap_time": 0.002,
+                 "batch_size": batch} for r in (0, 1) for s in range(1, 4)]
+
+    rec = RunRecord("horovod", size=2)
+    table.lend(rec)
+    assert rec.probe_batch == 32 and rec.probe_compute_s == pytest.approx(0.1)
+    rec.metrics.extend(steps(32))
+    assert all(r["compute_s"] == pytest.approx(0.03) and "1-rank step" in r["source"] for r in rec.split())
+    other = RunRecord("horovod", size=2)
+    table.lend(other)
+    other.metrics.extend(steps(128))  # the same cell, edited to another batch
+    assert other.probed_compute(list(other.metrics)) is None
+    assert all(r["compute_s"] is None and r["source"] == SPLIT_OTHER_RUN for r in other.split())
 
 
 class _Model:

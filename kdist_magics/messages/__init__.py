@@ -323,6 +323,7 @@ from .ray import (  # noqa: E402
     ray_unplaceable,
 )
 from .scale import (  # noqa: E402
+    BATCH_UNKNOWN,
     LINK_FITTED,
     LINK_NONE,
     SCALE_INTERRUPTED,
@@ -331,6 +332,7 @@ from .scale import (  # noqa: E402
     SPLIT_LEGEND_PROBED,
     SPLIT_LEGEND_TIMED,
     SPLIT_LIVE,
+    SPLIT_OTHER_RUN,
     SPLIT_PROBED,
     SPLIT_TIMED,
     SPLIT_TITLE,

@@ -59,9 +59,15 @@ SCALE_NOTHING_TRAINED = ("%kdist scale: no %%kdist cell has trained in this kern
                          "multiworker --np 2")
 
 
-def scale_quoted(strategy: str, batch: int, cost: float) -> str:
-    return (f"measured by %kdist scale ({strategy}, per-rank batch {batch}, {cost:.0f} s; "
+def scale_quoted(strategy: str, batch: int | None, cost: float) -> str:
+    said = batch if batch is not None else BATCH_UNKNOWN
+    return (f"measured by %kdist scale ({strategy}, per-rank batch {said}, {cost:.0f} s; "
             f"kdist_magics.last_scale() has the table):")
+
+
+#: the probe's batch where fit was given data whose batch kdist cannot read (never guessed)
+BATCH_UNKNOWN = ("not known (fit was given data whose batch kdist cannot read without "
+                 "touching it: figures are batches/s, not samples/s)")
 
 
 #: why a run's rows carry no step timing (Keras on JAX): the split's source and the dashboard's note
@@ -75,6 +81,9 @@ SPLIT_PROBED = "telemetry and %kdist scale's 1-rank step"
 SPLIT_TIMED = "telemetry and the all-reduce timed on every rank"
 #: ... and before: compute and communication are one figure inside a step
 SPLIT_LIVE = "telemetry (run %kdist scale to split compute from communication)"
+#: ... and where %kdist scale probed the cell, but not as this run trains it
+SPLIT_OTHER_RUN = ("telemetry (%kdist scale probed this cell at another --np, batch or Keras "
+                   "backend: its compute does not describe this run; probe it as it runs now)")
 #: the dashboard's legend of a rank's step split
 SPLIT_LEGEND_PROBED = ("each rank's mean step: compute (its 1-rank step, from %kdist scale), "
                        "communication (the gradient collective and the wait for slower ranks), "

@@ -143,11 +143,14 @@ def with_speedup(row: Row, base_samples_per_s: float) -> Row:
     return replace(row, speedup=speedup, efficiency=speedup / row.n)
 
 
-def advice(rows: list[Row], batch: int, grad_bytes: float, link: Link, horovod: bool) -> list[str]:
+def advice(rows: list[Row], batch: int | None, grad_bytes: float, link: Link,
+           horovod: bool) -> list[str]:
     """What the figures say, each suggestion with the figure behind it (``%kdist advise`` and
-    ``--strategy auto`` quote these)."""
+    ``--strategy auto`` quote these). ``batch`` None: not known (the rows count batches)."""
     if not rows:
         return []
+    known = batch is not None
+    batch = batch or 1
     measured = [r for r in rows if r.measured]
     top = max(measured, key=lambda r: r.n)
     base = next((r for r in rows if r.n == 1), None)
@@ -173,9 +176,11 @@ def advice(rows: list[Row], batch: int, grad_bytes: float, link: Link, horovod: 
     if share is not None and share >= COMM_BOUND and top.compute_s and base and not contention:
         bigger = predict(top.n, top.compute_s * 2, top.rest_s or 0.0, batch * 2, grad_bytes, link,
                          base.samples_per_s)  # the step's compute grows with the batch
-        out.append(f"a per-rank batch of {batch * 2} would give ~{bigger.speedup:.1f}x at "
-                   f"{top.n} ranks over 1 rank at batch {batch} (predicted: the step's compute "
-                   f"grows with the batch, its all-reduce does not)")
+        twice = f"a per-rank batch of {batch * 2}" if known else "twice the per-rank batch"
+        at = f"at batch {batch}" if known else "at today's batch"
+        out.append(f"{twice} would give ~{bigger.speedup:.1f}x at {top.n} ranks over 1 rank "
+                   f"{at} (predicted: the step's compute grows with the batch, its all-reduce "
+                   f"does not)")
         if horovod:
             half = predict(top.n, top.compute_s, top.rest_s or 0.0, batch, grad_bytes / 2, link,
                            base.samples_per_s)

@@ -20,6 +20,7 @@ from dataclasses import replace
 from .. import messages
 from ..errors import StrategyUnavailable
 from ..spec import KINDS
+from ..strategies.frameworks import backends
 from ..watch.record import RunRecord
 from . import link as linkmod
 from .model import WORTH_IT, Row, advice, predict, with_speedup
@@ -59,9 +60,9 @@ def scale(magics, spec, cell: str) -> ScaleTable:
     magics.last_scale = table
     table.cell = cell
     last = magics.last_record
-    if (last is not None and last.strategy == spec.strategy and magics.last_trained
-            and magics.last_trained[1] == cell):
-        last.probe_compute_s = table.compute_s  # last_run().split() splits its steps now
+    if last is not None and magics.last_trained and table.describes(last.strategy, magics.last_trained[1],
+                                                                     last.size, backends.keras_backend()):
+        table.lend(last)  # last_run().split() splits its steps now
     return table
 
 
@@ -97,9 +98,7 @@ def _engines_to_probe(spec, asked: int) -> int:
     where = (f"cluster {spec.cluster_id}" if spec.cluster_id
              else f"the cluster of profile {spec.profile}")
     if spec.strategy == "multiworker":
-        from ..strategies.frameworks.backends import keras_backend
-
-        if (backend := keras_backend()) in ("tensorflow", "jax"):  # set up once per process
+        if (backend := backends.keras_backend()) in ("tensorflow", "jax"):  # set up once per process
             raise StrategyUnavailable(messages.scale_attached_once(backend, where))
     have = _attached_engines(spec, asked)
     if have is None or have >= asked:
@@ -188,8 +187,8 @@ def _figures(record: RunRecord, n: int, strategy: str) -> dict:
     if not usable:
         raise StrategyUnavailable(messages.scale_trained_nothing(
             "trained nothing" if not rows else f"trained {max(r['steps'] for r in rows)} steps"))
-    batch = usable[0]["batch_size"] or 32
-    per_rank = batch // n if strategy in GLOBAL_BATCH else batch
+    batch = usable[0]["batch_size"]  # None: fit was given data whose batch is not known
+    per_rank = batch // n if batch and strategy in GLOBAL_BATCH else batch
     return {"step": statistics.median(r["step_s"] for r in usable),
             "period": statistics.median(r["period_s"] for r in usable),
             "rest": statistics.median(r["rest_s"] for r in usable),
@@ -197,22 +196,25 @@ def _figures(record: RunRecord, n: int, strategy: str) -> dict:
 
 
 def _table(strategy: str, figures: dict, link, grad: int, top: int, cost: float) -> ScaleTable:
+    """The table from each N's figures. Where the batch is not known (``fit`` given a dataset
+    whose batch kdist cannot read), the rows count batches, not samples (said, never guessed)."""
     one = figures[1]
+    batch = one["batch"] or 1  # unknown: a batch counts as one
     compute1 = one["step"]
-    base = one["batch"] / one["period"]
+    base = batch / one["period"]
     rows = []
     for n, f in sorted(figures.items()):
         comm = max(f["step"] - compute1, 0.0) if n > 1 else 0.0
-        rows.append(with_speedup(Row(n=n, samples_per_s=n * f["batch"] / f["period"], step_s=f["period"],
+        rows.append(with_speedup(Row(n=n, samples_per_s=n * batch / f["period"], step_s=f["period"],
                                      compute_s=compute1, communication_s=comm, rest_s=f["rest"]), base))
     last = figures[top]
     compute_top = max(last["step"] - link.allreduce(grad, top), 0.0) if top > 1 else compute1
     for n in (top * 2, top * 4):
-        rows.append(predict(n, compute_top, last["rest"], last["batch"], grad, link, base))
-    from_one = {n: predict(n, compute1, one["rest"], one["batch"], grad, link, base).step_s
+        rows.append(predict(n, compute_top, last["rest"], batch, grad, link, base))
+    from_one = {n: predict(n, compute1, one["rest"], batch, grad, link, base).step_s
                 for n in figures if n > 1}
     table = ScaleTable(strategy, rows, link, grad, one["batch"], predicted_from_one=from_one,
-                       cost_s=cost)
+                       cost_s=cost, backend=backends.keras_backend())
     table.advice = advice(rows, one["batch"], grad, link, horovod=strategy == "horovod")
     return table
 

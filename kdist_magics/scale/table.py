@@ -6,11 +6,13 @@ from __future__ import annotations
 import html
 from dataclasses import asdict, dataclass, field
 
-from ..messages import LINK_FITTED, LINK_NONE
+from ..messages import BATCH_UNKNOWN, LINK_FITTED, LINK_NONE
 from .model import ASSUMPTIONS, Link, Row
 
 COLUMNS = ("N", "samples/s", "speed-up", "efficiency", "step ms", "compute ms",
            "communication ms", "rest ms", "comm share", "")
+#: the throughput column where the batch is not known: batches (steps of every rank) per second
+BATCHES_COLUMN = "batches/s"
 
 
 def _ms(value: float | None) -> str:
@@ -23,7 +25,7 @@ class ScaleTable:
     rows: list[Row]
     link: Link
     grad_bytes: int
-    batch: int
+    batch: int | None  # per rank (per replica); None: not known, the rows count batches
     advice: list[str] = field(default_factory=list)
     #: measured N -> the step the 1-rank figures and the link predicted for it (P10's error)
     predicted_from_one: dict[int, float] = field(default_factory=dict)
@@ -31,6 +33,32 @@ class ScaleTable:
     notes: list[str] = field(default_factory=list)
     cell: str = ""  # the cell probed (a run of the same cell splits with this probe's compute)
     model_axis: int = 1  # sharded: the model axis M each probed data replica kept
+    backend: str = ""  # Keras' backend the probe ran on
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return COLUMNS if self.batch is not None else (COLUMNS[0], BATCHES_COLUMN, *COLUMNS[2:])
+
+    def fit_batch(self, n: int) -> int | None:
+        """The ``batch_size`` a cell's ``fit`` gives at ``n`` ranks, as probed (the global batch
+        for strategies whose cells give it)."""
+        from .probe import GLOBAL_BATCH
+
+        if self.batch is None:
+            return None
+        return self.batch * n if self.strategy in GLOBAL_BATCH else self.batch
+
+    def describes(self, strategy: str, cell: str | None, n: int, backend: str) -> bool:
+        """Whether the probe's compute describes a run: the same cell and strategy, on the same
+        backend, at an N it measured (its per-rank batch is checked against the run's own rows,
+        :meth:`kdist_magics.watch.record.RunRecord.probed_compute`)."""
+        return (strategy == self.strategy and cell == self.cell and backend == self.backend
+                and any(r.n == n and r.measured for r in self.rows))
+
+    def lend(self, record) -> None:
+        """Give a run this probe's compute to split its steps with (:meth:`describes` first)."""
+        record.probe_compute_s = self.compute_s
+        record.probe_batch = self.fit_batch(record.size)
 
     @property
     def compute_s(self) -> float | None:
@@ -54,13 +82,14 @@ class ScaleTable:
                     f"{link.bandwidth / 2**20:,.0f} MiB/s bus bandwidth, {link.latency * 1e6:,.0f} us "
                     f"per ring step ({link.ranks} {'devices' if link.fitted else 'ranks'}"
                     f"{f', {link.hosts} hosts' if link.hosts > 1 else ''})")
+        batch = self.batch if self.batch is not None else BATCH_UNKNOWN
         return (f"kdist scale: {self.strategy}, per-{'replica' if link.fitted else 'rank'} batch "
-                f"{self.batch}, gradients {self.grad_bytes / 2**20:.2f} MiB; {said}; probe took "
+                f"{batch}, gradients {self.grad_bytes / 2**20:.2f} MiB; {said}; probe took "
                 f"{self.cost_s:.0f} s")
 
     def __repr__(self) -> str:
-        table = [list(COLUMNS)] + [self.cells(r) for r in self.rows]
-        widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+        table = [list(self.columns)] + [self.cells(r) for r in self.rows]
+        widths = [max(len(line[i]) for line in table) for i in range(len(self.columns))]
         text = [self.head()]
         text += ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)).rstrip() for line in table]
         text += [f"  checked: {n} ranks predicted {_ms(p)} ms a step from 1 rank, measured "
@@ -73,7 +102,7 @@ class ScaleTable:
     def _repr_html_(self) -> str:
         rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self.cells(r)) + "</tr>"
                        for r in self.rows)
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         extra = "".join(f"<li>{html.escape(a)}</li>" for a in self.advice + self.notes)
         return (f"<div class='kdist-scale'><p>{html.escape(self.head())}</p><table><tr>{head}</tr>"
                 f"{rows}</table><p><small>assumes: {html.escape('; '.join(ASSUMPTIONS))}</small></p>"

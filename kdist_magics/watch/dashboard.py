@@ -31,7 +31,6 @@ import anywidget
 import traitlets
 
 from . import stragglers
-from .split import split
 from ..messages import (SPLIT_LEGEND_LIVE, SPLIT_LEGEND_PROBED, SPLIT_LEGEND_TIMED, SPLIT_TIMED,
                         SPLIT_TITLE, SPLIT_UNTIMED)
 from ..messages import CURVES_NOTE, NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
@@ -46,7 +45,8 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 #: row fields that are not curves
 NOT_CURVES = frozenset({"rank", "epoch", "step", "batch", "fit", "time", "kind", "steps_per_s",
-                        "samples_per_s", "size", "num_steps", "step_time", "gap_time"})
+                        "samples_per_s", "size", "num_steps", "step_time", "gap_time",
+                        "collective_time", "batch_size"})
 #: at most this many distinct step-level series (loss first)
 MAX_SERIES = 8
 
@@ -184,11 +184,11 @@ class Dashboard:
         slow = {s.rank: straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
                 for s in stragglers.find(recent, cpu)}
         slowest_progress(progress, per_rank)
-        rows = split(recent, rec.probe_compute_s)
+        rows = rec.split_rows(recent)
         splits = {s["rank"]: split_entry(s) for s in rows}
         ranks, throughput = self._rank_entries(rank_states, timed, slow, splits)
         state = self._state(now, phases, progress, ranks, throughput, slow)
-        state["split_legend"] = split_legend(splits, rec.probe_compute_s,
+        state["split_legend"] = split_legend(splits, rec.probed_compute(recent),
                                              any(s["source"] == SPLIT_TIMED for s in rows))
         if not with_curves:
             return state, None

@@ -52,7 +52,12 @@ class RunRecord:
         # ``metrics``/``samples`` (the curves have gaps there); training itself is unaffected
         self.lost_batches = 0
         #: a rank's compute per step alone, from ``%kdist scale`` of this cell and strategy
+        #: (:meth:`kdist_magics.scale.table.ScaleTable.lend`), and the fit's batch it was
+        #: measured at (None: not known); ``probe_other``: a probe of this cell that describes
+        #: another run (another --np or backend), so not lent
         self.probe_compute_s: float | None = None
+        self.probe_batch: int | None = None
+        self.probe_other = False
         # an elastic run's re-formings: {"time", "lost": [ranks], "size": world size after}
         self.resizes: list[dict[str, Any]] = []
         # what the run did before and around training, in order: {"name", "started", "ended",
@@ -228,9 +233,30 @@ class RunRecord:
         ranks and the rest (:mod:`kdist_magics.watch.split`): measured where the collective is
         timed where it runs (Horovod), else compute and communication inferred once ``%kdist
         scale`` has probed this cell with this strategy (``probe_compute_s``)."""
+        return self.split_rows(list(self.metrics))
+
+    def probed_compute(self, rows: list[dict[str, Any]]) -> float | None:
+        """The probe's compute where it describes these step rows: lent to this run, and every
+        row that says its batch was trained at the batch the probe measured."""
+        if self.probe_compute_s is None:
+            return None
+        batches = {r.get("batch_size") for r in rows if r.get("kind", "step") == "step"
+                   and r.get("batch_size") is not None}
+        return self.probe_compute_s if batches <= {self.probe_batch} else None
+
+    def split_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """:func:`kdist_magics.watch.split.split` of ``rows`` with the probe's compute where it
+        describes them; a probe of the cell that does not describe them says so."""
+        from ..messages import SPLIT_LIVE, SPLIT_OTHER_RUN
         from .split import split
 
-        return split(list(self.metrics), self.probe_compute_s)
+        compute = self.probed_compute(rows)
+        out = split(rows, compute)
+        if compute is None and (self.probe_other or self.probe_compute_s is not None):
+            for r in out:
+                if r["source"] == SPLIT_LIVE:
+                    r["source"] = SPLIT_OTHER_RUN
+        return out
 
     def summary(self) -> str:
         done = sum(1 for s in self.ranks.values() if s.state == "done")

@@ -222,7 +222,8 @@ class _Telemetry:
             return  # throttled: no row
         rates = self._rates(now)
         row = {"rank": self.rank, "epoch": self.epoch, "step": self._step_offset + self.step,
-               "batch": batch, "fit": self._fit_index, "time": now, "kind": "step"}
+               "batch": batch, "fit": self._fit_index, "time": now, "kind": "step",
+               "batch_size": self.batch_size}
         row.update({k: _number(v) for k, v in (logs or {}).items()})
         if self._live_lr:
             self.lr = _learning_rate(self.model)

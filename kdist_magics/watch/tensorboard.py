@@ -31,7 +31,7 @@ from .record import RunRecord
 
 #: row fields that are not metrics (as the dashboard's)
 NOT_SCALARS = frozenset({"rank", "epoch", "step", "batch", "fit", "time", "kind", "size",
-                         "num_steps", "step_time", "gap_time"})
+                         "num_steps", "step_time", "gap_time", "batch_size"})
 
 
 def _crc32c_table() -> list[int]:
