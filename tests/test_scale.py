@@ -609,7 +609,12 @@ def test_an_attached_cluster_with_fewer_engines_than_asked_is_probed_over_those_
     with pytest.raises(StrategyUnavailable, match=r"cluster mine has 1 engine, and the probe needs 2 at least.*Nothing ran$"):
         probemod._engines_to_probe(spec, 4)
     monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: 6)
-    assert probemod._engines_to_probe(spec, 4) == 4  # more than asked: as asked
+    assert probemod._engines_to_probe(spec, 4) == 4  # more than --np asked: as asked
+    capsys.readouterr()
+    assert probemod._engines_to_probe(parse_line("--strategy horovod --cluster-id mine"), 2) == 6
+    assert capsys.readouterr().out.strip().endswith(  # no --np: every engine that is there
+        "%kdist scale: cluster mine has 6 engines; probing N = 1 to 6 over all of them (--np N "
+        "probes fewer), and larger N are predicted")
     monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: None)
     assert probemod._engines_to_probe(spec, 4) == 4  # not reachable: the run says why
     assert probemod._engines_to_probe(parse_line("--strategy horovod --np 4"), 4) == 4  # kdist starts them

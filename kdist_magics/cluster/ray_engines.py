@@ -8,8 +8,9 @@ uses it too): one placement group, one actor per rank in it, each running that r
 (:mod:`.ray_actors`). The engines get the controller's connection from the environment
 (``IPP_CONNECTION_INFO``), so no file needs to be shared with the nodes.
 
-kdist owns what it asked Ray for: ``%kdist stop``, a restart, an interrupt or a failed start stop
-the engines, kill the actors and remove the placement group; the kernel's death ends them too
+kdist owns what it asked Ray for: ``%kdist stop``, a restart, Stop during the start or a failed
+start stop the engines, kill the actors and remove the placement group (Stop while a cell trains
+keeps them warm, as on any cluster); the kernel's death ends them too
 (Ray ends a driver's actors and placement groups with it; each engine dies with its actor). A
 node lost mid-run is named: ``rank 2 on node <id> (host): the Ray node died``.
 """

@@ -342,6 +342,7 @@ from .scale import (  # noqa: E402
     contention,
     scale_attached_once,
     scale_cannot_probe,
+    scale_all_engines,
     scale_fewer_engines,
     scale_one_device,
     scale_too_few_engines,

@@ -25,6 +25,11 @@ def scale_fewer_engines(asked: int, have: int, where: str) -> str:
             f"probing N = 1 to {have}, and larger N are predicted")
 
 
+def scale_all_engines(have: int, where: str) -> str:
+    return (f"%kdist scale: {where} has {have} engines; probing N = 1 to {have} over all of them "
+            f"(--np N probes fewer), and larger N are predicted")
+
+
 def scale_too_few_engines(asked: int, have: int, where: str) -> str:
     return (f"%kdist scale --np {asked}: {where} has {have} engine{'s' if have != 1 else ''}, "
             f"and the probe needs 2 at least (1 rank and 2 ranks, and the link between them). "

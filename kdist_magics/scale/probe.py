@@ -92,7 +92,8 @@ def probe(magics, spec, cell: str, steps: int = STEPS) -> ScaleTable:
 
 def _engines_to_probe(spec, asked: int) -> int:
     """``asked``, or as many engines as an attached cluster (``--cluster-id``/``--profile``)
-    has where that is fewer (said in one line); fewer than 2 is one line and nothing runs."""
+    has where that is fewer, or more and ``--np`` was not given (probed over them all); either
+    said in one line. Fewer than 2 is one line and nothing runs."""
     if not spec.attach:
         return asked  # kdist starts as many as asked
     where = (f"cluster {spec.cluster_id}" if spec.cluster_id
@@ -101,6 +102,9 @@ def _engines_to_probe(spec, asked: int) -> int:
         if (backend := backends.keras_backend()) in ("tensorflow", "jax"):  # set up once per process
             raise StrategyUnavailable(messages.scale_attached_once(backend, where))
     have = _attached_engines(spec, asked)
+    if have is not None and have > asked and "np" not in spec.given:
+        messages.say(messages.scale_all_engines(have, where))
+        return have  # what is there
     if have is None or have >= asked:
         return asked  # (not reachable: the run says why, as any run would)
     if have < 2:
