@@ -199,6 +199,7 @@ def test_each_ranks_step_split_is_a_bar_live_and_in_the_static_view_and_a_probe_
     assert [r["split"] for r in state["ranks"]] == [{"in_step": 0.03, "rest": 0.002},
                                                    {"in_step": 0.04, "rest": 0.01}]
     assert "inside the step" in state["split_legend"]
+    assert "the collective is not separable live here" in state["split_legend"]
     page = dash.html()
     assert page.count('fill="#7e57c2"') == 2 and page.count('fill="#bdbdbd"') == 2  # in step, rest
     assert "<th>step split</th>" in page
@@ -212,6 +213,8 @@ def test_each_ranks_step_split_is_a_bar_live_and_in_the_static_view_and_a_probe_
     state, _ = dash.snapshot()
     assert state["ranks"][0]["split"] == {"compute": 0.025, "communication": 0.005, "rest": 0.002}
     assert state["split_legend"].startswith("each rank's mean step: compute (its 1-rank step")
+    assert "communication (inferred" in state["split_legend"]
+    assert "communication inferred: the collective is not separable live" in probed.split()[0]["source"]
     assert "compute 25 ms &middot; communication 5 ms &middot; rest 2 ms" in dash.html()
     assert probed.split()[0]["communication_s"] == pytest.approx(0.005)
 

@@ -202,6 +202,7 @@ def test_the_table_says_measured_or_predicted_and_its_assumptions():
     assert "kdist scale: multiworker, per-rank batch 64" in text
     assert [ln.split()[-1] for ln in text.splitlines()[2:6]] == ["measured", "measured", "predicted", "predicted"]
     assert "assumes: ring all-reduce of the gradient bytes" in text and "checked: 2 ranks predicted" in text
+    assert "communication is inferred, not timed" in text and "inferred, not timed" in table._repr_html_()
     assert table.prediction_errors() == {2: pytest.approx(abs(0.018 - 0.021) / 0.021)}
     assert "<table>" in table._repr_html_()
     assert ranks_to_probe(1) == [1] and ranks_to_probe(2) == [1, 2] and ranks_to_probe(6) == [1, 2, 4, 6]

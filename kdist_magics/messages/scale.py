@@ -80,24 +80,33 @@ SPLIT_UNTIMED = ("not timed live: Keras on JAX runs batch ends late, on a thread
                  "scale's table has the split")
 #: the step split's name in the dashboard's static view and before a reason it has none
 SPLIT_TITLE = "step split"
+#: where the collective cannot be timed where it runs (MultiWorkerMirroredStrategy's collective
+#: ops, XLA's, NCCL's, which returns before the transfer ends): said with every split there
+NOT_SEPARABLE = "the collective is not separable live here"
+#: how the probe's table has its communication column, printed under it
+SCALE_COMM_INFERRED = ("communication is inferred, not timed: a measured N-rank step less the "
+                       "1-rank step (the collective, the wait for slower ranks, and on shared "
+                       "cores their slower compute); the dashboard times it live where kdist "
+                       "issues the collective (horovod; Keras on PyTorch on the CPU)")
 #: the split's source once %kdist scale has probed this cell with this strategy
-SPLIT_PROBED = "telemetry and %kdist scale's 1-rank step"
+SPLIT_PROBED = f"telemetry and %kdist scale's 1-rank step (communication inferred: {NOT_SEPARABLE})"
 #: the split's source where the collective is timed where it runs (kdist's Horovod binding)
 SPLIT_TIMED = "telemetry and the all-reduce timed on every rank"
 #: ... and before: compute and communication are one figure inside a step
-SPLIT_LIVE = "telemetry (run %kdist scale to split compute from communication)"
+SPLIT_LIVE = f"telemetry ({NOT_SEPARABLE}; run %kdist scale to split compute from communication)"
 #: ... and where %kdist scale probed the cell, but not as this run trains it
 SPLIT_OTHER_RUN = ("telemetry (%kdist scale probed this cell at another --np, batch or Keras "
                    "backend: its compute does not describe this run; probe it as it runs now)")
 #: the dashboard's legend of a rank's step split
 SPLIT_LEGEND_PROBED = ("each rank's mean step: compute (its 1-rank step, from %kdist scale), "
-                       "communication (the gradient collective and the wait for slower ranks), "
-                       "the rest (input, callbacks)")
+                       "communication (inferred: the step less that, the gradient collective and "
+                       f"the wait for slower ranks; {NOT_SEPARABLE}), the rest (input, callbacks)")
 SPLIT_LEGEND_TIMED = ("each rank's mean step: compute, communication (the all-reduce, timed on "
                       "every rank: the least any rank spent in it), the wait for slower ranks "
                       "(the rest of its own), the rest (input, callbacks)")
 SPLIT_LEGEND_LIVE = ("each rank's mean step: inside the step (compute and the gradient collective "
-                     "together: %kdist scale splits them), the rest (input, callbacks)")
+                     f"together, {NOT_SEPARABLE}: %kdist scale splits them), the rest (input, "
+                     "callbacks)")
 
 
 def auto_from_probe(strategy: str, n: int, speedup: float, share: float | None) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from dataclasses import asdict, dataclass, field
 
-from ..messages import BATCH_UNKNOWN, LINK_FITTED, LINK_NONE
+from ..messages import BATCH_UNKNOWN, LINK_FITTED, LINK_NONE, SCALE_COMM_INFERRED
 from .model import ASSUMPTIONS, Link, Row
 
 COLUMNS = ("N", "samples/s", "speed-up", "efficiency", "step ms", "compute ms",
@@ -94,6 +94,7 @@ class ScaleTable:
         text += ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)).rstrip() for line in table]
         text += [f"  checked: {n} ranks predicted {_ms(p)} ms a step from 1 rank, measured "
                  f"{_ms(self.step_of(n))} ms" for n, p in sorted(self.predicted_from_one.items())]
+        text += ["  " + SCALE_COMM_INFERRED]
         text += ["  assumes: " + "; ".join(ASSUMPTIONS)]
         text += [f"  note: {n}" for n in self.notes]
         text += [f"  advice: {a}" for a in self.advice]
@@ -105,7 +106,7 @@ class ScaleTable:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         extra = "".join(f"<li>{html.escape(a)}</li>" for a in self.advice + self.notes)
         return (f"<div class='kdist-scale'><p>{html.escape(self.head())}</p><table><tr>{head}</tr>"
-                f"{rows}</table><p><small>assumes: {html.escape('; '.join(ASSUMPTIONS))}</small></p>"
+                f"{rows}</table><p><small>{html.escape(SCALE_COMM_INFERRED)}</small></p><p><small>assumes: {html.escape('; '.join(ASSUMPTIONS))}</small></p>"
                 f"<ul>{extra}</ul></div>")
 
     def step_of(self, n: int) -> float | None:
