@@ -307,6 +307,37 @@ def test_a_probes_compute_splits_only_the_runs_it_describes():
     assert all(r["compute_s"] is None and r["source"] == SPLIT_OTHER_RUN for r in other.split())
 
 
+def test_the_tables_view_draws_its_plot_and_the_what_if_control_moves_with_its_sliders():
+    """The table's HTML (what %kdist scale shows, and a saved notebook keeps) draws speed-up
+    and efficiency against N as inline SVG, a point per row, measured filled and predicted
+    hollow; what_if() predicts with the same model and redraws as a slider moves."""
+    from kdist_magics.scale import what_if
+
+    link = Link(bandwidth=100 * MiB, latency=1e-4, ranks=2)
+    rows, said = table_of(0.09, 0.01, 0.118, 4 * MiB, link)
+    table = ScaleTable("horovod", rows, link, 4 * MiB, 64, advice=said)
+    page = table._repr_html_()
+    assert page.count('<svg class="kdist-scale-plot"') == 2  # speed-up, efficiency
+    assert page.count("<circle") == 2 * len(rows) and page.count("(measured)</title>") == 4
+    assert "N = 8: " in page and "(predicted)</title>" in page and "ideal" in page
+    # the control's model is the table's: at N = 4 on the measured link, the table's row 4
+    at4 = what_if.rows(table, 4, link.bandwidth, link.latency)
+    assert [r.n for r in at4] == [1, 2, 4]
+    assert at4[-1].step_s == pytest.approx(predict(4, 0.09, 0.01, 64, 4 * MiB, link, 1.0).step_s)
+    slow = what_if.rows(table, 4, link.bandwidth / 100, link.latency)[-1]
+    assert slow.speedup < at4[-1].speedup < 4  # a slower link, a smaller speed-up
+    bigger = what_if.rows(table, 4, link.bandwidth, link.latency, factor=4)[-1]
+    assert bigger.speedup > at4[-1].speedup  # more compute per byte averaged
+    control = table.what_if()
+    before = control.children[-1].value
+    assert "predicted: 4 ranks give" in before and "at per-rank batch 64" in before
+    slider = control.children[1].children[0].children[0]  # ranks N
+    slider.value = 64
+    assert "predicted: 64 ranks give" in control.children[-1].value
+    saved = control._repr_mimebundle_()["text/html"]  # an export, the docs: the last drawing
+    assert "predicted: 64 ranks give" in saved and 'class="kdist-scale-plot"' in saved
+
+
 class _Model:
     stop_training = False
     trainable_variables = ()

@@ -7,6 +7,7 @@ import html
 from dataclasses import asdict, dataclass, field
 
 from ..messages import BATCH_UNKNOWN, LINK_FITTED, LINK_NONE, SCALE_COMM_INFERRED
+from .figure import svg
 from .model import ASSUMPTIONS, Link, Row
 
 COLUMNS = ("N", "samples/s", "speed-up", "efficiency", "step ms", "compute ms",
@@ -105,7 +106,8 @@ class ScaleTable:
                        for r in self.rows)
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         extra = "".join(f"<li>{html.escape(a)}</li>" for a in self.advice + self.notes)
-        return (f"<div class='kdist-scale'><p>{html.escape(self.head())}</p><table><tr>{head}</tr>"
+        return (f"<div class='kdist-scale'><p>{html.escape(self.head())}</p>{svg(self.rows)}"
+                f"<table><tr>{head}</tr>"
                 f"{rows}</table><p><small>{html.escape(SCALE_COMM_INFERRED)}</small></p><p><small>assumes: {html.escape('; '.join(ASSUMPTIONS))}</small></p>"
                 f"<ul>{extra}</ul></div>")
 
@@ -122,6 +124,13 @@ class ScaleTable:
 
         return pd.DataFrame([{**asdict(r), "communication_share": r.communication_share}
                              for r in self.rows])
+
+    def what_if(self):
+        """A control for teaching: drag N, the link's bandwidth and latency and the per-rank
+        batch, and the predicted speed-up and plot move (:mod:`.what_if`; needs ipywidgets)."""
+        from .what_if import control
+
+        return control(self)
 
     def plot(self, ax=None):
         """Speed-up against N, measured (filled) and predicted (hollow), beside the ideal."""
