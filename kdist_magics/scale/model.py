@@ -34,6 +34,8 @@ ASSUMPTIONS = (
 #: a step that is at least this much communication is communication-bound (the threshold an
 #: Ascend profiler's advice uses for its wait ratio)
 COMM_BOUND = 0.2
+#: strategies whose cells give the global batch (the probe keeps the per-rank batch)
+GLOBAL_BATCH = ("multiworker", "mirrored", "sharded")
 #: a speed-up below this many times is "more ranks will not help"
 WORTH_IT = 1.1
 #: an N-rank step longer than the 1-rank one by more than this many times what the link's

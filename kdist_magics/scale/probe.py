@@ -23,13 +23,11 @@ from ..spec import KINDS
 from ..strategies.frameworks import backends
 from ..watch.record import RunRecord
 from . import link as linkmod
-from .model import WORTH_IT, Row, advice, predict, with_speedup
+from .model import GLOBAL_BATCH, WORTH_IT, Row, advice, predict, with_speedup
 from .table import ScaleTable
 
 #: steps each rank runs per N (the first few, compilation, are left out of the figures)
 STEPS = 20
-#: strategies whose cells give the global batch (the probe keeps the per-rank batch)
-GLOBAL_BATCH = ("multiworker", "mirrored", "sharded")
 #: strategies probed on the kernel's own devices: N = 1, 2, ... of them, in this process
 IN_KERNEL = ("mirrored", "sharded")
 

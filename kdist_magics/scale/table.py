@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..messages import BATCH_UNKNOWN, LINK_FITTED, LINK_NONE, SCALE_COMM_INFERRED
 from .figure import svg
-from .model import ASSUMPTIONS, Link, Row
+from .model import ASSUMPTIONS, GLOBAL_BATCH, Link, Row
 
 COLUMNS = ("N", "samples/s", "speed-up", "efficiency", "step ms", "compute ms",
            "communication ms", "rest ms", "comm share", "")
@@ -43,8 +43,6 @@ class ScaleTable:
     def fit_batch(self, n: int) -> int | None:
         """The ``batch_size`` a cell's ``fit`` gives at ``n`` ranks, as probed (the global batch
         for strategies whose cells give it)."""
-        from .probe import GLOBAL_BATCH
-
         if self.batch is None:
             return None
         return self.batch * n if self.strategy in GLOBAL_BATCH else self.batch
