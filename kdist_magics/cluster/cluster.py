@@ -156,9 +156,11 @@ class EngineCluster(Liveness):
         return self.client is not None
 
     def start(self) -> "EngineCluster":
-        """Start (owned) or connect (attached) and learn every engine's pid and host."""
+        """Start (owned) or connect (attached) and learn every engine's pid and host: every
+        cluster's one start, whose steps a launcher's cluster (Slurm's, Ray's) overrides."""
         if self.running:
             return self
+        self._before_start()
         self._stopped_since.clear()
         self._ended_why.clear()
         try:
@@ -169,13 +171,17 @@ class EngineCluster(Liveness):
             self._wait_for_engines()
             self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
         except KeyboardInterrupt:
-            self.stop()  # interrupted while starting: leave nothing half-started behind
+            self._interrupted_start()  # leave nothing half-started behind
             raise Interrupted(interrupted_start(self.n)) from None  # one line, no kdist frames
         except Exception as exc:
-            raise self._start_failed(exc) from exc
+            failed = self._start_failed(exc)
+            if failed is exc:  # already the words to say
+                raise
+            raise failed from exc
         self.starts += 1
         _log_start(self)
         self._identify()
+        self._after_start()
         if self.owned and not getattr(self, "_atexit", False):
             # kernel shutdown: stop what we started even if nobody called %kdist stop
             import atexit
@@ -185,6 +191,16 @@ class EngineCluster(Liveness):
             atexit.register(lambda: ref() is not None and ref().stop())
             self._atexit = True
         return self
+
+    def _before_start(self) -> None:  # checks before anything starts (a launcher's own)
+        pass
+
+    def _after_start(self) -> None:  # every engine registered and identified
+        pass
+
+    def _interrupted_start(self) -> None:
+        """Stop while starting: stop what started."""
+        self.stop()
 
     def _start_owned(self) -> None:
         """Start a controller and ``n`` engines (in a private network when ``private``)."""

@@ -23,10 +23,10 @@ from ipyparallel.cluster.launcher import EngineLauncher
 from traitlets import Any, CaselessStrEnum, Float, Unicode
 
 from . import ray_actors
-from .cluster import EngineCluster, _following, _log_start, heartbeat_args
+from .cluster import EngineCluster, _following, heartbeat_args
 from .lifetime import process_tree
-from ..errors import ClusterError, Interrupted
-from ..messages import (interrupted_start, ray_actor_ended, ray_engine_ended, ray_node_died,
+from ..errors import ClusterError
+from ..messages import (ray_actor_ended, ray_engine_ended, ray_node_died,
                         ray_placing)
 
 
@@ -132,40 +132,32 @@ class RayCluster(EngineCluster):
         """The ranks talk over loopback only when Ray placed them all on this machine."""
         return bool(self.engines) and all(self._local(e) for e in self.engines)
 
-    def start(self) -> "RayCluster":
+    def _before_start(self) -> None:
+        ray_actors.require()
+
+    def _start_owned(self) -> None:
+        """The controller here, the engines in Ray's actors (:class:`RayEngines`)."""
         import ipyparallel as ipp
 
-        if self.running:
-            return self
-        ray_actors.require()
         self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
         config = _following(self.controller_nice)
         config.RayEngines.address = self.options.address or ""
         config.RayEngines.placement = self.options.placement
-        try:
-            self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
-                                       controller_args=heartbeat_args(), log_level=40,
-                                       shutdown_atexit=True, engines=RayEngines, config=config)
-            self.cluster.start_controller_sync()
-            self._exits.attach(self.cluster)
-            self._pids_started |= set(self._process_tree_pids())
-            self.cluster.start_engines_sync(news=self.news)
-            self.client = self.cluster.connect_client_sync()
-            self._wait_for_engines()
-            self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
-        except KeyboardInterrupt:
-            self.stop()
-            raise Interrupted(interrupted_start(self.n)) from None
-        except Exception as exc:
-            self.stop()
-            if isinstance(exc, ClusterError):
-                raise
-            raise ClusterError(f"could not start {self.n} engines on the Ray cluster at "
-                               f"{self.options.where()}: {type(exc).__name__}: {exc}") from exc
-        self.starts += 1
-        _log_start(self)
-        self._identify()
-        return self
+        self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
+                                   controller_args=heartbeat_args(), log_level=40,
+                                   shutdown_atexit=True, engines=RayEngines, config=config)
+        self.cluster.start_controller_sync()
+        self._exits.attach(self.cluster)
+        self._pids_started |= set(self._process_tree_pids())
+        self.cluster.start_engines_sync(news=self.news)
+        self.client = self.cluster.connect_client_sync()
+
+    def _start_failed(self, exc: Exception) -> ClusterError:
+        self.stop()
+        if isinstance(exc, ClusterError):
+            return exc
+        return ClusterError(f"could not start {self.n} engines on the Ray cluster at "
+                            f"{self.options.where()}: {type(exc).__name__}: {exc}")
 
     def _launcher(self) -> RayEngines | None:
         return next(iter(getattr(self.cluster, "engines", {}).values()), None)

@@ -25,12 +25,11 @@ from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 from traitlets import List, Unicode
 
 from . import slurm
-from .cluster import EngineCluster, _following, _log_start, heartbeat_args
+from .cluster import EngineCluster, _following, heartbeat_args
 from .lifetime import process_tree
-from ..errors import ClusterError, Interrupted
+from ..errors import ClusterError
 from ..messages import (SLURM_STEP_CANCELLED, phase_engines, phase_queue, slurm_ended, slurm_ended_early,
-                       slurm_gave_up, slurm_interrupted, slurm_loopback, slurm_queued, slurm_refused,
-                       interrupted_start)
+                       slurm_gave_up, slurm_interrupted, slurm_loopback, slurm_queued, slurm_refused)
 
 #: the engines' batch script (ipyparallel fills in the braces); TensorFlow's C++ INFO lines off
 #: unless the kernel's environment sets them (as for local engines: cluster/follow.py)
@@ -95,53 +94,45 @@ class SlurmCluster(EngineCluster):
         self._last_look = 0.0
         self.news = None  # how kdist tells the user what it does (the run's ``say``)
 
-    def start(self) -> "SlurmCluster":
-        import ipyparallel as ipp
-
-        if self.running:
-            return self
+    def _before_start(self) -> None:
         if ipaddress.ip_address(self.ip).is_loopback:
             raise ClusterError(slurm_loopback(self.ip))
         self._given_up = False
-        self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
-        try:
-            self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
-                                       controller_args=heartbeat_args(), log_level=40,
-                                       shutdown_atexit=True, engines=SlurmEngines,
-                                       config=_following(self.controller_nice))
-            self.cluster.start_controller_sync()
-            self._exits.attach(self.cluster)
-            self._pids_started |= set(self._process_tree_pids())
-            self.cluster.start_engines_sync(sbatch_args=self.options.args())
-            self._submitted(self._launcher().job_id)
-            self.client = self.cluster.connect_client_sync()
-            self._wait_in_queue()
-            self._wait_for_engines()
-            self.client.wait_for_engines(self.n, timeout=self.start_timeout, interactive=False)
-        except KeyboardInterrupt:
-            job, state = self.job, self.job_state
-            self.stop()
-            if job is not None and self.news is not None:
-                self.news(slurm_interrupted(job, state.words() if state is not None else "submitted"))
-            raise Interrupted(interrupted_start(self.n)) from None  # one line, no kdist frames
-        except Exception as exc:
-            self.stop()
-            if isinstance(exc, ClusterError):
-                raise
-            raise ClusterError(f"could not start {self.n} engines as a Slurm job: "
-                               f"{type(exc).__name__}: {exc}") from exc
-        self.starts += 1
-        _log_start(self)  # (the test suite's account of clusters started)
-        self._identify()
-        self._pids_started = set(self._process_tree_pids())  # the engines' pids are the nodes'
-        if not getattr(self, "_atexit", False):
-            import atexit
-            import weakref
 
-            ref = weakref.ref(self)
-            atexit.register(lambda: ref() is not None and ref().stop())
-            self._atexit = True
-        return self
+    def _start_owned(self) -> None:
+        """The controller here, the engines a Slurm job (:class:`SlurmEngines`), waited for in
+        the queue."""
+        import ipyparallel as ipp
+
+        self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
+        self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
+                                   controller_args=heartbeat_args(), log_level=40,
+                                   shutdown_atexit=True, engines=SlurmEngines,
+                                   config=_following(self.controller_nice))
+        self.cluster.start_controller_sync()
+        self._exits.attach(self.cluster)
+        self._pids_started |= set(self._process_tree_pids())
+        self.cluster.start_engines_sync(sbatch_args=self.options.args())
+        self._submitted(self._launcher().job_id)
+        self.client = self.cluster.connect_client_sync()
+        self._wait_in_queue()
+
+    def _interrupted_start(self) -> None:
+        """Stop, and say what became of the job (submitted, pending, running)."""
+        job, state = self.job, self.job_state
+        self.stop()
+        if job is not None and self.news is not None:
+            self.news(slurm_interrupted(job, state.words() if state is not None else "submitted"))
+
+    def _start_failed(self, exc: Exception) -> ClusterError:
+        self.stop()
+        if isinstance(exc, ClusterError):
+            return exc
+        return ClusterError(f"could not start {self.n} engines as a Slurm job: "
+                            f"{type(exc).__name__}: {exc}")
+
+    def _after_start(self) -> None:
+        self._pids_started = set(self._process_tree_pids())  # the engines' pids are the nodes'
 
     def _launcher(self):
         return next(iter(self.cluster.engines.values()))
