@@ -12,7 +12,7 @@ from conftest import ROOT
 TINY = '''
 import os, time, pytest
 from types import SimpleNamespace
-from kdist_magics.cluster import cluster
+from kdist_magics.cluster import launch
 
 
 def test_fast_one():
@@ -22,7 +22,7 @@ def test_fast_one():
 @pytest.mark.engines
 def test_starts_two_clusters():
     for owned in (True, False):
-        cluster._log_start(SimpleNamespace(owned=owned, n=2))
+        launch.log_start(SimpleNamespace(owned=owned, n=2))
     time.sleep(0.2)
 
 
@@ -63,11 +63,11 @@ def test_a_session_writes_tiers_slowest_tests_and_clusters_and_the_script_prints
 
 
 def test_the_cluster_log_never_fails_a_run(monkeypatch, tmp_path):
-    from kdist_magics.cluster import cluster
+    from kdist_magics.cluster import launch
 
     monkeypatch.setenv("KDIST_CLUSTER_LOG", str(tmp_path / "no" / "such" / "folder" / "log"))
-    cluster._log_start(SimpleNamespace(owned=True, n=2))  # a folder that is not there: no error
+    launch.log_start(SimpleNamespace(owned=True, n=2))  # a folder that is not there: no error
     monkeypatch.setenv("KDIST_CLUSTER_LOG", str(tmp_path / "log"))
-    cluster._log_start(SimpleNamespace(owned=False, n=3))
+    launch.log_start(SimpleNamespace(owned=False, n=3))
     row = json.loads((tmp_path / "log").read_text())
     assert row["owned"] is False and row["n"] == 3 and row["pid"] == os.getpid()

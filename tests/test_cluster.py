@@ -338,6 +338,10 @@ def test_a_signal_to_an_engine_on_a_dead_host_is_not_waited_for_ever(monkeypatch
 # -- keeping engines warm -----------------------------------------------------------------
 class _FakeEngineCluster:
     made: list = []
+    options = None  # (EngineCluster's: a local cluster has no launcher's options)
+
+    def give_up(self):
+        pass
 
     def __init__(self, n, cluster_id=None, profile=None, ip="127.0.0.1", controller_nice=0, private=False,
                  preload=(), threads=0):
@@ -651,7 +655,8 @@ def test_preload_imports_after_the_thread_variables_and_leaves_gpus_and_failures
 
 
 def test_an_owned_cluster_preloads_its_framework_and_beats_its_heart_often():
-    from kdist_magics.cluster.cluster import HEARTBEAT_MISSES, HEARTBEAT_MS, _following, heartbeat_args
+    from kdist_magics.cluster.launch import HEARTBEAT_MISSES, HEARTBEAT_MS, heartbeat_args
+    from kdist_magics.cluster.launch import config as _following
 
     cluster = EngineCluster(4, preload=("tensorflow",))
     assert cluster.threads == max(1, engine.cpu_count() // 4)  # the run's rule

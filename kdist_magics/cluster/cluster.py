@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 from .compat_ipyparallel import LauncherExits, end_sync_thread
 from ..errors import ClusterError, Interrupted
 from ..messages import interrupted_start
+from . import launch
 from .exits import kill_pids
 from .lifetime import end_groups, led_groups, process_tree
 from ..engine.faults import hold
@@ -35,58 +36,8 @@ def _identify():  # runs on an engine
     return os.getpid(), socket.gethostname(), machine_id()
 
 
-#: an owned controller's heartbeat: ipyparallel counts an engine registered at the first beat
-#: after its heart answered one, so its default of a beat every 3 s made every cold start wait
-#: 3-6 s for nothing (the engines were up). A beat every 0.25 s, and the same 30 s of silence
-#: (120 beats) as the default before an engine is dropped: kdist itself tells a dead or frozen
-#: engine from its process, not from the heartbeat.
-HEARTBEAT_MS, HEARTBEAT_MISSES = 250, 120
-
-
 #: seconds to wait for engines on other hosts to answer a signal sent through ipyparallel
 SIGNAL_WAIT = 5.0
-
-
-def heartbeat_args() -> list[str]:
-    return [f"--HeartMonitor.period={HEARTBEAT_MS}",
-            f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
-
-
-def _following(controller_nice: int = 0, netns: int | None = None,
-               preload: tuple[str, ...] = (), threads: int = 0, ranks: int = 1):
-    """Launcher configuration: an owned cluster's controller and engines start through
-    :mod:`kdist_magics.cluster.follow`, so they (and their nannies and schedulers) end with this
-    kernel from their first instant, even while they are still starting; the engines inside
-    the namespaces of holder ``netns`` when given (:mod:`.namespace`), importing ``preload``
-    as they start (``threads`` per rank, 0: the run's rule; ``ranks`` engines on this host)."""
-    from traitlets.config import Config
-
-    from .follow import command
-
-    config = Config()
-    config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller",
-                                                            nice=controller_nice)
-    engine = command("ipyparallel.engine", netns=netns, preload=preload, threads=threads, ranks=ranks)
-    config.LocalEngineLauncher.engine_cmd = engine
-    config.LocalEngineSetLauncher.engine_cmd = engine
-    return config
-
-
-def _log_start(cluster: "EngineCluster") -> None:
-    """One JSON line per cluster started, where ``KDIST_CLUSTER_LOG`` names a file: the test
-    suite counts the clusters it starts this way (``tests/account.py``). Nothing otherwise."""
-    path = os.environ.get("KDIST_CLUSTER_LOG")
-    if not path:
-        return
-    import json
-
-    row = {"owned": cluster.owned, "n": cluster.n, "pid": os.getpid(),
-           "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]}
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    except OSError:
-        pass  # an account of clusters never fails a run
 
 
 class EngineCluster(Liveness):
@@ -100,7 +51,14 @@ class EngineCluster(Liveness):
     ``preload``: modules an owned cluster's engines import as they start, while the controller
     and the other engines start (the strategy's framework, with ``threads`` per rank as the run
     sets them; 0: the run's rule); see :func:`kdist_magics.cluster.follow.preload`.
+
+    What the strategies use of any cluster (a launcher's subclass keeps it): ``start``/``stop``/
+    ``restart``, ``engines``, ``client``, ``loopback``, ``dead``/``kill``/``signal``,
+    ``status``, ``options`` (a launcher's: same options, same cluster) and ``give_up``.
     """
+
+    #: a launcher's options (Slurm's, Ray's): a run asking for others needs another cluster
+    options = None
 
     def __init__(self, n: int, cluster_id: str | None = None, profile: str | None = None,
                  ip: str = "127.0.0.1", start_timeout: float = 120.0, controller_nice: int = 0,
@@ -179,7 +137,7 @@ class EngineCluster(Liveness):
                 raise
             raise failed from exc
         self.starts += 1
-        _log_start(self)
+        launch.log_start(self)
         self._identify()
         self._after_start()
         if self.owned and not getattr(self, "_atexit", False):
@@ -207,7 +165,7 @@ class EngineCluster(Liveness):
         import ipyparallel as ipp
 
         self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
-        ip, args = self.ip, heartbeat_args()
+        ip, args = self.ip, launch.heartbeat_args()
         if self.private:
             from .namespace import Namespace
 
@@ -216,7 +174,7 @@ class EngineCluster(Liveness):
             ip, args = str(self.namespace.folder / "c"), [*args, "--transport=ipc"]
         self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=ip,
                                    controller_args=args, log_level=40, shutdown_atexit=True,
-                                   config=_following(self.controller_nice, self.namespace and self.namespace.pid,
+                                   config=launch.config(self.controller_nice, self.namespace and self.namespace.pid,
                                                      self.preload, self.threads, self.n))
         self.cluster.start_controller_sync()
         self._exits.attach(self.cluster)  # the controller's exit is known at once

@@ -23,7 +23,8 @@ from ipyparallel.cluster.launcher import EngineLauncher
 from traitlets import Any, CaselessStrEnum, Float, Unicode
 
 from . import ray_actors
-from .cluster import EngineCluster, _following, heartbeat_args
+from . import launch
+from .cluster import EngineCluster
 from .lifetime import process_tree
 from ..errors import ClusterError
 from ..messages import (ray_actor_ended, ray_engine_ended, ray_node_died,
@@ -140,11 +141,11 @@ class RayCluster(EngineCluster):
         import ipyparallel as ipp
 
         self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
-        config = _following(self.controller_nice)
+        config = launch.config(self.controller_nice)
         config.RayEngines.address = self.options.address or ""
         config.RayEngines.placement = self.options.placement
         self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
-                                   controller_args=heartbeat_args(), log_level=40,
+                                   controller_args=launch.heartbeat_args(), log_level=40,
                                    shutdown_atexit=True, engines=RayEngines, config=config)
         self.cluster.start_controller_sync()
         self._exits.attach(self.cluster)

@@ -25,7 +25,8 @@ from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 from traitlets import List, Unicode
 
 from . import slurm
-from .cluster import EngineCluster, _following, heartbeat_args
+from . import launch
+from .cluster import EngineCluster
 from .lifetime import process_tree
 from ..errors import ClusterError
 from ..messages import (SLURM_STEP_CANCELLED, phase_engines, phase_queue, slurm_ended, slurm_ended_early,
@@ -106,9 +107,9 @@ class SlurmCluster(EngineCluster):
 
         self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
         self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
-                                   controller_args=heartbeat_args(), log_level=40,
+                                   controller_args=launch.heartbeat_args(), log_level=40,
                                    shutdown_atexit=True, engines=SlurmEngines,
-                                   config=_following(self.controller_nice))
+                                   config=launch.config(self.controller_nice))
         self.cluster.start_controller_sync()
         self._exits.attach(self.cluster)
         self._pids_started |= set(self._process_tree_pids())

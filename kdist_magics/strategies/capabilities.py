@@ -75,10 +75,10 @@ HONOURED.update({
 RAY = "test_ray.py::"
 HONOURED.update({
     # --launcher ray places horovod's, multiworker's and sharded's engines
-    "address": {"horovod": RAY + "test_horovod_on_ray_and_a_rank_lost_mid_run_is_named",
+    "address": {"horovod": RAY + "test_horovod_on_ray_stopped_and_a_rank_lost_mid_run",
                 "multiworker": RAY + "test_multiworker_on_ray_trains_one_model_and_leaves_nothing_reserved",
                 "sharded": RAY + "test_sharded_over_ray_trains_as_one_device"},
-    "placement": {"horovod": RAY + "test_horovod_on_ray_and_a_rank_lost_mid_run_is_named",
+    "placement": {"horovod": RAY + "test_horovod_on_ray_stopped_and_a_rank_lost_mid_run",
                   "multiworker": RAY + "test_a_placement_ray_cannot_satisfy_is_one_line_and_nothing_stays_reserved",
                   "sharded": RAY + "test_sharded_over_ray_trains_as_one_device"},
 })

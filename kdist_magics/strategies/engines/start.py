@@ -63,7 +63,7 @@ def _reuse(strategy, cluster: EngineCluster, ctx: RunContext, n: int, news) -> E
     spec = ctx.spec
     key = (n, spec.cluster_id, spec.profile, spec.slurm or spec.ray)
     current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile,
-               getattr(cluster, "options", None))
+               cluster.options)
     if current != key:
         news(ranks_changed(n, cluster.n, cluster.attached))
         strategy.teardown()

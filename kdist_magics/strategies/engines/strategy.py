@@ -155,9 +155,8 @@ class EngineStrategy(Strategy):
         return facts
 
     def teardown(self) -> None:
-        give_up = getattr(self.cluster, "give_up", None)
-        if give_up is not None:
-            give_up()  # a start waiting in a queue (%kdist start's thread) ends now
+        if self.cluster is not None:
+            self.cluster.give_up()  # a start waiting in a queue (%kdist start's thread) ends now
         if self.warming is not None:
             self.warming.wait(120)  # a %kdist start under way finishes first
             self.warming = None
