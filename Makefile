@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 COLAB_VENV ?= .venv-colab
 # What also runs on Colab's own stack (.venv-colab): everything but Horovod (Colab has none), Ray
-# (the ray extra is not on Colab's stack; the Ray tier runs beside the long one in .venv),
+# (the ray extra is not on Colab's stack; the Ray tier runs after the Colab part, in .venv),
 # the JupyterLab browser tests (Colab's front end is Notebook 6: the classic test runs instead),
 # network namespaces and the pinned-stack installs (both are about this machine, not the stack),
 # PyTorch (Colab's torch comes from its own wheel index, not from its published freeze), and the

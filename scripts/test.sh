@@ -8,9 +8,9 @@
 #   browser tiers); .venv-colab and .venv-colab-tpu are set up beside both (mostly download and
 #   unpacking; test-output/setup-colab*.log); the engine tests' output is test-output/engines.log.
 # - the long tier (the fault matrix and the soaks, which mostly wait for processes to start, die
-#   and be noticed: 42% of 2 cores alone) runs beside the docs and the Colab part, in a pytest
-#   session with its own account; its output follows the Colab part's in the log
-#   (test-output/long.log). A third session beside both runs the tiers that hold fixed names
+#   and be noticed: 42% of 2 cores alone) runs beside the docs, the Colab part and then the Ray
+#   tier (a Ray head of its own), in a pytest session with its own account; its output follows
+#   the Ray tier's in the log (test-output/long.log). A third session beside both runs the tiers that hold fixed names
 #   (network namespaces, the Slurm cluster: marker netns, Slurm's tests included) and the pip
 #   dry runs against Colab's and Kaggle's pins (stacks), then the TPU-runtime part.
 #
@@ -86,11 +86,11 @@ wait $setups
 cat "$OUT/setup-colab.log" "$OUT/setup-colab-tpu.log"
 ready() { [ "$(cat "$OUT/setup-$1.rc" 2>/dev/null)" = 0 ]; }
 
-# the long tier in a session of its own beside the Colab part, with the Ray tier (a Ray head of
-# its own, started and stopped by tests/test_ray.py)
+# the long tier in a session of its own beside the Colab part and the Ray tier (rehearsal 28: the
+# long and Ray tiers in one session took ~1700 s where the Colab part's took ~950 s)
 # shellcheck disable=SC2086
-( step "long and Ray tiers in .venv (beside the Colab part)" env KDIST_ACCOUNT=account-long \
-    .venv/bin/python -m pytest -m "(long or ray) and not netns" ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
+( step "long tier in .venv (beside the Colab part and the Ray tier)" env KDIST_ACCOUNT=account-long \
+    .venv/bin/python -m pytest -m "long and not ray and not netns" ${PYTEST_ARGS:-} > "$OUT/long.log" 2>&1 ) &
 long=$!
 # the network-namespace and Slurm tiers (a Slurm job at its time limit among them: 100 s, nearly
 # all waiting for slurmctld) in a third session: they hold fixed names, so only here, in turn;
@@ -124,6 +124,10 @@ else
   echo "make test: setting up .venv-colab failed (log above); its part of the suite did not run" >&2
   status=1
 fi
+# then the Ray tier in .venv (a Ray head of its own, started and stopped by tests/test_ray.py)
+# shellcheck disable=SC2086
+step "Ray tier in .venv (after the Colab part, beside the long tier)" env KDIST_ACCOUNT=account-ray \
+  .venv/bin/python -m pytest -m "ray and not netns" ${PYTEST_ARGS:-} || status=1
 wait $long || status=1
 echo "=== the long tier in .venv, which ran beside the Colab part ($OUT/long.log) ==="
 cat "$OUT/long.log"
@@ -143,7 +147,7 @@ else
 fi
 
 .venv/bin/python scripts/test_account.py "$STEPS" "$OUT/account-p10.json" "$OUT/account.json" \
-  "$OUT/account-engines.json" "$OUT/account-docs.json" \
+  "$OUT/account-engines.json" "$OUT/account-docs.json" "$OUT/account-ray.json" \
   "$OUT/account-long.json" "$OUT/account-netns.json" "$OUT/colab/account.json" \
   "$OUT/colab-tpu/account.json"
 exit $status

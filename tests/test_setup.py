@@ -60,18 +60,20 @@ def test_make_test_runs_the_long_tier_beside_the_colab_part():
     """The main suite leaves the docs, the long tier, the tiers holding fixed names (netns,
     Slurm's among them) and the pip dry runs (stacks) out; the docs run before the Colab part,
     the others in two sessions of their own, started in the background before the docs and
-    waited for (their exit statuses count) after the Colab part. Between the three, every test
-    of .venv runs once: "docs", "(long or ray) and not netns" (the Ray tier beside the long one)
-    and "netns or stacks" are the rest of the main suite's."""
+    waited for (their exit statuses count) after the Colab part and the Ray tier, which follows
+    it. Between them, every test of .venv runs once: "docs", "long and not ray and not netns",
+    "ray and not netns" and "netns or stacks" are the rest of the main suite's."""
     lines = make_test_steps()
     long = [i for i, ln in enumerate(lines)
-            if '.venv/bin/python -m pytest -m "(long or ray) and not netns"' in ln]
+            if '.venv/bin/python -m pytest -m "long and not ray and not netns"' in ln]
+    ray = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "ray and not netns"' in ln]
     limit = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns or stacks"' in ln]
     colab = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
     waited = [i for i, ln in enumerate(lines) if ln.startswith(("wait $long", "wait $limit")) and "status=1" in ln]
     assert long and limit and colab and len(waited) == 2, lines
     docs = [i for i, ln in enumerate(lines) if "-m pytest -m docs" in ln]
-    assert long[0] < docs[0] < colab[0] < waited[0] and limit[0] < docs[0], lines
+    assert long[0] < docs[0] < colab[0] < ray[0] < waited[0] and limit[0] < docs[0], lines
+    assert "KDIST_ACCOUNT=account-ray" in lines[ray[0] - 1] and "account-ray.json" in " ".join(lines[-5:])
     for i, account in ((long[0], "account-long"), (limit[0], "account-netns")):
         ends = next(j for j in range(i, len(lines)) if lines[j].endswith(") &"))  # in the background
         assert ends < colab[0] and f"KDIST_ACCOUNT={account}" in lines[i - 1]
