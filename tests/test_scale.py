@@ -4,6 +4,7 @@ step timing, kdist's ring all-reduce between processes, and the probe on real en
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import textwrap
 
 import pytest
@@ -60,6 +61,37 @@ def test_the_link_is_timed_on_more_bytes_while_they_take_under_four_times_the_la
     monkeypatch.setattr(ring, "_timings", lambda *a: (asked.append(a[2]) or 0.050, 0.001))
     ring.measure(Cluster(), "local", 8 * MiB)
     assert asked == [8 * MiB]  # the model's own bytes where they dwarf the latency
+
+
+def test_a_horovod_cells_link_is_timed_through_horovods_all_reduce_else_kdists_ring(monkeypatch):
+    """--strategy horovod: every rank times Horovod's all-reduce at the end of the probed fit and
+    sends it in its probe row; the kernel's link comes from those (the table's head says
+    which), and from kdist's ring where a rank sent none."""
+    from kdist_magics.scale import link as ring
+
+    timed = {"big_s": 0.40, "tiny_s": 0.001, "nbytes": 4 * MiB, "right": True}
+    rows = [{"rank": 0, "kind": "probe", "link": timed},
+            {"rank": 1, "kind": "probe", "link": {**timed, "big_s": 0.44}}]
+    link = ring.from_ranks(rows, 2)
+    assert link.via == ring.HOROVOD and link.ranks == 2
+    assert link.bandwidth == pytest.approx(4 * MiB / (0.44 - 0.001), rel=1e-6)  # the slowest rank's
+    assert ring.from_ranks(rows[:1], 2) is None  # a rank without the figure: the ring instead
+    with pytest.raises(RuntimeError, match="summed wrongly"):
+        ring.from_ranks([rows[0], {**rows[1], "link": {**timed, "right": False}}], 2)
+
+    class Cluster:
+        engines = ["e0", "e1"]
+
+    monkeypatch.setattr(ring, "_timings", lambda *a: (0.050, 0.001))
+    link = ring.measure(Cluster(), "local", 8 * MiB)
+    assert link.via == ring.RING
+    table = ScaleTable("horovod", [Row(1, 100.0, 0.1, 0.1, 0.0, 0.0)], link, MiB, 32)
+    assert "; link (kdist's TCP ring) " in table.head()
+    # no Horovod in the process: the probe's row says nothing of a link, and nothing fails
+    from kdist_magics.watch.probe import cells_own_link
+
+    monkeypatch.delitem(sys.modules, "horovod.tensorflow", raising=False)
+    assert cells_own_link(MiB) is None
 
 
 def table_of(compute: float, rest: float, step2: float, grad: float, link: Link, horovod=False):

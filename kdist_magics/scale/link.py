@@ -1,4 +1,10 @@
-"""The engines' link, measured: a ring all-reduce of the model's gradient bytes between them.
+"""The engines' link, measured: an all-reduce of the model's gradient bytes between them.
+
+Through the collective the cell's strategy uses where kdist can reach it: Horovod's all-reduce,
+timed on every rank at the end of the probed ``fit`` while Horovod is up (:func:`horovod_link`,
+sent in the probe's row; :func:`from_ranks` in the kernel). Elsewhere (torch's process group
+and JAX's and TensorFlow's collectives live inside the cell's strategy objects) kdist's own
+ring, said in the table's head (:data:`RING`):
 
 kdist's own ring over plain TCP sockets (NumPy arrays, no framework), on the address each
 engine's library would listen on (:func:`kdist_magics.cluster.network.engine_address`), so it
@@ -18,6 +24,9 @@ import statistics
 from typing import Any
 
 _ring: dict[str, Any] = {}
+
+#: how the link was timed (the table's head says it)
+HOROVOD, RING = "Horovod's all-reduce", "kdist's TCP ring"
 
 #: bytes of the tiny all-reduce that measures latency (one float32 per rank and more)
 TINY = 64
@@ -155,7 +164,7 @@ MAX_BYTES = 64 * 2**20
 BIG_OVER_TINY = 4
 
 
-def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, float]:
+def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, float] | None:
     """The median seconds of the slowest rank's all-reduce of ``nbytes``, and the least of a
     tiny one's (the latency is a floor: a loaded host's delays only add to it)."""
     engines = list(cluster.engines)
@@ -163,6 +172,12 @@ def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, floa
     peers = [client[e.engine_id].apply_sync(listen, mode) for e in engines]
     runs = [client[e.engine_id].apply_async(allreduce, peers, rank, int(nbytes), repeats)
             for rank, e in enumerate(engines)]
+    return _slowest(cluster, runs, "the ring all-reduce")
+
+
+def _slowest(cluster, runs, what: str) -> tuple[float, float] | None:
+    """The median over repeats of the slowest rank's big all-reduce, the least tiny one; None
+    where an engine timed nothing (no Horovod there)."""
     try:
         results = [r.get(timeout=600) for r in runs]
     except KeyboardInterrupt:  # Stop: the engines' ring is interrupted too, then one line
@@ -178,16 +193,79 @@ def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, floa
             except BaseException:  # noqa: BLE001 (the interrupted ring's own error)
                 pass
         raise Interrupted(SCALE_INTERRUPTED) from None
+    if any(r is None for r in results):
+        return None
     if not all(r["right"] for r in results):
-        raise RuntimeError("the ring all-reduce between the engines summed wrongly")
+        raise RuntimeError(f"{what} between the engines summed wrongly")
     slowest = [max(t) for t in zip(*(r["big"] for r in results))]
     tiny = [max(t) for t in zip(*(r["tiny"] for r in results))]
     return statistics.median(slowest), min(tiny)
 
 
+def horovod_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
+    """On every rank of a horovod cell, at the end of a probed ``fit`` (Horovod is up then; it
+    ends with the cell): all-reduces (sums) of :data:`TINY` bytes and of ``nbytes`` (4 MiB at
+    least, more while they take under :data:`BIG_OVER_TINY` times the tiny one, as the ring is
+    timed) through Horovod. Every rank agrees on each figure (their maximum, all-reduced), so
+    all take the same sizes. None where Horovod is not up with 2 ranks or more."""
+    import sys
+    import time
+
+    import numpy as np
+
+    core = sys.modules.get("horovod.tensorflow")
+    if core is None or not core.is_initialized() or core.size() < 2:
+        return None
+    import tensorflow as tf
+
+    n, right, names = core.size(), True, iter(range(10**6))
+
+    def timed(size: int) -> list[float]:
+        nonlocal right
+        data, seconds = tf.ones([max(size // 4, n)], tf.float32), []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            summed = core.allreduce(data, op=core.Sum, name=f"kdist_link_{next(names)}").numpy()
+            seconds.append(time.perf_counter() - start)
+            right = right and bool(np.all(summed == n))
+        return seconds[1:]
+
+    def agreed(big: float, tiny: float) -> tuple[float, float]:
+        both = core.allreduce(tf.constant([big, tiny], tf.float64), op=core.Max,
+                              name=f"kdist_link_{next(names)}").numpy()
+        return float(both[0]), float(both[1])
+
+    tiny_s = min(timed(TINY))
+    nbytes = max(int(nbytes), MIN_BYTES)
+    big, tiny = agreed(statistics.median(timed(nbytes)), tiny_s)
+    while big < BIG_OVER_TINY * tiny and nbytes < MAX_BYTES:
+        nbytes = min(4 * nbytes, MAX_BYTES)
+        big, tiny = agreed(statistics.median(timed(nbytes)), tiny_s)
+    return {"big_s": big, "tiny_s": tiny, "nbytes": nbytes, "right": right}
+
+
+def from_ranks(rows: list[dict[str, Any]], n: int, hosts: int = 1):
+    """The :class:`~kdist_magics.scale.model.Link` the ranks timed with the cell's own
+    collective (:func:`horovod_link`, in each probe row's ``link``); None where any rank has
+    no such figure."""
+    from dataclasses import replace
+
+    from .model import link_from
+
+    timed = [r.get("link") for r in rows]
+    if len(timed) < n or not all(timed):
+        return None
+    if not all(t["right"] for t in timed):
+        raise RuntimeError(f"{HOROVOD} between the engines summed wrongly")
+    big, tiny = max(t["big_s"] for t in timed), max(t["tiny_s"] for t in timed)
+    return replace(link_from(big, timed[0]["nbytes"], tiny, n, hosts), via=HOROVOD)
+
+
 def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):
     """In the kernel: the :class:`~kdist_magics.scale.model.Link` between ``cluster``'s
-    engines (all of them, in their order)."""
+    engines (all of them, in their order), through kdist's ring."""
+    from dataclasses import replace
+
     from .model import link_from
 
     nbytes = max(int(nbytes), MIN_BYTES)  # a small model's bytes would time the latency only
@@ -195,4 +273,4 @@ def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):
     while big < BIG_OVER_TINY * tiny and nbytes < MAX_BYTES:
         nbytes = min(4 * nbytes, MAX_BYTES)
         big, tiny = _timings(cluster, mode, nbytes, repeats)
-    return link_from(big, nbytes, tiny, len(list(cluster.engines)), hosts)
+    return replace(link_from(big, nbytes, tiny, len(list(cluster.engines)), hosts), via=RING)

@@ -54,6 +54,8 @@ class Link:
     hosts: int = 1
     #: fitted from the probe's steps (the kernel's devices), not timed between engines
     fitted: bool = False
+    #: what timed it (:data:`kdist_magics.scale.link.HOROVOD` or ``RING``); "" when not timed
+    via: str = ""
 
     def allreduce(self, nbytes: float, n: int) -> float:
         """Seconds for a ring all-reduce of ``nbytes`` over ``n`` ranks."""

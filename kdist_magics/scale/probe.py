@@ -84,7 +84,9 @@ def probe(magics, spec, cell: str, steps: int = STEPS) -> ScaleTable:
         figures[n] = _figures(record, n, spec.strategy)
     hosts = len({s.host for s in record.ranks.values() if s.host}) or 1
     grad = figures[top]["grad_bytes"]
-    link = linkmod.measure(strategy.cluster, magics.worker_network, grad, hosts=hosts)
+    timed = [m for m in record.metrics if m.get("kind") == "probe" and m.get("link")]
+    link = (linkmod.from_ranks(list({m["rank"]: m for m in timed}.values()), top, hosts)
+            or linkmod.measure(strategy.cluster, magics.worker_network, grad, hosts=hosts))
     return _table(spec.strategy, figures, link, grad, top, time.monotonic() - started)
 
 

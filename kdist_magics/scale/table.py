@@ -77,7 +77,8 @@ class ScaleTable:
         if link.fitted and link.bandwidth == float("inf") and not link.latency:
             said = LINK_NONE
         else:
-            said = (f"{LINK_FITTED + ': ' if link.fitted else 'link '}"
+            via = f" ({link.via})" if link.via else ""
+            said = (f"{LINK_FITTED + ': ' if link.fitted else f'link{via} '}"
                     f"{link.bandwidth / 2**20:,.0f} MiB/s bus bandwidth, {link.latency * 1e6:,.0f} us "
                     f"per ring step ({link.ranks} {'devices' if link.fitted else 'ranks'}"
                     f"{f', {link.hosts} hosts' if link.hosts > 1 else ''})")

@@ -45,7 +45,9 @@ class StepProbe:
     def on_train_end(self, logs=None):
         if not self.sent:
             self.sent = True
-            self.sink("metric", self.row())
+            row = self.row()
+            row["link"] = cells_own_link(row["grad_bytes"])
+            self.sink("metric", row)
 
     def row(self) -> dict[str, Any]:
         """Medians over the steps after the warm-up: seconds in a step, seconds a step takes
@@ -59,6 +61,22 @@ class StepProbe:
         return {"rank": self.rank, "kind": "probe", "steps": n, "measured_steps": len(steps),
                 "step_s": step, "period_s": period, "rest_s": rest,
                 "batch_size": self.batch_size, "grad_bytes": gradient_bytes(self.model)}
+
+
+def cells_own_link(grad_bytes: int | None) -> dict[str, Any] | None:
+    """The link timed with the cell's own collective where kdist can reach it at the end of a
+    probed fit (Horovod's, every rank alike: :func:`kdist_magics.scale.link.horovod_link`);
+    None elsewhere, and never an error that ends the run."""
+    import sys
+
+    if "horovod.tensorflow" not in sys.modules:
+        return None
+    from ..scale.link import horovod_link
+
+    try:
+        return horovod_link(grad_bytes or 0)
+    except Exception:  # the probe's own figures are sent all the same; the kernel times the ring
+        return None
 
 
 def gradient_bytes(model) -> int | None:
