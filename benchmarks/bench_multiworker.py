@@ -6,6 +6,8 @@ MultiWorkerMirroredStrategy) runs, alternating, as
 
   K  a ``%%kdist --strategy multiworker --np 2`` cell (kdist's defaults: threads, dashboard,
      telemetry; the strategy built once and reused by later cells)
+  Q  the same cell with ``--no-dashboard --no-telemetry`` (nothing watched): K / Q is what
+     watching costs, Q / M what the engine path costs (where P7's gap is)
   M  two workers started by hand with ``TF_CONFIG`` on loopback ports (``mwms_train.py``), with
      the thread variables kdist set on its engines (read back from them)
 
@@ -31,7 +33,9 @@ import harness  # noqa: E402  (isolates IPython/Jupyter dirs on import)
 from harness import fmt, log, median  # noqa: E402
 
 DESCRIBE = {"K": "%%kdist --strategy multiworker --np 2 (defaults)",
+            "Q": "the same, --no-dashboard --no-telemetry (nothing watched)",
             "M": "2 workers by hand, TF_CONFIG, kdist's thread variables"}
+QUIET = "--no-dashboard --no-telemetry"
 
 
 def synced(run: dict) -> bool:
@@ -55,18 +59,19 @@ def main(argv=None) -> dict:
         f"files in {out}")
     t0 = time.time()
     kernel = harness.Kernel()
-    runs: dict[str, list[dict]] = {"K": [], "M": []}
-    exposed: dict[str, set[str]] = {"K": set(), "M": set()}
+    runs: dict[str, list[dict]] = {"K": [], "Q": [], "M": []}
+    exposed: dict[str, set[str]] = {"K": set(), "Q": set(), "M": set()}
     try:
         kernel.run(harness.KERNEL_SETUP)
         warm = harness.kdist_run(kernel, 30, out, "warm-K", strategy="multiworker")
         threads = {k: v for k, v in warm["ranks"][0]["threads"].items() if v is not None}
         harness.tf_workers(30, out, "warm-M", threads)
         log(f"bench_multiworker: warm in {time.time() - t0:.0f} s; kdist's engine threads: {threads}")
-        for i, v in harness.in_turn("KM", args.repeats):
+        for i, v in harness.in_turn("KQM", args.repeats):
             tag = f"{v}{i}"
-            if v == "K":
-                run = harness.kdist_run(kernel, args.steps, out, tag, strategy="multiworker")
+            if v in "KQ":
+                run = harness.kdist_run(kernel, args.steps, out, tag, options=QUIET if v == "Q" else "",
+                                        strategy="multiworker")
             else:
                 run = harness.tf_workers(args.steps, out, tag, threads)
             run["rate"] = harness.rate(run, args.warmup)
@@ -123,6 +128,10 @@ def table(res: dict) -> str:
     g = res["goals"]
     lines.append(f"K / M: {g['P7 multiworker']['value']:.3f} steps/s, "
                  f"{g['P7 multiworker per CPU-s']['value']:.3f} per CPU-second")
+    rates = res["median_rate"]
+    if rates.get("Q"):
+        lines.append(f"where the gap is: K / Q (the cost of watching) {rates['K'] / rates['Q']:.3f}, "
+                     f"Q / M (the engine path, nothing watched) {rates['Q'] / rates['M']:.3f}")
     for v, e in res["exposed"].items():
         lines.append(f"listening beyond loopback, {v}: " + (", ".join(e) or "nothing"))
     return "\n".join(lines)

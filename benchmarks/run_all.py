@@ -198,6 +198,9 @@ def main(argv=None) -> int:
         print(f"(P7) multiworker: K / M {g['P7 multiworker']['value']:.3f} (per CPU-second "
               f"{g['P7 multiworker per CPU-s']['value']:.3f}); one model on every rank: "
               f"{'yes' if all(multiworker['synced'].values()) else 'NO'}")
+        if r.get("Q"):
+            print(f"(P7) multiworker, where the gap is: K / Q (watching: dashboard and telemetry) "
+                  f"{r['K'] / r['Q']:.3f}, Q / M (the engine path, nothing watched) {r['Q'] / r['M']:.3f}")
     if sharded:
         g, r = sharded["median_growth"], sharded["median_rate"]
         print(f"{'P8':<5} {'MiB/process, %%kdist sharded --np 2 --mesh 1,2':<46} "
