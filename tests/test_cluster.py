@@ -846,3 +846,24 @@ def _in_group(proc, pgid: int) -> bool:
         return os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE
     except (OSError, psutil.Error):
         return False
+
+
+def test_a_launchers_failed_start_stops_what_started_and_says_where_in_one_line():
+    """Slurm's and Ray's clusters fail their start the same way: what started is stopped, a
+    ClusterError keeps its own words, anything else is named with where the engines were to
+    start (one line)."""
+    from kdist_magics.cluster import launch
+    from kdist_magics.errors import ClusterError
+
+    class Started:
+        n, stopped = 2, 0
+
+        def stop(self):
+            self.stopped += 1
+
+    cluster = Started()
+    said = ClusterError("Ray could not place 2 bundles")
+    assert launch.start_failed(cluster, said, "on the Ray cluster at x:1") is said
+    other = launch.start_failed(cluster, OSError("connection refused"), "as a Slurm job")
+    assert str(other) == "could not start 2 engines as a Slurm job: OSError: connection refused"
+    assert cluster.stopped == 2

@@ -14,6 +14,17 @@ import os
 HEARTBEAT_MS, HEARTBEAT_MISSES = 250, 120
 
 
+def start_failed(cluster, exc: Exception, where: str):
+    """A launcher's cluster whose start failed: stop what started; its words (a ClusterError
+    already says why), naming ``where`` the engines were to start."""
+    from ..errors import ClusterError
+
+    cluster.stop()
+    if isinstance(exc, ClusterError):
+        return exc
+    return ClusterError(f"could not start {cluster.n} engines {where}: {type(exc).__name__}: {exc}")
+
+
 def heartbeat_args() -> list[str]:
     return [f"--HeartMonitor.period={HEARTBEAT_MS}",
             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]

@@ -154,11 +154,7 @@ class RayCluster(EngineCluster):
         self.client = self.cluster.connect_client_sync()
 
     def _start_failed(self, exc: Exception) -> ClusterError:
-        self.stop()
-        if isinstance(exc, ClusterError):
-            return exc
-        return ClusterError(f"could not start {self.n} engines on the Ray cluster at "
-                            f"{self.options.where()}: {type(exc).__name__}: {exc}")
+        return launch.start_failed(self, exc, f"on the Ray cluster at {self.options.where()}")
 
     def _launcher(self) -> RayEngines | None:
         return next(iter(getattr(self.cluster, "engines", {}).values()), None)

@@ -126,11 +126,7 @@ class SlurmCluster(EngineCluster):
             self.news(slurm_interrupted(job, state.words() if state is not None else "submitted"))
 
     def _start_failed(self, exc: Exception) -> ClusterError:
-        self.stop()
-        if isinstance(exc, ClusterError):
-            return exc
-        return ClusterError(f"could not start {self.n} engines as a Slurm job: "
-                            f"{type(exc).__name__}: {exc}")
+        return launch.start_failed(self, exc, "as a Slurm job")
 
     def _after_start(self) -> None:
         self._pids_started = set(self._process_tree_pids())  # the engines' pids are the nodes'
