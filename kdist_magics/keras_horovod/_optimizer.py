@@ -110,15 +110,13 @@ class _State:
                 pre, post = 1.0, 1.0
             with tf.name_scope(s.name + "_Allreduce"):
                 self.ensure_timer()
-                # the clock read once all of this rank's gradients are ready, and again once
-                # every group is reduced: the collective's time not hidden behind the backward
-                # pass, with the wait for slower ranks inside it. Nothing waits for the first
-                # read: each group's all-reduce starts as soon as its gradients are ready, as
-                # without the clock (gating them on it cost the MNIST CNN 12% of its steps/s)
+                # the clock read once this rank's gradients are ready, and again once every
+                # group is reduced: the collective, with the wait for slower ranks inside it
                 with tf.control_dependencies(_tensors([grads[i] for i in todo])):
                     began = tf.timestamp()
                 for chunk in self._groups(todo, variables):
-                    given = [grads[i] for i in chunk]
+                    with tf.control_dependencies([began]):
+                        given = [_after(grads[i]) for i in chunk]
                     reduced = hvd_tf.grouped_allreduce(
                         given, device_dense=s.device_dense,
                         device_sparse=s.device_sparse, compression=s.compression, op=s.op,
@@ -203,6 +201,13 @@ class _State:
 def _tensors(grads) -> list:
     """The dense tensors of ``grads`` (an IndexedSlices' values), for control dependencies."""
     return [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
+
+
+def _after(g):
+    """``g`` again, as a tensor made under the enclosing control dependencies."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
+    return tf.identity(g)
 
 
 def collective_timing(optimizer) -> tuple[float, int] | None:
