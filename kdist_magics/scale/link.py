@@ -164,7 +164,7 @@ MAX_BYTES = 64 * 2**20
 BIG_OVER_TINY = 4
 
 
-def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, float] | None:
+def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, float]:
     """The median seconds of the slowest rank's all-reduce of ``nbytes``, and the least of a
     tiny one's (the latency is a floor: a loaded host's delays only add to it)."""
     engines = list(cluster.engines)
@@ -172,12 +172,6 @@ def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, floa
     peers = [client[e.engine_id].apply_sync(listen, mode) for e in engines]
     runs = [client[e.engine_id].apply_async(allreduce, peers, rank, int(nbytes), repeats)
             for rank, e in enumerate(engines)]
-    return _slowest(cluster, runs, "the ring all-reduce")
-
-
-def _slowest(cluster, runs, what: str) -> tuple[float, float] | None:
-    """The median over repeats of the slowest rank's big all-reduce, the least tiny one; None
-    where an engine timed nothing (no Horovod there)."""
     try:
         results = [r.get(timeout=600) for r in runs]
     except KeyboardInterrupt:  # Stop: the engines' ring is interrupted too, then one line
@@ -193,10 +187,8 @@ def _slowest(cluster, runs, what: str) -> tuple[float, float] | None:
             except BaseException:  # noqa: BLE001 (the interrupted ring's own error)
                 pass
         raise Interrupted(SCALE_INTERRUPTED) from None
-    if any(r is None for r in results):
-        return None
     if not all(r["right"] for r in results):
-        raise RuntimeError(f"{what} between the engines summed wrongly")
+        raise RuntimeError("the ring all-reduce between the engines summed wrongly")
     slowest = [max(t) for t in zip(*(r["big"] for r in results))]
     tiny = [max(t) for t in zip(*(r["tiny"] for r in results))]
     return statistics.median(slowest), min(tiny)
@@ -208,6 +200,7 @@ def horovod_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
     least, more while they take under :data:`BIG_OVER_TINY` times the tiny one, as the ring is
     timed) through Horovod. Every rank agrees on each figure (their maximum, all-reduced), so
     all take the same sizes. None where Horovod is not up with 2 ranks or more."""
+    import itertools
     import sys
     import time
 
@@ -218,7 +211,7 @@ def horovod_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
         return None
     import tensorflow as tf
 
-    n, right, names = core.size(), True, iter(range(10**6))
+    n, right, names = core.size(), True, itertools.count()
 
     def timed(size: int) -> list[float]:
         nonlocal right
