@@ -464,14 +464,16 @@ def test_late_batches_still_count_and_the_first_batch_is_not_lost_before_listeni
 def test_lost_batches_reach_the_run_record_when_the_engines_finish():
     from types import SimpleNamespace
 
-    strategy = EngineStrategy()
+    from kdist_magics.strategies.engines.run import EngineRun
+
     record = RunRecord("horovod", size=2)
-    strategy.supervisor = sup = RunSupervisor(record)  # the run in progress
+    run = EngineRun(EngineStrategy(), "", SimpleNamespace(record=record))
+    run.cluster, run.ranks = SimpleNamespace(running=False, engines=[]), [0, 1]
+    run.supervisor = sup = RunSupervisor(record)  # the cell running
     sup.feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1}]]))
     sup.feed(0, _batch(0, 4, [["metric", {"rank": 0, "step": 9}]]))
-    finish_engines(strategy, SimpleNamespace(running=False), SimpleNamespace(record=record),
-                   [0, 1], ok=True)
-    assert record.lost_batches == 2 and strategy.supervisor is None  # per run: dropped after it
+    finish_engines(run, ok=True)
+    assert record.lost_batches == 2 and run.supervisor is None  # per cell: dropped after it
     assert "2 telemetry batches lost" in record.summary()
 
 

@@ -50,20 +50,25 @@ class FakeCluster:
         return self.controller
 
 
-def strategy(cluster):
-    return SimpleNamespace(cluster=cluster, needs_restart=None)
+def run_on(cluster, ctx=None, collective_values=False):
+    """The run in progress on ``cluster`` (what every wait is given)."""
+    from kdist_magics.strategies.engines.run import EngineRun
+
+    run = EngineRun(SimpleNamespace(collective_values=collective_values), "", ctx)
+    run.cluster = cluster
+    return run
 
 
 def test_gather_returns_every_result_in_order():
-    s = strategy(FakeCluster())
+    s = run_on(FakeCluster())
     soon = time.monotonic() + 0.1
     assert waiting.gather(s, [FakeResult(soon, "a"), FakeResult(0, "b")], [0, 1], 5, "while x") == ["a", "b"]
-    assert s.needs_restart is None
+    assert s.restart is None
 
 
 def test_an_engine_dying_while_waiting_is_rankdied_naming_the_rank_and_the_phase():
     cluster = FakeCluster()
-    s = strategy(cluster)
+    s = run_on(cluster)
     never = FakeResult(time.monotonic() + 60)
     threading.Timer(0.2, lambda: cluster.deaths.update({11: "was killed by SIGKILL"})).start()
     t0 = time.monotonic()
@@ -72,20 +77,20 @@ def test_an_engine_dying_while_waiting_is_rankdied_naming_the_rank_and_the_phase
     assert time.monotonic() - t0 < 10  # at once, not at the 30 s bound
     assert info.value.deaths == {0: "was killed by SIGKILL"}
     assert str(info.value).startswith("While Horovod started: rank 0 was killed by SIGKILL. The cell did not run")
-    assert s.needs_restart
+    assert s.restart
 
 
 def test_on_an_attached_cluster_the_error_promises_no_restart_kdist_would_not_do():
     cluster = FakeCluster(owned=False)
     cluster.deaths = {11: "was killed by SIGKILL"}
     with pytest.raises(RankDied) as info:
-        waiting.check(strategy(cluster), [0, 1], "while Horovod started")
+        waiting.check(run_on(cluster), [0, 1], "while Horovod started")
     text = str(info.value)
     assert text.startswith("While Horovod started: rank 1 was killed by SIGKILL. The cell did not run; ")
     assert "restart the cluster's engines (kdist restarts no cluster it did not start), then run the cell again" in text and "engines restart with" not in text
     cluster.deaths, cluster.controller = {}, "has ended (pid 4242, on this host)"
     with pytest.raises(ControllerDied) as info:
-        waiting.check(strategy(cluster), [0, 1], "after the cell, while its values came back", ran=True)
+        waiting.check(run_on(cluster), [0, 1], "after the cell, while its values came back", ran=True)
     text = str(info.value)
     assert text.startswith("After the cell, while its values came back: the cluster's ipyparallel "
                            "controller has ended (pid 4242, on this host). The cell had run on every rank; ")
@@ -95,14 +100,14 @@ def test_on_an_attached_cluster_the_error_promises_no_restart_kdist_would_not_do
 def test_deaths_of_engines_outside_the_mapping_do_not_count():
     cluster = FakeCluster()
     cluster.deaths = {11: "exited with status 3"}  # rank 1, lost earlier (or not needed here)
-    s = strategy(cluster)
+    s = run_on(cluster)
     assert waiting.gather(s, [FakeResult(0, "v")], {10: 0}, 5, "after the cell", ran=True) == ["v"]
 
 
 def test_the_controller_ending_is_controllerdied_and_says_the_cell_had_run():
     cluster = FakeCluster()
     cluster.controller = "was killed by SIGKILL"
-    s = strategy(cluster)
+    s = run_on(cluster)
     with pytest.raises(ControllerDied) as info:
         waiting.gather(s, [FakeResult(time.monotonic() + 60)], {10: 0}, 30,
                        "after the cell, while its values came back", ran=True)
@@ -121,7 +126,7 @@ def test_an_engine_error_before_the_death_shows_waits_for_it_and_names_the_death
     EngineError) a moment before its process is seen ended: the wait looks again, and the
     death is named, not ipyparallel's error."""
     cluster = FakeCluster()
-    s = strategy(cluster)
+    s = run_on(cluster)
     threading.Timer(0.6, lambda: cluster.deaths.update({11: "was killed by SIGKILL"})).start()
     died = FakeResult(0, error=EngineError("Engine 11 died while running task 'x_42'"))
     with pytest.raises(RankDied) as info:
@@ -136,7 +141,7 @@ def test_an_engine_error_before_the_death_shows_waits_for_it_and_names_the_death
 
 def test_an_engine_error_whose_death_never_shows_is_raised_as_itself_after_the_wait(monkeypatch):
     monkeypatch.setattr(waiting, "DEATH_SHOWS_WITHIN", 0.5)
-    s = strategy(FakeCluster())
+    s = run_on(FakeCluster())
     t0 = time.monotonic()
     with pytest.raises(EngineError):
         with waiting.named_deaths(s, [0, 1], "while x"):
@@ -145,11 +150,11 @@ def test_an_engine_error_whose_death_never_shows_is_raised_as_itself_after_the_w
     with pytest.raises(RuntimeError):  # any other error is raised at once
         with waiting.named_deaths(s, [0, 1], "while x"):
             raise RuntimeError("boom")
-    assert s.needs_restart is None
+    assert s.restart is None
 
 
 def test_setup_results_stops_at_the_first_failure_and_names_who_waits():
-    s = strategy(FakeCluster())
+    s = run_on(FakeCluster())
     err = RuntimeError("no module named horovod")
     t0 = time.monotonic()
     with pytest.raises(KDistError) as info:
@@ -158,11 +163,11 @@ def test_setup_results_stops_at_the_first_failure_and_names_who_waits():
     assert time.monotonic() - t0 < 10
     assert str(info.value) == ("hvd.init() failed: rank 1: RuntimeError: no module named horovod "
                                "(rank 0 left waiting for it)")
-    assert s.needs_restart == "Horovod failed to start"
+    assert s.restart == "Horovod failed to start"
 
 
 def test_setup_results_that_never_come_name_the_rank_and_what_to_reach():
-    s = strategy(FakeCluster(1))
+    s = run_on(FakeCluster(1))
     with pytest.raises(KDistError, match="did not start on rank 0 within 0.3 s: can every engine reach x"):
         waiting.setup_results(s, [FakeResult(time.monotonic() + 60)], [0], "jax", "x", 0.3, "failed")
 
@@ -195,13 +200,13 @@ def test_a_death_while_the_value_comes_back_is_named_not_replaced_by_a_stale_ren
     cluster = FakeCluster()
     never = FakeResult(time.monotonic() + 60)
     cluster.client = {10: SimpleNamespace(apply_async=lambda fn, *args: never)}
-    s = SimpleNamespace(cluster=cluster, needs_restart=None, collective_values=False)
     ctx = SimpleNamespace(spec=SimpleNamespace(pull=()), shell=None)
+    s = run_on(cluster, ctx)
     shown = []
     monkeypatch.setattr("IPython.display.publish_display_data", lambda *a, **k: shown.append(a))
     threading.Timer(0.2, lambda: cluster.deaths.update({10: "was killed by SIGKILL"})).start()
     with pytest.raises(RankDied, match="^After the cell, while its values came back: rank 0 was killed"):
-        results.pull(s, cluster, ctx, {0: cluster.engines[0], 1: cluster.engines[1]},
+        results.pull(s, {0: cluster.engines[0], 1: cluster.engines[1]},
                      {"execution_count": 3, "data": {"text/plain": "2"}})
     assert not shown
 
@@ -209,7 +214,7 @@ def test_a_death_while_the_value_comes_back_is_named_not_replaced_by_a_stale_ren
 def test_ipyparallels_error_for_an_engine_already_gone_becomes_its_death():
     cluster = FakeCluster()
     cluster.deaths = {11: "was killed by SIGKILL"}
-    s = strategy(cluster)
+    s = run_on(cluster)
     with pytest.raises(RankDied, match="^While setting up Horovod: rank 1 was killed by SIGKILL"):
         with waiting.named_deaths(s, [0, 1], "while setting up Horovod"):
             raise KeyError(11)  # client[11] once the controller has unregistered it

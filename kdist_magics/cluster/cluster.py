@@ -88,6 +88,8 @@ class EngineCluster(Liveness):
         self.on_phase: Callable[[str], None] | None = None
         self.on_detail: Callable[[str], None] | None = None
         self.engines: list[EngineInfo] = []
+        #: fingerprints of the --push values its engines were sent (strategies/engines/push.py)
+        self.pushed: dict[str, str] = {}
         self._stopped_since: dict[int, float] = {}  # pids of local engines seen stopped (SIGSTOP, ptrace)
         self._ended_why: dict[int, str] = {}  # pids of engines kdist ended, and why (their death's words)
         self._pids_started: set[int] = set()

@@ -12,7 +12,6 @@ from ..watch.record import RunRecord
 
 def run(magics, rest: str) -> None:
     from ..strategies import RunContext
-    from ..strategies.engines import warm
 
     spec = magics.parse(rest)
     if spec.strategy == "auto":
@@ -25,5 +24,5 @@ def run(magics, rest: str) -> None:
     record = RunRecord(spec.strategy, size=strategy.size(spec), spec=spec)
     ctx = RunContext(shell=magics.shell, spec=spec, record=record, options=RunOptions.of(magics),
                      quiet=True)
-    warming = warm.start(strategy, ctx)
+    warming = strategy.warm(ctx)
     say(warm_started(warming.n, spec.strategy, strategy.warm_modules))

@@ -7,44 +7,46 @@ from __future__ import annotations
 from ...cluster.compat_ipyparallel import children
 from ...engine.faults import hold
 from ...messages import PHASE_CELL
-from ..base import RunContext
 from . import waiting
 from .supervisor import RunSupervisor
 
 FEED_INTERVAL = 0.5  # seconds between a rank's telemetry batches (the dashboard redraws at 2/s)
 
 
-def begin_ranks(strategy, cluster, ctx: RunContext, ranks: list[int]) -> None:
-    """``engine.begin`` on every rank: telemetry, sampling and the run's settings on."""
+def begin_ranks(run) -> None:
+    """``engine.begin`` on every rank of ``run`` (an :class:`~.run.EngineRun`): telemetry,
+    sampling and the run's settings on."""
     from ...engine import engine
 
+    ctx, cluster, ranks = run.ctx, run.cluster, run.ranks
     spec = ctx.spec
-    with waiting.named_deaths(strategy, ranks, "as the run began"):
+    with waiting.named_deaths(run, ranks, "as the run began"):
         begun = [cluster.client[e.engine_id].apply_async(
             engine.begin, rank, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
             ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice, ctx.probe)
             for e, rank in zip(cluster.engines, ranks)]
-        waiting.gather(strategy, begun, ranks, 60, "as the run began")
+        waiting.gather(run, begun, ranks, 60, "as the run began")
 
 
-def execute(strategy, cell: str, cluster, ctx: RunContext, ranks: list[int]):
-    """Begin the run on every engine, execute the cell there, and watch it; rank 0's result
-    content. ``strategy.supervisor`` is this run's supervisor while it runs."""
+def execute(run):
+    """Begin ``run`` on every engine, execute its cell there, and watch it; rank 0's result
+    content. ``run.supervisor`` is its supervisor while the cell runs."""
+    strategy, ctx, cluster, ranks = run.strategy, run.ctx, run.cluster, run.ranks
     spec, record = ctx.spec, ctx.record
-    begin_ranks(strategy, cluster, ctx, ranks)
+    begin_ranks(run)
 
     def go_on(deaths):
         renumbered = strategy.go_on_without(cluster, ctx, deaths)
         if renumbered is not None:  # ranks and engines grow together (see RunSupervisor.take)
             by_rank = {rank: e.engine_id for rank, e in zip(ranks, cluster.engines)}
-            strategy.lost |= {by_rank[r] for r in deaths}
+            run.lost |= {by_rank[r] for r in deaths}
         return renumbered
 
     record.phase(PHASE_CELL)
-    sup = strategy.supervisor = RunSupervisor(
+    sup = run.supervisor = RunSupervisor(
         record, spec.out, lambda busy: strategy.abort_collectives(cluster, busy), on_lost=go_on,
         on_grow=lambda final: strategy.grow(cluster, ctx, final))
-    ar = cluster.view().execute(cell, silent=False, block=False)
+    ar = cluster.view().execute(run.cell, silent=False, block=False)
     hold("cell", cluster)
     for rank, fut in zip(ranks, children(ar)):
         sup.listen(fut, rank)
@@ -54,4 +56,5 @@ def execute(strategy, cell: str, cluster, ctx: RunContext, ranks: list[int]):
     try:
         return sup.watch(cluster, ranks, ar, spec.timeout, ctx.options.stop_grace)
     finally:
-        strategy.needs_restart = strategy.needs_restart or sup.needs_restart
+        if sup.needs_restart:
+            run.must_restart(sup.needs_restart)

@@ -62,9 +62,10 @@ class Plan:
     needs: dict[str, set] = field(default_factory=dict)  # name -> engine ids to send to
 
 
-def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> dict[str, str]:
-    """Every ``--push`` value into every engine of ``cluster`` (see the module doc); what
-    became of each, by name in the order given."""
+def push_values(run) -> dict[str, str]:
+    """Every ``--push`` value of ``run`` (an :class:`~.run.EngineRun`) into every engine of its
+    cluster (see the module doc); what became of each, by name in the order given."""
+    cluster, pushed, ranks = run.cluster, run.pushed, run.ranks
     big = {n: v for n, v in pushed.items() if shared.shareable(v)}
     plain = {n: v for n, v in pushed.items() if n not in big}
     outcomes = {name: words.SENT for name in pushed}
@@ -73,13 +74,13 @@ def push_values(strategy, cluster, pushed: dict[str, Any], ranks: list[int]) -> 
     if big:
         sweep()
         plan.prints = {name: shared.fingerprint(value) for name, value in big.items()}
-        plan.needs = _to_send(strategy, cluster, plan, ranks)
-        _count(strategy, cluster, plan, ranks)
+        plan.needs = _to_send(run, cluster, plan, ranks)
+        _count(run, cluster, plan, ranks)
     if plain:
-        waiting.gather(strategy, [cluster.view().push(plain, block=False)], ranks, 600, DURING)
+        waiting.gather(run, [cluster.view().push(plain, block=False)], ranks, 600, DURING)
     for name in pushed:
         if name in big:
-            outcomes[name] = _send_value(strategy, cluster, plan, name, ranks)
+            outcomes[name] = _send_value(run, cluster, plan, name, ranks)
     return outcomes
 
 
@@ -95,16 +96,16 @@ def group(engines) -> list[Host]:
     return sorted(by.values(), key=lambda h: not h.here)
 
 
-def _to_send(strategy, cluster, plan: Plan, ranks) -> dict[str, set]:
+def _to_send(run, cluster, plan: Plan, ranks) -> dict[str, set]:
     """Which engines need each value: all, but where it is unchanged since the last push and
     an engine's copy is unwritten (that engine binds it again: :func:`shared.rebind`)."""
-    held = getattr(strategy, "shared_prints", {})
+    held = cluster.pushed
     ids = [e.engine_id for h in plan.hosts for e in h.engines]
     again = {n: p for n, p in plan.prints.items() if held.get(n) == p}
     needs = {name: set(ids) for name in plan.values if name not in again}
     if again:
         view = cluster.view(ids)
-        answers = waiting.gather(strategy, [view.apply_async(shared.rebind, again)], ranks, 600,
+        answers = waiting.gather(run, [view.apply_async(shared.rebind, again)], ranks, 600,
                                  DURING)[0]
         for eid, names in zip(ids, answers):
             for name in names:  # this engine's copy is gone or was written to
@@ -112,7 +113,7 @@ def _to_send(strategy, cluster, plan: Plan, ranks) -> dict[str, set]:
     return needs
 
 
-def _count(strategy, cluster, plan: Plan, ranks) -> None:
+def _count(run, cluster, plan: Plan, ranks) -> None:
     """Each copy the push will make, against each machine's free memory (another machine's
     asked there, on its first engine); refused in one line before anything is sent."""
     import psutil
@@ -130,7 +131,7 @@ def _count(strategy, cluster, plan: Plan, ranks) -> None:
         else:
             first = cluster.client[host.engines[0].engine_id]
             host.free, host.segments = waiting.gather(
-                strategy, [first.apply_async(shared.host_room, total)], ranks, 60, DURING)[0]
+                run, [first.apply_async(shared.host_room, total)], ranks, 60, DURING)[0]
         host.need = sum(n * host.copies(len(wanted[name])) for name, n in nbytes.items())
         if host.need > host.free:
             copies = max(host.copies(len(es)) for es in wanted.values() if es)
@@ -148,7 +149,7 @@ def _shm_room(nbytes: int) -> bool:
     return free is None
 
 
-def _send_value(strategy, cluster, plan: Plan, name: str, ranks) -> str:
+def _send_value(run, cluster, plan: Plan, name: str, ranks) -> str:
     """``name`` to the engines that need it, host by host; what became of it."""
     wanted_all = plan.needs.get(name, set())
     if not wanted_all:
@@ -160,16 +161,16 @@ def _send_value(strategy, cluster, plan: Plan, name: str, ranks) -> str:
             continue
         value, print_ = plan.values[name], plan.prints[name]
         if host.here and host.segments:
-            _send(strategy, cluster.view(wanted), name, value, print_, ranks)
+            _send(run, cluster.view(wanted), name, value, print_, ranks)
             said.append(words.SHARED)
         elif host.here:  # no room in /dev/shm: each engine its own copy
-            _copies(strategy, cluster.view(wanted), name, value, print_, ranks)
+            _copies(run, cluster.view(wanted), name, value, print_, ranks)
             said.append(words.SENT)
         else:
-            shared_there = _send_remote(strategy, cluster, wanted, name, value, print_, ranks,
+            shared_there = _send_remote(run, cluster, wanted, name, value, print_, ranks,
                                         host.segments)
             said.append(words.SHARED if shared_there else words.SENT)
-    strategy.shared_prints = {**getattr(strategy, "shared_prints", {}), name: plan.prints[name]}
+    cluster.pushed[name] = plan.prints[name]
     what = words.SHARED if words.SHARED in said else words.SENT
     count = len(wanted_all)
     total = sum(len(h.engines) for h in plan.hosts)
@@ -186,7 +187,7 @@ def sweep(folder: str = "/dev/shm") -> list[str]:
     return remove_segments(folder=folder)
 
 
-def _send_remote(strategy, cluster, ids: list[int], name: str, value, print_: str, ranks,
+def _send_remote(run, cluster, ids: list[int], name: str, value, print_: str, ranks,
                  segments: bool) -> bool:
     """Another machine's engines ``ids``: the value travels once, to the first; it copies the
     large arrays into segments there, the others map them, and the first removes their names
@@ -194,14 +195,14 @@ def _send_remote(strategy, cluster, ids: list[int], name: str, value, print_: st
     first, rest = cluster.client[ids[0]], ids[1:]
     desc = None
     try:
-        desc = waiting.gather(strategy, [first.apply_async(shared.host_share, name, value, print_,
+        desc = waiting.gather(run, [first.apply_async(shared.host_share, name, value, print_,
                                                            bool(rest) and segments)],
                               ranks, 600, DURING)[0]
         if rest and desc is not None:
-            waiting.gather(strategy, [cluster.view(rest).apply_async(shared.attach, name, desc, print_)],
+            waiting.gather(run, [cluster.view(rest).apply_async(shared.attach, name, desc, print_)],
                            ranks, 600, DURING)
         elif rest:  # no shared memory on that machine: each engine its own copy
-            _copies(strategy, cluster.view(rest), name, value, print_, ranks)
+            _copies(run, cluster.view(rest), name, value, print_, ranks)
     finally:
         if rest:
             try:
@@ -211,20 +212,20 @@ def _send_remote(strategy, cluster, ids: list[int], name: str, value, print_: st
     return bool(rest) and desc is not None
 
 
-def _copies(strategy, view, name: str, value, print_: str, ranks) -> None:
+def _copies(run, view, name: str, value, print_: str, ranks) -> None:
     """Each engine of ``view`` its own copy of ``value`` (as ipyparallel sends it), held under
     ``print_`` so an unchanged push binds it again once the engine has hashed it."""
-    waiting.gather(strategy, [view.push({name: value}, block=False)], ranks, 600, DURING)
-    waiting.gather(strategy, [view.apply_async(shared.hold_as_sent, name, print_)], ranks, 60, DURING)
+    waiting.gather(run, [view.push({name: value}, block=False)], ranks, 600, DURING)
+    waiting.gather(run, [view.apply_async(shared.hold_as_sent, name, print_)], ranks, 60, DURING)
 
 
-def _send(strategy, view, name: str, value, print_: str, ranks) -> None:
+def _send(run, view, name: str, value, print_: str, ranks) -> None:
     """One segment per large array of ``value``, mapped by every engine, then unnamed."""
     made: list[Any] = []
     try:
         desc = shared.describe(value, lambda nbytes: shared.new_segment(made, nbytes))
-        hold("push", strategy.cluster, segments=[mem.name for mem in made])
-        waiting.gather(strategy, [view.apply_async(shared.attach, name, desc, print_)], ranks,
+        hold("push", run.cluster, segments=[mem.name for mem in made])
+        waiting.gather(run, [view.apply_async(shared.attach, name, desc, print_)], ranks,
                        600, DURING)
     finally:
         for mem in made:  # mapped by every engine now (or never will be): the names go

@@ -17,32 +17,35 @@ from . import waiting
 DURING = "after the cell, while its values came back"
 
 
-def from_rank0(strategy, cluster, by_rank: dict, fn, *args) -> Any:
-    """``fn(*args)`` on rank 0 (on every rank with ``strategy.collective_values``), its result."""
-    if not strategy.collective_values:  # only rank 0 matters (another's death: the next cell)
+def from_rank0(run, by_rank: dict, fn, *args) -> Any:
+    """``fn(*args)`` on ``run``'s rank 0 (on every rank where its strategy has
+    ``collective_values``), its result."""
+    cluster = run.cluster
+    if not run.strategy.collective_values:  # only rank 0 matters (another's death: the next cell)
         lead = {by_rank[0].engine_id: 0}
-        with waiting.named_deaths(strategy, lead, DURING, ran=True):
+        with waiting.named_deaths(run, lead, DURING, ran=True):
             ar = cluster.client[by_rank[0].engine_id].apply_async(fn, *args)
-        return waiting.gather(strategy, [ar], lead, None, DURING, ran=True)[0]
+        return waiting.gather(run, [ar], lead, None, DURING, ran=True)[0]
     ranks = {e.engine_id: rank for rank, e in by_rank.items()}
-    with waiting.named_deaths(strategy, ranks, DURING, ran=True):
+    with waiting.named_deaths(run, ranks, DURING, ran=True):
         ars = {rank: cluster.client[e.engine_id].apply_async(fn, *args) for rank, e in by_rank.items()}
     try:
-        return waiting.gather(strategy, [ars[0]], ranks, None, DURING, ran=True)[0]
+        return waiting.gather(run, [ars[0]], ranks, None, DURING, ran=True)[0]
     finally:  # the others' part of the collective; none worth waiting for once one died
         for ar in ars.values():
-            ar.wait(timeout=60 if strategy.needs_restart is None else 0)
+            ar.wait(timeout=60 if run.restart is None else 0)
 
 
-def pull(strategy, cluster, ctx, by_rank: dict, result_content) -> Any:
-    """Bind ``--pull``'s names in the notebook; the cell's value (rank 0's), or None."""
+def pull(run, by_rank: dict, result_content) -> Any:
+    """Bind ``run``'s ``--pull`` names in the notebook; the cell's value (rank 0's), or None."""
     from ipyparallel.error import RemoteError
 
     from ...engine import values
 
+    ctx = run.ctx
     if ctx.spec.pull:
         try:
-            packed = from_rank0(strategy, cluster, by_rank, values.fetch, list(ctx.spec.pull))
+            packed = from_rank0(run, by_rank, values.fetch, list(ctx.spec.pull))
         except RemoteError as exc:
             raise KDistError(f"--pull: {exc.evalue.strip(chr(34)).strip(chr(39))}") from None
         for name, item in packed.items():  # a Keras model may start TensorFlow: quietly, by
@@ -50,7 +53,7 @@ def pull(strategy, cluster, ctx, by_rank: dict, result_content) -> Any:
     if result_content is None:
         return None
     try:
-        return values.unpack(from_rank0(strategy, cluster, by_rank, values.last_value,
+        return values.unpack(from_rank0(run, by_rank, values.last_value,
                                         result_content.get("execution_count")))
     except KDistError:  # rank 0 or the controller ended: say so, not a stale rendering
         raise

@@ -24,43 +24,38 @@ def check_syntax(cell: str, ctx: RunContext) -> None:
         raise CellFailed(exc) from exc
 
 
-def cluster_for(strategy, ctx: RunContext) -> EngineCluster:
-    """``strategy``'s cluster for this run (``EngineStrategy._cluster``'s default)."""
+def new_cluster(strategy, ctx: RunContext) -> EngineCluster:
+    """A cluster for ``strategy``'s runs like ``ctx.spec``, not yet started: a Slurm job's, on a
+    Ray cluster, attached to a user's, or on this machine."""
     spec = ctx.spec
     n = strategy.size(spec)
-    news = (lambda text: None) if ctx.quiet else say  # %kdist start's thread prints nothing
-    cluster = strategy.cluster
-    if cluster is not None and cluster.running:
-        cluster = _reuse(strategy, cluster, ctx, n, news)
-    if (cluster is None or not cluster.running) and spec.slurm is not None:
+    news = _news(ctx)
+    if spec.slurm is not None:
         from ...cluster.slurm_engines import submit
 
-        cluster = strategy.cluster = submit(n, ctx, news)
-        start_phase(cluster, ctx, cluster.start)
-    elif (cluster is None or not cluster.running) and spec.ray is not None:
+        return submit(n, ctx, news)
+    if spec.ray is not None:
         from ...cluster.ray_engines import submit as place
 
-        cluster = strategy.cluster = place(n, ctx, news)
-        start_phase(cluster, ctx, cluster.start)
-    elif cluster is None or not cluster.running:
-        address = ctx.options.bind_address if spec.attach else "127.0.0.1"
-        cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
-                                controller_nice=ctx.options.helper_nice,
-                                private=not spec.attach and wanted(ctx.options.private_network),
-                                preload=strategy.warm_modules if ctx.options.preload else (),
-                                threads=ctx.options.threads_per_rank or 0)
-        if not spec.attach:
-            news(f"starting {n} engine{'s' if n != 1 else ''} on this machine (loopback only)...")
-        strategy.cluster = cluster
-        start_phase(cluster, ctx, cluster.start)
-    strategy.needs_restart = None
+        return place(n, ctx, news)
+    address = ctx.options.bind_address if spec.attach else "127.0.0.1"
+    cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
+                            controller_nice=ctx.options.helper_nice,
+                            private=not spec.attach and wanted(ctx.options.private_network),
+                            preload=strategy.warm_modules if ctx.options.preload else (),
+                            threads=ctx.options.threads_per_rank or 0)
+    if not spec.attach:
+        news(f"starting {n} engine{'s' if n != 1 else ''} on this machine (loopback only)...")
     return cluster
 
 
-def _reuse(strategy, cluster: EngineCluster, ctx: RunContext, n: int, news) -> EngineCluster | None:
-    """The running cluster, restarted if it must be; None once it was stopped (another N or
-    place): a new one starts."""
-    spec = ctx.spec
+def reuse(strategy, ctx: RunContext) -> EngineCluster | None:
+    """``strategy``'s warm cluster, restarted if it must be (``strategy.needs_restart``, an
+    engine died); None where there is none or it was stopped (another N or place)."""
+    spec, cluster = ctx.spec, strategy.cluster
+    if cluster is None or not cluster.running:
+        return None
+    n, news = strategy.size(spec), _news(ctx)
     key = (n, spec.cluster_id, spec.profile, spec.slurm or spec.ray)
     current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile,
                cluster.options)
@@ -76,6 +71,11 @@ def _reuse(strategy, cluster: EngineCluster, ctx: RunContext, n: int, news) -> E
             cluster.stop()
             start_phase(cluster, ctx, cluster.start)
     return cluster
+
+
+def _news(ctx: RunContext):
+    """Where progress lines go: said, or nowhere (%kdist start's thread prints nothing)."""
+    return (lambda text: None) if ctx.quiet else say
 
 
 def start_phase(cluster: EngineCluster, ctx: RunContext, start) -> None:

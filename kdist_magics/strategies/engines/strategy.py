@@ -1,10 +1,8 @@
 """``EngineStrategy``: a cell on every ipyparallel engine, one engine per rank.
 
-What does not depend on the distribution library is done for every engine strategy, as steps
-(each a module of this folder): the cell checked once and the cluster started or reused
-(:mod:`.start`), every engine prepared and ``--push`` sent (:mod:`.prepare`), the
-strategy's set-up (``before_cell``), the cell executed and watched (:mod:`.execute`), the
-engines finished (:mod:`.finish`), ``--pull`` and the cell's value (:mod:`.results`).
+A cell is one :class:`~.run.EngineRun` (:mod:`.run`), built per cell and read top to
+bottom there: the cluster, the ranks, the set-up, the cell watched, the engines finished and
+the values back. The strategy keeps its hooks and what lasts between cells.
 
 Hooks a strategy overrides (Horovod, MultiWorkerMirroredStrategy with ``TF_CONFIG`` per
 engine, JAX and torch process groups):
@@ -26,33 +24,31 @@ engine, JAX and torch process groups):
 ``go_on_without(cluster, ctx, deaths) -> {rank: new rank} | None``
     an engine died (``deaths``: ``{rank: how}``): an elastic strategy re-forms the job
     with the ranks left and returns their new ranks; None (the default) stops the run.
-``listen_addresses()``, ``grow(cluster, ctx, final)``, ``rank_engines(cluster)``, ``live_view(cluster)``
+``listen_addresses()``, ``grow(cluster, ctx, final)``, ``rank_engines(cluster)``
     where ranks listen, elastic growth, and who is rank 0 after it (see each).
 ``_cluster(ctx)``
-    the run's cluster (:func:`.start.cluster_for`); extended to re-plan a cluster.
+    the run's cluster (reused, restarted or started: :mod:`.start`); extended to re-plan one.
 ``bound_names`` (class attribute)
     names the strategy binds in the engine namespace (documentation/status).
 
-State a subclass may use: ``self.cluster`` (the warm EngineCluster, or None),
-``self.needs_restart`` (set it to a reason and the next run restarts the engines first),
-``self.supervisor`` (the :class:`~.supervisor.RunSupervisor` of the run in progress, None
-between runs).
+State a subclass may use: ``self.cluster`` (the warm EngineCluster, or None) and
+``self.run_now`` (the :class:`~.run.EngineRun` in progress, None between cells: its ``cell``,
+``pushed``, ``restart`` and ``must_restart``, and the waits of :mod:`.waiting` and
+:func:`.finish.end_collective_cell` are given it). ``self.needs_restart`` is why the next cell
+restarts the engines: the last run's reason, or one given by :meth:`must_restart` while a
+cluster is planned, outside a run.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ...cluster.cluster import EngineCluster
 from ...cluster.placement import default_np
 from ...engine.faults import hold
-from ...engine.values import pushable
-from ...errors import RankDied, RankFailed
-from ...messages import phase_setup, push_report, say
 from ..base import RunContext, Strategy
-from . import execute, finish, hints, prepare, push, results, start, waiting
-from .supervisor import RunSupervisor
+from . import start, warm
+from .run import EngineRun
 
 
 class EngineStrategy(Strategy):
@@ -70,15 +66,12 @@ class EngineStrategy(Strategy):
     exposure: str | None = None
 
     def __init__(self):
-        self.cluster: EngineCluster | None = None
+        # what lasts between cells (a cell's own state is its EngineRun's)
+        self.cluster: EngineCluster | None = None  # the warm cluster, or None
         self.needs_restart: str | None = None  # why the next run must restart the engines
-        self.last_timing: dict[str, float] = {}
-        self.supervisor: RunSupervisor | None = None  # the run in progress, if any
-        self.lost: set[int] = set()  # engine ids an elastic run went on without (this run)
-        self.cell: str | None = None  # the cell of the run in progress
-        self.pushed: dict[str, Any] = {}  # its --push values
+        self.last_timing: dict[str, float] = {}  # the last run's EngineRun.timing
+        self.run_now: EngineRun | None = None  # the run in progress, if any
         self.warming = None  # a %kdist start under way or done (engines/warm.Warming)
-        self.shared_prints: dict[str, str] = {}  # --push values the engines hold (engines/push.py)
 
     # -- hooks ---------------------------------------------------------------
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
@@ -122,25 +115,22 @@ class EngineStrategy(Strategy):
         """``{rank: EngineInfo}`` after a run whose ranks changed (elastic); None: as started."""
         return None
 
-    def live_view(self, cluster: EngineCluster):
-        """The engines of this run still in it (all, unless an elastic run lost some)."""
-        return cluster.view([e.engine_id for e in cluster.engines if e.engine_id not in self.lost])
-
     def _cluster(self, ctx: RunContext) -> EngineCluster:
-        return start.cluster_for(self, ctx)
+        """The run's cluster: the warm one reused (restarted where it must be), or a new one,
+        kept as :attr:`cluster` from before its start (a start stopped or failed is ended by
+        :meth:`teardown`). A strategy extends this to re-plan a cluster."""
+        cluster = start.reuse(self, ctx)
+        if cluster is None:
+            self.cluster = cluster = start.new_cluster(self, ctx)
+            start.start_phase(cluster, ctx, cluster.start)
+        self.needs_restart = None
+        return cluster
 
-    # -- for subclasses whose set-up runs on every engine at once ----------------
-    def _setup_results(self, ars, ranks: list[int], what: str, reach: str, timeout: float,
-                       failed: str) -> dict[int, Any]:
-        """``{rank: result}`` of set-up calls made on every engine at once (see
-        :func:`.waiting.setup_results`)."""
-        return waiting.setup_results(self, ars, ranks, what, reach, timeout, failed)
-
-    def _end_collective_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool, what: str,
-                             leave, committed: bool = True) -> None:
-        """``after_cell`` of a strategy whose ranks share collectives (see
-        :func:`.finish.end_collective_cell`)."""
-        finish.end_collective_cell(self, cluster, ctx, ok, what, leave, committed)
+    def must_restart(self, why: str) -> None:
+        """Outside a run (its cluster being planned): restart the engines before the next
+        cell, for the first reason given. Within one, :meth:`.run.EngineRun.must_restart`."""
+        if self.needs_restart is None:
+            self.needs_restart = why
 
     # -- Strategy API --------------------------------------------------------
     def size(self, spec) -> int:
@@ -161,63 +151,34 @@ class EngineStrategy(Strategy):
             self.warming.wait(120)  # a %kdist start under way finishes first
             self.warming = None
         cluster, self.cluster = self.cluster, None
-        self.shared_prints = {}  # new engines hold nothing
         if cluster is not None:
             hold("stopping", cluster)
             cluster.stop()
 
-    # -- the run, as steps ---------------------------------------------------------
+    # -- the run ----------------------------------------------------------------------
     def run(self, cell: str, ctx: RunContext) -> Any:
-        from .warm import wait_for
-
+        """The cell as one :class:`~.run.EngineRun`; why the engines must restart, kept for the
+        next cell."""
         start.check_syntax(cell, ctx)
-        wait_for(self, ctx)  # engines a %kdist start is warming
-        self.cell = cell
-        self.pushed = pushable(ctx.shell.user_ns, ctx.spec.push) if ctx.spec.push else {}
-        t0 = time.monotonic()
-        cluster = self._cluster(ctx)
-        t_cluster = time.monotonic()
-        ranks = self.ranks(cluster, ctx)
-        by_rank = dict(zip(ranks, cluster.engines))
-        for rank, eng in by_rank.items():
-            ctx.record.set_rank(rank, state="starting", host=eng.hostname, node=cluster.node_of(eng),
-                                pid=eng.pid)
-        ctx.record.phase(phase_setup(self.setup_words))
-        ok, now, self.lost = False, None, set()
+        self._warmed()  # engines a %kdist start is warming
+        run = self.run_now = EngineRun(self, cell, ctx)
         try:
-            self._set_up(cluster, ctx, ranks)
-            self.last_timing = {"cluster_s": t_cluster - t0, "setup_s": time.monotonic() - t_cluster}
-            value_ar = execute.execute(self, cell, cluster, ctx, ranks)
-            ok = True
-            now = self.rank_engines(cluster)
-        except RankDied as exc:  # before or after the cell (the supervisor marks its own)
-            for rank, how in exc.deaths.items():
-                ctx.record.set_rank(rank, state="failed", error=f"process {how}")
-            raise
-        except RankFailed as exc:  # a name the notebook has and --push did not send, say
-            exc.hint = hints.missing_push(exc.failures, ctx.shell.user_ns, ctx.spec.push)
-            raise
+            return run.go()
         finally:
-            finish.finish_engines(self, cluster, ctx, ranks, ok)
-            self._restart_after_growth(cluster)
-        hold("pull", cluster)
-        return results.pull(self, cluster, ctx, now or by_rank, value_ar)
+            self.run_now = None
+            self.needs_restart = self.needs_restart or run.restart
+            self.last_timing = run.timing
 
-    def _set_up(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
-        """Every engine prepared, ``--push`` sent, the strategy's own set-up; a death named."""
-        with waiting.named_deaths(self, ranks, f"while setting up {self.setup_words}"):
-            hold("setup", cluster, addresses=self.listen_addresses())
-            prepare.prepare_engines(self, cluster, ctx, ranks)
-            if self.pushed:
-                ctx.record.pushed = push.push_values(self, cluster, self.pushed, ranks)
-                ctx.record.phase_detail(push_report(ctx.record.pushed))
-                if ctx.spec.out == "all":
-                    say(push_report(ctx.record.pushed))
-            self.before_cell(cluster, ctx, ranks)
+    # -- %kdist start ----------------------------------------------------------------
+    def warm(self, ctx: RunContext) -> warm.Warming:
+        """Start this strategy's engines for runs like ``ctx.spec`` in the background
+        (:mod:`.warm`); a start under way finishes first."""
+        self._warmed(quiet=True)
+        self.warming = warm.start(self, ctx)
+        return self.warming
 
-    def _restart_after_growth(self, cluster: EngineCluster) -> None:
-        """An elastic run that lost or took in engines: the next run restarts them."""
-        if self.lost:
-            self.needs_restart = self.needs_restart or "ranks were lost in the previous run"
-        elif len(cluster.engines) != cluster.n:  # an elastic run took in engines
-            self.needs_restart = self.needs_restart or "the previous run took in engines"
+    def _warmed(self, quiet: bool = False) -> None:
+        """A ``%kdist start`` under way finished first, and what it left said (not ``quiet``)."""
+        warming, self.warming = self.warming, None
+        if warming is not None:
+            warm.wait_for(warming, self.cluster, quiet)

@@ -82,10 +82,9 @@ def warm_remote(threads: int | None, local_size: int, cwd: str | None,
 
 
 def start(strategy, ctx) -> Warming:
-    """Warm ``strategy``'s engines for runs like ``ctx.spec``, in the background."""
+    """Warm ``strategy``'s engines for runs like ``ctx.spec``, in the background (the strategy
+    keeps it: :meth:`~.strategy.EngineStrategy.warm`)."""
     from ...cluster.placement import local_ranks
-
-    wait_for(strategy, ctx, quiet=True)  # a second %kdist start follows the first
 
     def work() -> dict[str, Any]:
         t0 = time.monotonic()
@@ -100,25 +99,21 @@ def start(strategy, ctx) -> Warming:
         return {"imported": [] if skipped else list(strategy.warm_modules), "skipped": skipped,
                 "seconds": time.monotonic() - t0}
 
-    strategy.warming = Warming(strategy.size(ctx.spec), work)
-    return strategy.warming
+    return Warming(strategy.size(ctx.spec), work)
 
 
-def wait_for(strategy, ctx, quiet: bool = False) -> None:
-    """Before a run (or teardown): let a ``%kdist start`` under way finish; say what it left."""
+def wait_for(warming: Warming, cluster, quiet: bool = False) -> None:
+    """Before a run (or another start): let a ``%kdist start`` under way finish; say what it
+    left (``cluster``: the strategy's, after it)."""
     from ...messages import say, warm_failed, warm_used, warm_waiting
 
-    warming = getattr(strategy, "warming", None)
-    if warming is None:
-        return
     if warming.busy:
         if not quiet:
             say(warm_waiting(warming.n))
         warming.wait()
-    strategy.warming = None
     if quiet:
         return
     if warming.error:
         say(warm_failed(warming.error), warn=True)
-    elif strategy.cluster is not None and strategy.cluster.running:
+    elif cluster is not None and cluster.running:
         say(warm_used(warming.n, time.time() - (warming.finished or time.time())))

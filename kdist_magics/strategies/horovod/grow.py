@@ -31,11 +31,11 @@ from ...messages import say
 class Growth:
     """The engines joining one elastic run (see the module doc)."""
 
-    def __init__(self, strategy, cluster, ctx, cell: str, max_np: int, keras_names: dict | None):
+    def __init__(self, strategy, run, max_np: int, keras_names: dict | None):
         self.strategy = strategy
-        self.cluster = cluster
-        self.ctx = ctx
-        self.cell = cell
+        self.run = run  # the EngineRun it grows (its cell and --push values)
+        self.cluster = run.cluster
+        self.ctx = run.ctx
         self.max_np = max_np
         self.keras_names = keras_names
         self.joining: dict[int, dict[str, Any]] = {}  # engine id -> its stage and request
@@ -105,8 +105,8 @@ class Growth:
         cwd = None if self.cluster.attached else os.getcwd()
         local_size = 1 + sum(1 for e in self.cluster.engines if e.hostname == host)
         client.apply_sync(prepare_remote, {}, threads, local_size, cwd, None)
-        if self.strategy.pushed:  # what --push gave the others
-            client.push(self.strategy.pushed, block=True)
+        if self.run.pushed:  # what --push gave the others
+            client.push(self.run.pushed, block=True)
         spec = ctx.spec
         client.apply_sync(engine.begin, label, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
                           ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice)
@@ -136,7 +136,7 @@ class Growth:
         rdv.abort_line.tell(HOSTS_ADDED)
 
     def _run_cell(self, eid: int, item: dict[str, Any]) -> tuple[int, EngineInfo, Any]:
-        ar = self.cluster.client[eid].execute(self.cell, silent=False, block=False)
+        ar = self.cluster.client[eid].execute(self.run.cell, silent=False, block=False)
         size = len(self.strategy.rendezvous.plan.slots)
         self.ctx.record.note_resize([], size, added=[item["label"]])
         return item["label"], item["info"], children(ar)[0]

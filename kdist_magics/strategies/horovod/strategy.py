@@ -24,6 +24,7 @@ from ...errors import KDistError, StrategyUnavailable
 from ...messages import say
 from ...cluster.network import interface_of, route_iface
 from ..base import RunContext
+from ..engines import waiting
 from ..engines.strategy import EngineStrategy
 from .on_engine import elastic_env, hvd_init, hvd_shutdown
 
@@ -106,7 +107,7 @@ class HorovodStrategy(EngineStrategy):
             envs = [elastic_env(env) for env in envs]
         ars = [cluster.client[e.engine_id].apply_async(hvd_init, envs[i], abort)
                for i, e in enumerate(cluster.engines)]
-        results = self._setup_results(ars, ranks, "Horovod", f"the rendezvous at {address}", 120,
+        results = waiting.setup_results(self.run_now, ars, ranks, "Horovod", f"the rendezvous at {address}", 120,
                                       "hvd.init() failed")
         infos = {}
         for rank, info in results.items():
@@ -119,7 +120,7 @@ class HorovodStrategy(EngineStrategy):
         if spec.max_np is not None:
             from .grow import Growth
 
-            self.growth = Growth(self, cluster, ctx, self.cell, spec.max_np,
+            self.growth = Growth(self, self.run_now, spec.max_np,
                                  infos[0].get("keras_names"))
 
     @staticmethod
@@ -174,8 +175,8 @@ class HorovodStrategy(EngineStrategy):
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
 
         try:
-            if cluster.running and self.needs_restart is None:
-                ar = self.live_view(cluster).apply_async(hvd_shutdown)
+            if cluster.running and self.run_now.restart is None:
+                ar = self.run_now.live_view().apply_async(hvd_shutdown)
                 ar.wait(timeout=10)
         finally:
             if self.rendezvous is not None:

@@ -49,6 +49,7 @@ from ...errors import KDistError
 from ...cluster.network import engine_address, free_port, join
 from ...cluster.placement import host_grouped_ranks
 from ..base import RunContext
+from ..engines import finish, waiting
 from .processes import ProcessGroupStrategy
 from ..frameworks.fit_data import process_shards
 from ..kernel.jax_dp import DataParallelStrategy
@@ -121,7 +122,7 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
         ars = [cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind, seed,
                                                        *self.setup_args(ctx))
                for e, rank in zip(cluster.engines, ranks)]
-        infos = self._setup_results(ars, ranks, "jax.distributed", self.coordinator, SETUP_TIMEOUT,
+        infos = waiting.setup_results(self.run_now, ars, ranks, "jax.distributed", self.coordinator, SETUP_TIMEOUT,
                                     "joining jax.distributed failed")
         for rank, info in infos.items():
             if info["process"] != rank or info["processes"] != n:  # pragma: no cover - defensive
@@ -129,7 +130,7 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
                                  f"expected {rank} of {n}")
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
-        self._end_collective_cell(cluster, ctx, ok, "the JAX processes' collectives", _leave)
+        finish.end_collective_cell(self.run_now, ok, "the JAX processes' collectives", _leave)
 
     def listen_addresses(self) -> list[str]:
         """The coordinator's address, when this run is to start it (rank 0 binds it in set-up)."""

@@ -50,6 +50,7 @@ from ...messages import restarting_engines, say
 from ...cluster.network import engine_address, free_port, join
 from ...cluster.placement import host_grouped_ranks
 from ..base import RunContext
+from ..engines import finish, waiting
 from ..engines.strategy import EngineStrategy
 
 SETUP_TIMEOUT = 120.0  # seconds for every worker to create the strategy (they wait for each other)
@@ -124,7 +125,7 @@ class MultiWorkerStrategy(EngineStrategy):
         busy = [e.engine_id for e, ar in zip(cluster.engines, ars) if not ar.ready()]
         if busy:
             if cluster.owned:
-                self.needs_restart = "engines did not answer"
+                self.must_restart("engines did not answer")
             raise KDistError(
                 f"engine {', '.join(map(str, busy))} did not answer within 60 s (still busy in an "
                 f"earlier run?); " + ("they restart with the next cell" if cluster.owned else
@@ -186,7 +187,7 @@ class MultiWorkerStrategy(EngineStrategy):
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         ars = [cluster.client[e.engine_id].apply_async(_setup, config)
                for e, config in zip(cluster.engines, self._configs)]
-        infos = self._setup_results(ars, ranks, "MultiWorkerMirroredStrategy", ", ".join(self.addresses),
+        infos = waiting.setup_results(self.run_now, ars, ranks, "MultiWorkerMirroredStrategy", ", ".join(self.addresses),
                                     SETUP_TIMEOUT, "creating MultiWorkerMirroredStrategy failed")
         self._made = True
         for rank, info in infos.items():
@@ -195,7 +196,7 @@ class MultiWorkerStrategy(EngineStrategy):
                                  f"expected {rank} of {len(ranks)}")
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
-        self._end_collective_cell(cluster, ctx, ok, "MultiWorkerMirroredStrategy's collectives",
+        finish.end_collective_cell(self.run_now, ok, "MultiWorkerMirroredStrategy's collectives",
                                   _leave, committed=self._made)
 
     def teardown(self) -> None:

@@ -47,7 +47,7 @@ from ...cluster.cluster import EngineCluster
 from ...errors import KDistError
 from ...cluster.network import engine_address, interface_of, join, listening
 from ...cluster.placement import host_grouped_ranks
-from ..engines import waiting
+from ..engines import finish, waiting
 from ..base import RunContext
 from .processes import ProcessGroupStrategy
 from ..frameworks.fit_data import process_shards
@@ -93,7 +93,7 @@ class TorchMultiWorkerStrategy(ProcessGroupStrategy):
         during = "while torch.distributed was set up"
         lead = {by_rank[0].engine_id: 0}
         try:
-            opened = waiting.gather(self, [cluster.client[by_rank[0].engine_id].apply_async(_listen, mode)],
+            opened = waiting.gather(self.run_now, [cluster.client[by_rank[0].engine_id].apply_async(_listen, mode)],
                                     lead, 60, during)[0]
         except KDistError:  # rank 0 or the controller ended: named
             raise
@@ -103,7 +103,7 @@ class TorchMultiWorkerStrategy(ProcessGroupStrategy):
         address, port = opened["address"], opened["port"]
         self.check_reachable(address, cluster, "torch's store")
         self.store = join(address, port)
-        cudas = waiting.gather(self, [cluster.client[e.engine_id].apply_async(_cuda) for e in cluster.engines],
+        cudas = waiting.gather(self.run_now, [cluster.client[e.engine_id].apply_async(_cuda) for e in cluster.engines],
                                ranks, 60, during)
         gpus = [(e.hostname, cuda) for e, cuda in zip(cluster.engines, cudas)]
         # NCCL when every rank has a GPU of its own (it refuses two ranks on one GPU)
@@ -113,11 +113,11 @@ class TorchMultiWorkerStrategy(ProcessGroupStrategy):
         ars = [cluster.client[e.engine_id].apply_async(_setup, address, port, len(ranks), rank, backend,
                                                        mode, seed, env)
                for e, rank, env in zip(cluster.engines, ranks, envs)]
-        self._setup_results(ars, ranks, "torch.distributed", self.store, SETUP_TIMEOUT,
+        waiting.setup_results(self.run_now, ars, ranks, "torch.distributed", self.store, SETUP_TIMEOUT,
                             "joining torch.distributed failed")
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
-        self._end_collective_cell(cluster, ctx, ok, "the torch processes' collectives", _leave)
+        finish.end_collective_cell(self.run_now, ok, "the torch processes' collectives", _leave)
         self.store = ""
 
     def teardown(self) -> None:
