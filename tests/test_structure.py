@@ -365,3 +365,41 @@ if __name__ == "__main__":  # rewrite ARCHITECTURE.md's generated import table
         raise SystemExit(f"{page} has no {IMPORTS_BEGIN!r} ... {IMPORTS_END!r} block")
     page.write_text(text[:start] + imports_across_components() + text[end + len(IMPORTS_END):])
     print(f"wrote {page}'s table of imports across components")
+
+
+def strategy_writers(path: Path) -> list[str]:
+    """Module-level functions in ``path`` that write an attribute of a parameter named
+    ``strategy`` (``strategy.x = ...``, ``strategy.x |= ...``): per-run state kept on the
+    strategy from outside it."""
+    found = []
+    for fn in ast.parse(path.read_text()).body:
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+        if "strategy" not in params:
+            continue
+        for node in ast.walk(fn):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) \
+                            and sub.value.id == "strategy":
+                        found.append(f"{path.name}:{node.lineno} {fn.name} writes strategy.{sub.attr}")
+    return found
+
+
+def test_no_function_of_the_engine_path_writes_a_strategys_state():
+    """A cell on engines is one EngineRun: its steps are given the run, and what lasts between
+    cells is written by the strategy's own methods, never by a module function handed it."""
+    engines = PACKAGE / "strategies" / "engines"
+    found = [w for path in sorted(engines.glob("*.py")) for w in strategy_writers(path)]
+    assert not found, "\n".join(found)
+
+
+def test_the_writer_check_sees_a_function_writing_a_strategys_state(tmp_path):
+    path = tmp_path / "step.py"
+    path.write_text("def step(strategy, ok):\n    if ok:\n        strategy.lost |= {1}\n"
+                    "    strategy.needs_restart = 'x'\n\ndef fine(strategy):\n    return strategy.cluster\n")
+    assert sorted(w.split(" ", 1)[1] for w in strategy_writers(path)) == [
+        "step writes strategy.lost", "step writes strategy.needs_restart"]
