@@ -44,7 +44,7 @@ def rank_env(horovod_env: dict[str, str], **extra: str) -> dict[str, str]:
 def run_ranks(script: Path, args: list[str], outdir: Path, timeout: float = 150) -> None:
     """Start N ranks of ``script`` under one rendezvous; fail with their output if any fails.
     Every child is killed (by PID) whatever happens."""
-    from kdist_magics.cluster.rendezvous import Rendezvous
+    from kdist_magics.strategies.horovod.rendezvous import Rendezvous
 
     procs: list[subprocess.Popen] = []
     logs = []
@@ -241,7 +241,7 @@ def run_elastic_ranks(script: Path, args: list[str], outdir: Path, n: int,
     kernel does). Returns each rank's exit code. Every child is killed by PID at the end."""
     import time
 
-    from kdist_magics.cluster.rendezvous import Rendezvous
+    from kdist_magics.strategies.horovod.rendezvous import Rendezvous
 
     procs: list[subprocess.Popen] = []
     with Rendezvous(["localhost"] * n, elastic=True) as rdv:

@@ -19,7 +19,7 @@ import pytest
 
 from kdist_magics.cluster import namespace, peers
 from kdist_magics.watch.record import RunRecord
-from kdist_magics.cluster.rendezvous import AbortLine
+from kdist_magics.strategies.horovod.rendezvous import AbortLine
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the socket tables (/proc/net/tcp) are Linux's")
@@ -98,7 +98,7 @@ def test_the_horovod_rendezvous_answers_this_user_only():
     pytest.importorskip("horovod.runner.http.http_server", reason="Horovod's rendezvous server")
     import urllib.request
 
-    from kdist_magics.cluster.rendezvous import Rendezvous
+    from kdist_magics.strategies.horovod.rendezvous import Rendezvous
 
     rdv = Rendezvous(["localhost", "localhost"])
     port = rdv.start()

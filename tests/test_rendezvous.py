@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("horovod.runner", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
 
-from kdist_magics.cluster.rendezvous import Rendezvous, assign  # noqa: E402
+from kdist_magics.strategies.horovod.rendezvous import Rendezvous, assign  # noqa: E402
 
 pytestmark = pytest.mark.horovod
 
@@ -76,7 +76,7 @@ def test_abort_line_listens_on_loopback_and_tells_every_watching_rank(monkeypatc
 
 
 def test_abort_watch_ends_quietly_on_hang_up_and_on_stop(monkeypatch):
-    from kdist_magics.cluster.rendezvous import AbortLine
+    from kdist_magics.strategies.horovod.rendezvous import AbortLine
 
     line = AbortLine("127.0.0.1")
     engine, thread, called = _watching(monkeypatch, line)
@@ -142,7 +142,7 @@ def test_elastic_plan_answers_once_every_rank_left_has_asked():
 def test_elastic_plan_grows_by_an_engine_that_asks_with_its_join_key():
     import threading
 
-    from kdist_magics.cluster.rendezvous import join_key
+    from kdist_magics.strategies.horovod.rendezvous import join_key
 
     def get(port, key):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/rank_and_size/{key}", timeout=30) as r:

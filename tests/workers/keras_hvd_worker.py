@@ -1,7 +1,7 @@
 """One Horovod rank for tests/test_keras_horovod.py.
 
 Usage: python keras_hvd_worker.py SCENARIO OUTDIR
-The HOROVOD_* / Gloo variables come from kdist_magics.cluster.rendezvous.Rendezvous.env(i).
+The HOROVOD_* / Gloo variables come from kdist_magics.strategies.horovod.rendezvous.Rendezvous.env(i).
 Each rank writes OUTDIR/<scenario>-rank<R>.npz (arrays) and .json (scalars, lists);
 the test process compares the ranks.
 """

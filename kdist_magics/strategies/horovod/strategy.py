@@ -66,12 +66,12 @@ class HorovodStrategy(EngineStrategy):
         self.growth = None  # the run's Growth under --max-np
 
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
-        from ...cluster.rendezvous import assign
+        from .rendezvous import assign
 
         return [slot.rank for slot in assign([e.hostname for e in cluster.engines])]
 
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
-        from ...cluster.rendezvous import Rendezvous
+        from .rendezvous import Rendezvous
 
         hosts = [e.hostname for e in cluster.engines]
         if cluster.loopback:
@@ -83,7 +83,7 @@ class HorovodStrategy(EngineStrategy):
                     f"the engines run on {len(set(hosts))} hosts but the rendezvous would listen on "
                     f"loopback; set %config KDist.bind_address = '<an address every engine reaches>'")
         if not cluster.loopback and len(set(hosts)) > 1:
-            from ...cluster.hostnames import check
+            from .hostnames import check
 
             check(cluster, ranks)  # an unresolvable peer would abort every rank unnamed
         spec = ctx.spec

@@ -4,8 +4,8 @@ would otherwise only see as engines leaving the cluster)."""
 
 from __future__ import annotations
 
-from ..errors import KDistError
-from ..messages import unresolved_hosts
+from ...errors import KDistError
+from ...messages import unresolved_hosts
 
 
 def _unresolved(names: list[str]) -> list[str]:  # runs on an engine

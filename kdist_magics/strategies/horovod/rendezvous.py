@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Sequence
 
-from .peers import allowed
+from ...cluster.peers import allowed
 
 
 def assign(hostnames: Sequence[str]):
