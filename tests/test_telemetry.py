@@ -621,3 +621,31 @@ def test_the_proportional_set_size_is_read_every_few_seconds_not_every_sample():
     sampler.stop(final=False)
     proc.rss = 400
     assert sampler.sample()["pss_bytes"] == 200 and reads[-1] == 400  # the end reads it
+
+
+def test_a_slow_proportional_set_size_read_is_made_rarer():
+    """A PSS read that takes 0.1 s (a loaded host, a process with many mappings) waits 0.1 /
+    PSS_SHARE = 50 s for the next, so the reads stay under PSS_SHARE of a core."""
+    reads, clock = [], [0.0]
+
+    class Proc:
+        def cpu_percent(self, _):
+            return 10.0
+
+        def memory_info(self):
+            return types.SimpleNamespace(rss=100)
+
+        def memory_full_info(self):
+            reads.append(clock[0])
+            clock[0] += 0.1  # the read itself
+            return types.SimpleNamespace(pss=50)
+
+    fake = types.SimpleNamespace(Process=lambda pid: Proc(), cpu_count=lambda: 2)
+    sampler = sampling_mod.Sampler(lambda k, r: None, psutil=fake, nvml=False,
+                                   tpu_probe=lambda: None, monotonic=lambda: clock[0])
+    for t in range(120):
+        clock[0] = float(t)
+        assert sampler.sample()["pss_bytes"] == 50
+    gaps = [b - a for a, b in zip(reads, reads[1:])]
+    assert len(reads) == 3 and all(50 <= g <= 51 for g in gaps), reads  # one-second samples
+    assert max(0.1 / g for g in gaps) <= sampling_mod.PSS_SHARE

@@ -30,10 +30,15 @@ Sink = Callable[[str, dict[str, Any]], None]
 
 #: default seconds between utilisation samples
 SAMPLE_INTERVAL = 1.0
-#: seconds between reads of the proportional set size: the kernel walks every mapping for it
-#: (~5-7 ms a read in a process with TensorFlow loaded, where the rest of a sample takes
-#: ~0.05 ms); between reads it moves with the resident size (pages a process adds are its own)
+#: seconds between reads of the proportional set size at the least: the kernel walks every
+#: mapping for it (~5-20 ms a read in a process with TensorFlow loaded, where the rest of a
+#: sample takes ~0.05 ms); between reads it moves with the resident size (pages a process adds
+#: are its own)
 PSS_EVERY = 10.0
+#: the share of one core the PSS reads may take: a read that took longer waits longer for the
+#: next (a profile of a loaded 2-core host's training rank saw reads of ~0.1-0.3 s, its
+#: mappings' lock held meanwhile)
+PSS_SHARE = 0.002
 
 
 class _NvmlProbe:
@@ -285,7 +290,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cpu_since = monotonic()
-        self._pss: tuple[float, int, int] | None = None  # (when, pss, rss then)
+        self._pss: tuple[float, int, int] | None = None  # (next read due, pss, rss then)
         if self.process is not None:
             with contextlib.suppress(Exception):
                 self.process.cpu_percent(None)  # prime: the next call measures from here
@@ -332,11 +337,13 @@ class Sampler:
         return row
 
     def _pss_bytes(self, rss: int | None, now: float) -> int:
-        """The proportional set size: read every :data:`PSS_EVERY` s (and at the end), in
-        between the last read moved by the resident size's change since."""
-        if self._pss is None or rss is None or now - self._pss[0] >= PSS_EVERY or self._stop.is_set():
+        """The proportional set size: read every :data:`PSS_EVERY` s, or less often where a read
+        takes over :data:`PSS_SHARE` of that (and at the end); in between the last read moved by
+        the resident size's change since."""
+        if self._pss is None or rss is None or now >= self._pss[0] or self._stop.is_set():
             pss = int(self.process.memory_full_info().pss)
-            self._pss = (now, pss, rss if rss is not None else 0)
+            took = self.monotonic() - now
+            self._pss = (now + max(PSS_EVERY, took / PSS_SHARE), pss, rss if rss is not None else 0)
             return pss
         _, pss, then = self._pss
         return max(0, pss + rss - then)
