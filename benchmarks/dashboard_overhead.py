@@ -6,7 +6,9 @@ alternating in ABBA order (so slow drift of a shared machine cancels):
 
   A  ``%%kdist --strategy S --no-telemetry``  (no callback, no sampler, no dashboard)
   B  ``%%kdist --strategy S``                  (callback on fit, 1 s sampler, live dashboard
-                                                 sending comm messages over IOPub)
+                                                 sending comm messages over IOPub; each
+                                                 update computes the live step split,
+                                                 ``watch/split.py``, so its cost is in B)
 
 Throughput is samples/s of the ``fit`` call, timed inside the cell. Printed: P3, the
 median of the pairs' B/A ratios (the paired statistic: on a VM whose whole runs

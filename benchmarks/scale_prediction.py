@@ -66,6 +66,7 @@ model.fit(x, y, batch_size=512, epochs=1, verbose=0,
 """
 
 BODY = """
+import kdist_magics
 ip.run_line_magic("config", "KDist.threads_per_rank = 1")
 ip.run_line_magic("config", "KDist.private_network = False")
 for name, cell in (("wide", WIDE), ("cnn", CNN)):
@@ -73,6 +74,9 @@ for name, cell in (("wide", WIDE), ("cnn", CNN)):
     out[name] = {"text": repr(table), "errors": {str(k): v for k, v in table.prediction_errors().items()},
                  "advice": table.advice, "speedups": [r.speedup for r in table.rows],
                  "bandwidth": table.link.bandwidth, "cost_s": table.cost_s}
+    if SPLIT:  # the same cell run on 2 ranks over the slow link: its live split, per rank
+        ip.run_cell_magic("kdist", "--strategy horovod --np 2 --no-dashboard --timeout 300", cell)
+        out[name]["split"] = kdist_magics.last_run().split()
 ip.run_line_magic("kdist", "stop")
 """
 
@@ -81,8 +85,9 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=30, check=check)
 
 
-def probe_on_a_slow_link(rate: str = RATE) -> dict:
-    """Both models probed in a namespace whose loopback runs at ``rate``; their figures."""
+def probe_on_a_slow_link(rate: str = RATE, split: bool = False) -> dict:
+    """Both models probed in a namespace whose loopback runs at ``rate``; their figures (with
+    ``split``, each model then run once on 2 ranks there, and its ``last_run().split()``)."""
     from kernel_driver import run_in_fresh_shell
 
     ns = f"kdist-scale-{os.getpid()}"
@@ -92,7 +97,8 @@ def probe_on_a_slow_link(rate: str = RATE) -> dict:
         _ip("ip", "-n", ns, "link", "set", "lo", "mtu", "1500", "up")
         _ip("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate",
             rate, "burst", "64kb", "latency", "100ms")
-        return run_in_fresh_shell(f"WIDE, CNN = {WIDE!r}, {CNN!r}\n" + textwrap.dedent(BODY), {},
+        return run_in_fresh_shell(f"WIDE, CNN, SPLIT = {WIDE!r}, {CNN!r}, {split!r}\n"
+                                  + textwrap.dedent(BODY), {},
                                   prefix=("ip", "netns", "exec", ns))
     finally:
         _ip("ip", "netns", "del", ns, check=False)

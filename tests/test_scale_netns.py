@@ -6,7 +6,9 @@ a device of its own), so a rank's compute is the same at 1 and 2 ranks on this 2
 The probe predicts the 2-rank step from the 1-rank probe and the measured link; the measured
 2-rank step must be within 20 % of it, for a compute-bound model (a small CNN, a batch of 512
 per rank) and a communication-bound one (a wide Dense model, a batch of 16), and the verdicts
-differ.
+differ. Each model then runs once more on 2 ranks over the slow link, and its live split
+(the all-reduce timed on every rank) puts the link where it is: in communication for the wide
+model, whose gradients the link holds up, not in compute, which stays near the 1-rank step.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def test_the_probe_predicts_two_ranks_within_20_percent_and_the_verdicts_differ(
         pytest.skip(why)
     pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test "
                                                       "builds it into .venv)")
-    out = probe_on_a_slow_link()
+    out = probe_on_a_slow_link(split=True)
     if any(t["advice"] and CONTENDED in t["advice"][0] and max(t["errors"].values()) > 0.20
            for t in (out["wide"], out["cnn"])):
         # the probe itself found the ranks slowing each other beyond the link (two pinned ranks
@@ -47,7 +49,7 @@ def test_the_probe_predicts_two_ranks_within_20_percent_and_the_verdicts_differ(
         # model; the probe runs once more, and its figures are judged
         print(out["wide"]["text"] + "\n" + out["cnn"]["text"])
         print("the ranks slowed each other down: the probe again")
-        out = probe_on_a_slow_link()
+        out = probe_on_a_slow_link(split=True)
     wide, cnn = out["wide"], out["cnn"]
     for table in (wide, cnn):
         print(table["text"])
@@ -59,3 +61,13 @@ def test_the_probe_predicts_two_ranks_within_20_percent_and_the_verdicts_differ(
     assert wide["advice"][0].startswith("communication-bound: "), wide["text"]
     assert cnn["advice"][0].startswith("compute-bound: "), cnn["text"]
     assert wide["speedups"][1] < 1 < cnn["speedups"][1]
+    from kdist_magics.messages import SPLIT_TIMED
+
+    for name, table in (("wide", wide), ("cnn", cnn)):
+        rows = table["split"]
+        print(name, rows)
+        assert len(rows) == 2 and all(r["source"] == SPLIT_TIMED for r in rows), rows
+    # the slow link is the wide model's communication, not its compute
+    comm = min(r["communication_s"] for r in wide["split"])
+    assert all(comm > 2 * r["compute_s"] for r in wide["split"]), wide["split"]
+    assert all(r["compute_s"] > r["communication_s"] for r in cnn["split"]), cnn["split"]
