@@ -153,7 +153,7 @@ def data_position() -> tuple[int, int]:
             import jax
 
             if jax.process_count() > 1:
-                from .strategies.sharded.positions import data_position as on_mesh
+                from .strategies.frameworks.on_jax import data_position as on_mesh
 
                 return on_mesh(dist)
     for name in ("kdist_magics.keras_horovod", "horovod.tensorflow"):

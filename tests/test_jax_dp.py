@@ -182,7 +182,7 @@ def test_divisible_batches_with_a_fake_model_class(monkeypatch):
             return x * 2
 
     monkeypatch.setitem(sys.modules, "keras", types.SimpleNamespace(Model=Model))
-    from kdist_magics.strategies.kernel.jax_dp import divisible_batches
+    from kdist_magics.strategies.frameworks.on_jax import divisible_batches
 
     before = (Model.fit, Model.evaluate, Model.predict)
 

@@ -34,7 +34,7 @@ import kdist_magics
 
 from test_corpus import CORPUS_DIR
 
-from kdist_magics.strategies.multiworker.compat_tf_strategy import handing_back, multiworker_check
+from kdist_magics.strategies.frameworks.compat_tf_strategy import handing_back, multiworker_check
 from kdist_magics.errors import LauncherMismatch, ScriptExited
 from kdist_magics.strategies.multiworker.run_script import help_lines, run_main, split_line
 from kdist_magics.strategies.multiworker.launcher_env import _in_this_rank, check_world, patched, torchrun_env

@@ -323,10 +323,10 @@ def test_one_tpu_chip_is_said_to_be_one_replica_on_jax():
 
     out = run_in_fresh_shell("""
 from kdist_magics.choose.hardware import tpu_from_kind
-from kdist_magics.strategies.kernel import jax_dp
+from kdist_magics.strategies.frameworks import on_jax
 from kdist_magics.strategies.kernel.tpu import TPUStrategy
 import jax
-jax_dp.plan_devices = lambda wanted, platform: jax.devices()[:1]  # the chip
+on_jax.plan_devices = lambda wanted, platform: jax.devices()[:1]  # the chip
 kdist_magics._extension._strategies["tpu"] = TPUStrategy(
     find=lambda: tpu_from_kind("v5litepod-1", target="local", found_by="/dev/vfio/0"))
 _, err = attempt("--strategy tpu --no-dashboard", "kd_r = strategy.num_replicas_in_sync")
@@ -399,11 +399,11 @@ def test_eight_tpu_chips_train_data_parallel_over_eight_and_sharded_over_a_mesh_
     out = run_in_fresh_shell(f"""
 import jax, numpy as np
 from kdist_magics.choose.hardware import detect_tpu
-from kdist_magics.strategies.kernel import jax_dp
+from kdist_magics.strategies.frameworks import on_jax
 from kdist_magics.strategies.kernel.tpu import TPUStrategy
 found = detect_tpu({{"TPU_ACCELERATOR_TYPE": "v5litepod-8"}}, root={str(root)!r})
 out["found"] = [found.name, found.cores, found.found_by]
-jax_dp.plan_devices = lambda wanted, platform: jax.devices()[:wanted or 8]  # the eight chips
+on_jax.plan_devices = lambda wanted, platform: jax.devices()[:wanted or 8]  # the eight chips
 kdist_magics._extension._strategies["tpu"] = TPUStrategy(find=lambda: found)
 ip.run_cell('''
 import numpy as np, keras

@@ -1,6 +1,10 @@
-"""What several strategy families need of Keras' backends, and the version shims.
+"""What several strategy families need of Keras' backends, so that they import it and not
+each other, and the version shims.
 
 :mod:`.backends` (which Keras backend, read without importing Keras), :mod:`.fit_data`
-(in-memory data fitted to how a run divides the work), and the shims for Keras, JAX and
-TensorFlow (:mod:`.compat_keras`, :mod:`.compat_jax`, :mod:`.compat_tf`).
+(in-memory data fitted to how a run divides the work), :mod:`.on_jax` (what every family asks
+of JAX: devices, data parallelism's ``strategy``, batches that split evenly),
+:mod:`.compat_tf_strategy` (the cell's own ``tf.distribute`` strategies handed the run's), and
+the shims for Keras, JAX and TensorFlow (:mod:`.compat_keras`, :mod:`.compat_jax`,
+:mod:`.compat_tf`).
 """

@@ -5,7 +5,7 @@ needs batches that split over its devices. The wrappers here change the argument
 ``keras.Model.fit/evaluate/predict`` while a cell runs (:func:`patched_data_methods`, the one
 mechanism), so the cell stays ordinary Keras:
 
-* :func:`~kdist_magics.strategies.kernel.jax_dp.divisible_batches` (one process, several devices);
+* :func:`~kdist_magics.strategies.frameworks.on_jax.divisible_batches` (one process, several devices);
 * :func:`process_shards` (several processes: each takes its contiguous 1/N of the samples,
   equal sizes, so every process makes the same number of steps), used by multiworker under
   JAX and torch.
@@ -106,7 +106,7 @@ def process_shards(rank: int, n: int, say=print, fit_callbacks: Callable[[], lis
     ``fit_callbacks()``: callbacks the backend adds to every ``fit`` (process 0's weights at
     the start, gradient averaging); ``no_predict``: when set, ``predict`` raises it;
     ``position()``: when given, asked at each call for ``(part, parts, replicated)`` instead of
-    ``(rank, n)`` (JAX: the data-axis position, :mod:`.positions`); ``fit_callbacks`` only where
+    ``(rank, n)`` (JAX: the data-axis position, :func:`.on_jax.feeding`); ``fit_callbacks`` only where
     the model is ``replicated``.
     """
     once = said_once(say)

@@ -102,7 +102,7 @@ class MirroredStrategy(Strategy):
         self.kind = kind
         for rank, device in enumerate(devices):
             ctx.record.set_rank(rank, state="running", device=device)
-        from ..multiworker.compat_tf_strategy import mirrored  # the cell's own MirroredStrategy() is this one
+        from ..frameworks.compat_tf_strategy import mirrored  # the cell's own MirroredStrategy() is this one
 
         value = run_cell_here(cell, ctx, scope=mirrored(strategy, devices), bind={"strategy": strategy})
         for rank in range(len(devices)):

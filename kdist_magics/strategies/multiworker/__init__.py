@@ -4,5 +4,5 @@
 :mod:`.jax_processes` and :mod:`.torch_processes` (one framework process per engine, sharing
 :mod:`.processes`); the Keras 3 fixes MultiWorkerMirroredStrategy needs (:mod:`.keras_mwms`,
 :mod:`.compat_backup`); code written for a launcher, run unchanged (:mod:`.launcher_env`,
-:mod:`.compat_tf_strategy`) and ``%kdist run`` (:mod:`.run_script`).
+with :mod:`..frameworks.compat_tf_strategy`) and ``%kdist run`` (:mod:`.run_script`).
 """

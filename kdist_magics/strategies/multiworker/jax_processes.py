@@ -29,8 +29,9 @@ ends with the same weights. Per run:
    strategy.process_index)``). ``predict`` inside the cell raises a clear error (its output
    spans every process); ``--pull model`` and predict in the kernel. A distribution the cell
    sets itself (Keras' guide's ``ModelParallel`` over a ``(1, 2)`` mesh) is honoured: arrays go
-   by this process's position on its data axis (:mod:`.positions`: processes sharing a position
-   get the same rows), with its ``auto_shard_dataset`` off (Keras' own takes tf.data only).
+   by this process's position on its data axis (:func:`..frameworks.on_jax.feeding`: processes
+   sharing a position get the same rows), with its ``auto_shard_dataset`` off (Keras' own takes
+   tf.data only).
    Inside the cell ``jax.distributed.initialize()`` and ``keras.distribution.initialize()``
    (no arguments, or ones matching the run) are no-ops (:mod:`.launcher_env`).
 4. **After the cell**: the patches go; the process group stays for the next cell. A run
@@ -52,7 +53,7 @@ from ..base import RunContext
 from ..engines import finish, waiting
 from .processes import ProcessGroupStrategy
 from ..frameworks.fit_data import process_shards
-from ..kernel.jax_dp import DataParallelStrategy
+from ..frameworks.on_jax import DataParallelStrategy
 from .launcher_env import jax_calls
 from ..frameworks.compat_jax import device_put_takes_keras_variables, locations_alike
 
@@ -174,7 +175,7 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
            mesh: tuple[int, int] | None = None) -> dict[str, Any]:
     """On an engine: join ``jax.distributed`` (once per process), seed Keras alike on every
     process, bind ``strategy`` (DataParallel, or ModelParallel over ``mesh``: --strategy
-    sharded), feed array inputs by data-axis position (:mod:`.positions`)."""
+    sharded), feed array inputs by data-axis position (:func:`..frameworks.on_jax.feeding`)."""
     import os
 
     from IPython import get_ipython
@@ -203,7 +204,7 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
         distribution = engine_distribution(devices, mesh)
     keras.distribution.set_distribution(distribution)
     strategy = ProcessesStrategy(distribution, devices, jax.process_index(), jax.process_count())
-    from ..sharded.positions import feeding
+    from ..frameworks.on_jax import feeding
 
     stack = contextlib.ExitStack()
     stack.enter_context(process_shards(
@@ -219,7 +220,7 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
     stack.enter_context(locations_alike())  # one cell, one program on every process (JAX 0.12.1)
     local = jax.local_device_count()
     if local > 1:  # several devices per process: each process's batches must split over them
-        from ..kernel.jax_dp import divisible_batches
+        from ..frameworks.on_jax import divisible_batches
 
         stack.enter_context(divisible_batches(local))
     _run["stack"] = stack

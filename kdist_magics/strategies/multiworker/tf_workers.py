@@ -20,7 +20,7 @@ Horovod. Per run:
    the workers wait for each other): create (or reuse) the strategy, bind it as
    ``strategy``, apply :mod:`kdist_magics.strategies.multiworker.keras_mwms` (the Keras 3 fix for
    keras-team/keras#20585), enter ``strategy.scope()``, and make the cell's own
-   ``tf.distribute.MultiWorkerMirroredStrategy()`` return it (:mod:`kdist_magics.strategies.multiworker.compat_tf_strategy`).
+   ``tf.distribute.MultiWorkerMirroredStrategy()`` return it (:mod:`kdist_magics.strategies.frameworks.compat_tf_strategy`).
 4. **After the cell** (:meth:`after_cell`): leave the scope, remove the fix.
    ``strategy`` stays bound, like the rest of the namespace.
 
@@ -271,7 +271,7 @@ def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
     scope = strategy.scope()
     scope.__enter__()
     _mw["scope"] = scope
-    from . import compat_tf_strategy  # the cell's own MultiWorkerMirroredStrategy() is this one
+    from ..frameworks import compat_tf_strategy  # the cell's own MultiWorkerMirroredStrategy() is this one
 
     _mw["handback"] = compat_tf_strategy.multiworker(strategy)
     _mw["handback"].__enter__()

@@ -6,7 +6,7 @@ axis D, each large variable over the model axis M (where the variables go:
 :mod:`.layout`). ``strategy`` is bound to a :class:`ShardedRun` (``num_replicas_in_sync`` = D,
 ``scope()``, ``distribution``, ``mesh``).
 
-Devices as for ``mirrored`` on JAX (:func:`.jax_dp.plan_devices`): every GPU or TPU core, or N
+Devices as for ``mirrored`` on JAX (:func:`..frameworks.on_jax.plan_devices`): every GPU or TPU core, or N
 logical CPU devices (``--devices N``, default 2; JAX fixes them when it starts). ``--mesh D,M``
 takes D x M devices; without it kdist takes the smallest model axis whose share of the
 namespace's largest model (weights, gradients and two Adam moments) fits one device, the rest
@@ -14,7 +14,7 @@ data, and says so in one line; a later cell on the same devices keeps that mesh 
 under it must go on training under it).
 
 In-memory arrays: batches are kept divisible by D while the cell runs, as under mirrored
-(:func:`.jax_dp.divisible_batches`). After the cell, ``last_run().layout()`` is the table of
+(:func:`..frameworks.on_jax.divisible_batches`). After the cell, ``last_run().layout()`` is the table of
 where each variable lives, and LayoutMap keys in the namespace that matched no variable are
 said (Keras leaves those variables replicated without a word).
 
@@ -116,12 +116,12 @@ class ShardedStrategy(Strategy):
 
     def _plan(self, ctx: RunContext) -> ShardedRun:
         """The devices, the mesh and the distribution for this cell (nothing runs yet)."""
-        from ..kernel.jax_dp import plan_devices
+        from ..frameworks import on_jax
         from .layout import distribution
 
         spec = ctx.spec
         wanted = spec.devices or (spec.mesh[0] * spec.mesh[1] if spec.mesh else None)
-        devices = plan_devices(wanted, None)
+        devices = on_jax.plan_devices(wanted, None)
         n, ids = len(devices), tuple(d.id for d in devices)
         mesh = spec.mesh or self._meshes.get(ids)
         if mesh is None:
@@ -157,7 +157,7 @@ class ShardedStrategy(Strategy):
         scope = contextlib.ExitStack()
         scope.enter_context(run.scope())
         if run.mesh[0] > 1:
-            from ..kernel.jax_dp import divisible_batches
+            from ..frameworks.on_jax import divisible_batches
 
             scope.enter_context(divisible_batches(run.mesh[0]))
         try:
