@@ -25,7 +25,9 @@ once) and prints ``PASS``/``FAIL`` with what it saw:
 
 6. **scale** -- ``%%kdist scale --strategy multiworker --np 2`` (Keras on torch, whose steps
    are timed live) with the two processes sharing GPU 0: the probe's table measured at 1 and
-   2 ranks on the GPU, the link measured, a verdict drawn; the table printed as it is.
+   2 ranks on the GPU, the link measured by the group's own all-reduce (``torch.distributed``:
+   Gloo while the ranks share GPU 0, NCCL where each has its own), a verdict drawn; the table
+   printed as it is.
 
 Needs kdist_magics importable with its dependencies (ipyparallel, IPython, ipywidgets,
 anywidget, psutil), JAX with CUDA and ``nvidia-ml-py``. Exits 0 when every check passed, 1
@@ -127,6 +129,7 @@ out["err"] = repr(err) if err is not None else None
 if err is None:
     out["rows"] = [[r.n, r.measured, round(r.speedup, 2), r.communication_share] for r in table.rows]
     out["bandwidth"], out["advice"], out["text"] = table.link.bandwidth, table.advice, repr(table)
+    out["via"] = table.link.via
     out["kd_where"] = by_rank("kd_where")
 ip.run_line_magic("kdist", "stop")
 """
@@ -241,11 +244,12 @@ def main(argv=None) -> int:
         else:
             print(r["text"], flush=True)
             ok = ([row[:2] for row in r["rows"][:2]] == [[1, True], [2, True]] and r["bandwidth"] > 0
-                  and bool(r["advice"]) and all(w == "cuda" for w in r["kd_where"]))
+                  and r["via"].startswith("torch.distributed") and bool(r["advice"])
+                  and all(w == "cuda" for w in r["kd_where"]))
             results.append(report("scale, 2 torch ranks sharing GPU 0", ok,
                                   f"on {r['kd_where']}, measured N {[row[0] for row in r['rows'] if row[1]]}, "
                                   f"speed-ups {[row[2] for row in r['rows']]}, link "
-                                  f"{r['bandwidth'] / 2**20:,.0f} MiB/s, advice {r['advice'][:1]}",
+                                  f"{r['bandwidth'] / 2**20:,.0f} MiB/s by {r['via']}, advice {r['advice'][:1]}",
                                   r["seconds"]))
     print(f"gpu_check: {sum(results)}/{len(results)} passed")
     return 0 if all(results) else 1

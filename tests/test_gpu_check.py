@@ -42,6 +42,7 @@ def test_gpu_check_runs_through_on_the_cpu():
     if "torch" in backends:  # the probe: measured at 1 and 2 ranks, on the CPU here, so it fails
         line = next(l for l in out.splitlines() if l.startswith(("PASS", "FAIL")) and "scale" in l)
         assert line.startswith("FAIL scale") and "on ['cpu', 'cpu'], measured N [1, 2]" in line, line
+        assert "MiB/s by torch.distributed's all-reduce, gloo" in line, line  # the group's own collective
         assert "kdist scale: multiworker, per-rank batch 64" in out, out
     checks = 2 + 2 * len(backends) + ("torch" in backends)
     assert out.splitlines()[-1] == f"gpu_check: {len(backends)}/{checks} passed", out

@@ -12,7 +12,7 @@ import pytest
 from kdist_magics.scale.model import Link, Row, advice, link_from, predict, with_speedup
 from kdist_magics.scale.probe import ranks_to_probe
 from kdist_magics.scale.table import ScaleTable
-from kdist_magics.watch.probe import StepProbe
+from kdist_magics.watch.step_probe import StepProbe
 from kdist_magics import messages
 
 MiB = 2 ** 20
@@ -88,7 +88,7 @@ def test_a_horovod_cells_link_is_timed_through_horovods_all_reduce_else_kdists_r
     table = ScaleTable("horovod", [Row(1, 100.0, 0.1, 0.1, 0.0, 0.0)], link, MiB, 32)
     assert "; link (kdist's TCP ring) " in table.head()
     # no Horovod in the process: the probe's row says nothing of a link, and nothing fails
-    from kdist_magics.watch.probe import cells_own_link
+    from kdist_magics.watch.step_probe import cells_own_link
 
     monkeypatch.delitem(sys.modules, "horovod.tensorflow", raising=False)
     assert cells_own_link(MiB) is None
@@ -404,6 +404,51 @@ def test_kdists_ring_all_reduce_sums_right_between_processes(n):
         results = [r.get(timeout=60) for r in runs]
     for r in results:
         assert r["right"] and len(r["big"]) == 2 and all(t > 0 for t in r["big"] + r["tiny"])
+
+
+@pytest.mark.torch
+def test_a_torch_groups_link_is_timed_through_its_own_all_reduce_between_processes():
+    """Keras on PyTorch across engine processes: at the end of a probed fit every rank times
+    torch.distributed's all-reduce on the group kdist set up (Gloo here), every rank alike, and
+    the kernel's link says so; without a group, no figure (kdist's ring instead)."""
+    pytest.importorskip("torch", reason="PyTorch is not installed in this environment")
+    from kdist_magics.scale import link as ring
+    from kdist_magics.watch.step_probe import cells_own_link
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        port = _free_port()
+        runs = [pool.apply_async(_torch_rank, (rank, 2, port)) for rank in range(2)]
+        timed = [r.get(timeout=120) for r in runs]
+    assert all(t["right"] and t["via"] == "torch.distributed's all-reduce, gloo" for t in timed), timed
+    assert timed[0]["big_s"] == timed[1]["big_s"] and timed[0]["nbytes"] == timed[1]["nbytes"]  # agreed
+    assert timed[0]["nbytes"] >= ring.MIN_BYTES and timed[0]["big_s"] > timed[0]["tiny_s"] > 0
+    rows = [{"rank": r, "kind": "probe", "link": t} for r, t in enumerate(timed)]
+    link = ring.from_ranks(rows, 2)
+    assert link.via == "torch.distributed's all-reduce, gloo" and link.ranks == 2
+    table = ScaleTable("multiworker", [Row(1, 100.0, 0.1, 0.1, 0.0, 0.0)], link, 2 ** 20, 32)
+    assert "; link (torch.distributed's all-reduce, gloo) " in table.head()
+    assert cells_own_link(2 ** 20) is None  # no group in this process
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torch_rank(rank, n, port):
+    import torch.distributed as dist
+
+    from kdist_magics.watch.step_probe import cells_own_link
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    try:
+        return cells_own_link(2 ** 20)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_stray_connection_to_a_ranks_port_is_not_taken_for_its_neighbour():
@@ -724,12 +769,14 @@ out["err"], out["said"] = repr(err), said.getvalue()
 table = kdist_magics.last_scale()
 out["rows"] = [[r.n, r.measured] for r in table.rows] if table else None
 out["pids"] = [e.pid for e in kdist_magics._extension._strategies["multiworker"].cluster.engines]
+out["via"] = table.link.via if table else None
 ip.run_line_magic("kdist", "stop")
 """, {"KERAS_BACKEND": "torch"})
     assert out["err"] == "None", out["_stdout"][-3000:] + out["_stderr"][-3000:]
     assert (f"%kdist scale --np 4: cluster {cluster_id} has 2 engines; probing N = 1 to 2, and "
             f"larger N are predicted") in out["said"]
     assert out["rows"] == [[1, True], [2, True], [4, False], [8, False]]
+    assert out["via"] == "torch.distributed's all-reduce, gloo"  # the group's own collective timed the link
     assert set(out["pids"]) == engine_pids  # the user's engines ran the probe
     assert all(psutil.pid_exists(p) for p in engine_pids), "kdist stopped engines it did not start"
     out = run_in_fresh_shell(f"""

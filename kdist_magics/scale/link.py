@@ -1,10 +1,11 @@
 """The engines' link, measured: an all-reduce of the model's gradient bytes between them.
 
-Through the collective the cell's strategy uses where kdist can reach it: Horovod's all-reduce,
-timed on every rank at the end of the probed ``fit`` while Horovod is up (:func:`horovod_link`,
-sent in the probe's row; :func:`from_ranks` in the kernel). Elsewhere (torch's process group
-and JAX's and TensorFlow's collectives live inside the cell's strategy objects) kdist's own
-ring, said in the table's head (:data:`RING`):
+Through the collective the cell's strategy uses where kdist can reach it, timed on every rank at
+the end of the probed ``fit`` while that collective is up and sent in the probe's row
+(:func:`from_ranks` in the kernel): Horovod's all-reduce (:func:`horovod_link`) and
+``torch.distributed``'s on the torch processes' group (:func:`torch_link`: Gloo, or NCCL on
+GPUs). Elsewhere (JAX's and TensorFlow's collectives live inside the cell's strategy objects
+and XLA's programs) kdist's own ring, said in the table's head (:data:`RING`):
 
 kdist's own ring over plain TCP sockets (NumPy arrays, no framework), on the address each
 engine's library would listen on (:func:`kdist_magics.cluster.network.engine_address`), so it
@@ -27,6 +28,7 @@ _ring: dict[str, Any] = {}
 
 #: how the link was timed (the table's head says it)
 HOROVOD, RING = "Horovod's all-reduce", "kdist's TCP ring"
+TORCH = "torch.distributed's all-reduce, {backend}"
 
 #: bytes of the tiny all-reduce that measures latency (one float32 per rank and more)
 TINY = 64
@@ -194,53 +196,98 @@ def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, floa
     return statistics.median(slowest), min(tiny)
 
 
-def horovod_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
-    """On every rank of a horovod cell, at the end of a probed ``fit`` (Horovod is up then; it
-    ends with the cell): all-reduces (sums) of :data:`TINY` bytes and of ``nbytes`` (4 MiB at
+def _timed_link(sum_ones, agree, n: int, nbytes: int, repeats: int) -> dict[str, Any]:
+    """The link timed through a framework's all-reduce, on every rank alike: ``sum_ones(size)``
+    all-reduces (sums) ``size`` bytes of ones and returns the result; ``agree(big, tiny)``
+    returns every rank's maximum of the two. :data:`TINY` bytes, then ``nbytes`` (4 MiB at
     least, more while they take under :data:`BIG_OVER_TINY` times the tiny one, as the ring is
-    timed) through Horovod. Every rank agrees on each figure (their maximum, all-reduced), so
-    all take the same sizes. None where Horovod is not up with 2 ranks or more."""
-    import itertools
-    import sys
+    timed); every rank takes the same sizes since all agree on each figure."""
     import time
 
     import numpy as np
+
+    right = True
+
+    def timed(size: int) -> list[float]:
+        nonlocal right
+        seconds = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            summed = sum_ones(max(size // 4, n))
+            seconds.append(time.perf_counter() - start)
+            right = right and bool(np.all(np.asarray(summed) == n))
+        return seconds[1:]
+
+    tiny_s = min(timed(TINY))
+    nbytes = max(int(nbytes), MIN_BYTES)
+    big, tiny = agree(statistics.median(timed(nbytes)), tiny_s)
+    while big < BIG_OVER_TINY * tiny and nbytes < MAX_BYTES:
+        nbytes = min(4 * nbytes, MAX_BYTES)
+        big, tiny = agree(statistics.median(timed(nbytes)), tiny_s)
+    return {"big_s": big, "tiny_s": tiny, "nbytes": nbytes, "right": right}
+
+
+def horovod_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
+    """On every rank of a horovod cell, at the end of a probed ``fit`` (Horovod is up then; it
+    ends with the cell): the link timed through Horovod's all-reduce (:func:`_timed_link`).
+    None where Horovod is not up with 2 ranks or more."""
+    import itertools
+    import sys
 
     core = sys.modules.get("horovod.tensorflow")
     if core is None or not core.is_initialized() or core.size() < 2:
         return None
     import tensorflow as tf
 
-    n, right, names = core.size(), True, itertools.count()
+    n, names = core.size(), itertools.count()
 
-    def timed(size: int) -> list[float]:
-        nonlocal right
-        data, seconds = tf.ones([max(size // 4, n)], tf.float32), []
-        for _ in range(repeats + 1):  # the first is a warm-up
-            start = time.perf_counter()
-            summed = core.allreduce(data, op=core.Sum, name=f"kdist_link_{next(names)}").numpy()
-            seconds.append(time.perf_counter() - start)
-            right = right and bool(np.all(summed == n))
-        return seconds[1:]
+    def sum_ones(count: int):
+        return core.allreduce(tf.ones([count], tf.float32), op=core.Sum,
+                              name=f"kdist_link_{next(names)}").numpy()
 
-    def agreed(big: float, tiny: float) -> tuple[float, float]:
+    def agree(big: float, tiny: float) -> tuple[float, float]:
         both = core.allreduce(tf.constant([big, tiny], tf.float64), op=core.Max,
                               name=f"kdist_link_{next(names)}").numpy()
         return float(both[0]), float(both[1])
 
-    tiny_s = min(timed(TINY))
-    nbytes = max(int(nbytes), MIN_BYTES)
-    big, tiny = agreed(statistics.median(timed(nbytes)), tiny_s)
-    while big < BIG_OVER_TINY * tiny and nbytes < MAX_BYTES:
-        nbytes = min(4 * nbytes, MAX_BYTES)
-        big, tiny = agreed(statistics.median(timed(nbytes)), tiny_s)
-    return {"big_s": big, "tiny_s": tiny, "nbytes": nbytes, "right": right}
+    return {**_timed_link(sum_ones, agree, n, nbytes, repeats), "via": HOROVOD}
+
+
+def torch_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
+    """On every rank of a cell whose torch process group is up (multiworker with Keras on
+    PyTorch), at the end of a probed ``fit``: the link timed through ``torch.distributed``'s
+    all-reduce on the group's own backend (Gloo on the CPU, NCCL on GPUs), with tensors on the
+    device that backend reduces (:func:`_timed_link`). None where no group of 2 ranks or more is
+    up."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    import torch
+
+    n, backend = dist.get_world_size(), str(dist.get_backend())
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if backend == "nccl" else torch.device("cpu"))
+
+    def sum_ones(count: int):
+        data = torch.ones(count, dtype=torch.float32, device=device)
+        dist.all_reduce(data, op=dist.ReduceOp.SUM)
+        return data.cpu().numpy()  # waits for the collective (NCCL's runs on a stream)
+
+    def agree(big: float, tiny: float) -> tuple[float, float]:
+        both = torch.tensor([big, tiny], dtype=torch.float64, device=device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        big, tiny = both.cpu().tolist()
+        return float(big), float(tiny)
+
+    return {**_timed_link(sum_ones, agree, n, nbytes, repeats), "via": TORCH.format(backend=backend)}
 
 
 def from_ranks(rows: list[dict[str, Any]], n: int, hosts: int = 1):
     """The :class:`~kdist_magics.scale.model.Link` the ranks timed with the cell's own
-    collective (:func:`horovod_link`, in each probe row's ``link``); None where any rank has
-    no such figure."""
+    collective (:func:`horovod_link`, :func:`torch_link`, in each probe row's ``link``); None
+    where any rank has no such figure."""
     from dataclasses import replace
 
     from .model import link_from
@@ -249,9 +296,9 @@ def from_ranks(rows: list[dict[str, Any]], n: int, hosts: int = 1):
     if len(timed) < n or not all(timed):
         return None
     if not all(t["right"] for t in timed):
-        raise RuntimeError(f"{HOROVOD} between the engines summed wrongly")
+        raise RuntimeError(f"{timed[0].get('via', HOROVOD)} between the engines summed wrongly")
     big, tiny = max(t["big_s"] for t in timed), max(t["tiny_s"] for t in timed)
-    return replace(link_from(big, timed[0]["nbytes"], tiny, n, hosts), via=HOROVOD)
+    return replace(link_from(big, timed[0]["nbytes"], tiny, n, hosts), via=timed[0].get("via", HOROVOD))
 
 
 def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):

@@ -3,7 +3,7 @@ larger N predicted (:mod:`.model`).
 
 Each N is a run of the cell through the magics' one execute path, with no dashboard and no
 output, whose every ``fit`` stops after :data:`STEPS` steps on every rank
-(:mod:`kdist_magics.watch.probe`), with the same per-rank batch at every N (a strategy whose
+(:mod:`kdist_magics.watch.step_probe`), with the same per-rank batch at every N (a strategy whose
 cells give the global batch, multiworker, has its ``batch_size`` scaled). Per N: a rank's
 seconds in a step, between steps (the rest) and per step (the period), medians over the ranks.
 The split: *compute* is the 1-rank step (no collective), *communication* the N-rank step

@@ -2,7 +2,8 @@
 
 :mod:`.record` is one run's record (``last_run()``); :mod:`.telemetry` (the Keras callback,
 reading the collective's time through :mod:`.collective`) and :mod:`.sampling` (utilisation)
-produce its rows, :mod:`.stragglers` and :mod:`.split` read them;
+produce its rows (and :mod:`.step_probe` ``%kdist scale``'s timed steps), :mod:`.stragglers`
+and :mod:`.split` read them;
 :mod:`.dashboard` is the live widget (front end in ``static/``), :mod:`.offline` what it
 becomes when the run ends, :mod:`.svg` the static summary inside that,
 :mod:`.plot` the matplotlib view after the run, :mod:`.axes` their shared chart rules;

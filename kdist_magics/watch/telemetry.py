@@ -308,7 +308,7 @@ def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
 def _probe(sink: Sink, rank: int, stop_after: int, batch_scale: float | None,
            args: tuple, kwargs: dict[str, Any]):
     """The probe's callback for one ``fit``; its ``batch_size`` scaled first where asked."""
-    from .probe import make_probe
+    from .step_probe import make_probe
 
     batch = _batch_size(args, kwargs)
     if batch_scale and batch and (kwargs.get("batch_size") or (args and hasattr(args[0], "shape"))):
@@ -324,7 +324,7 @@ def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL,
     A ``fit`` that already carries a callback with ``kdist_opt_out = True`` (or is
     called with ``kdist=False``) is left alone: that is the per-call opt-out.
     ``stop_after`` (``%kdist scale``'s runs): every ``fit`` also gets a
-    :class:`~kdist_magics.watch.probe.StepProbe`, which stops it after that many steps and
+    :class:`~kdist_magics.watch.step_probe.StepProbe`, which stops it after that many steps and
     sends the step timings; ``batch_scale`` multiplies a ``batch_size`` ``fit`` is given (a
     strategy whose cells give the global batch keeps each rank's batch as the probe asks).
     """

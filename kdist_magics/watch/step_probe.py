@@ -65,18 +65,23 @@ class StepProbe:
 
 def cells_own_link(grad_bytes: int | None) -> dict[str, Any] | None:
     """The link timed with the cell's own collective where kdist can reach it at the end of a
-    probed fit (Horovod's, every rank alike: :func:`kdist_magics.scale.link.horovod_link`);
-    None elsewhere, and never an error that ends the run."""
+    probed fit, every rank alike: Horovod's all-reduce, or ``torch.distributed``'s where the
+    torch processes' group is up (:mod:`kdist_magics.scale.link`); None elsewhere, and never an
+    error that ends the run."""
     import sys
 
-    if "horovod.tensorflow" not in sys.modules:
-        return None
-    from ..scale.link import horovod_link
+    from ..scale import link
 
-    try:
-        return horovod_link(grad_bytes or 0)
-    except Exception:  # the probe's own figures are sent all the same; the kernel times the ring
-        return None
+    for module, timing in (("horovod.tensorflow", link.horovod_link),
+                           ("torch.distributed", link.torch_link)):
+        if module in sys.modules:
+            try:
+                timed = timing(grad_bytes or 0)
+            except Exception:  # the probe's own figures are sent all the same; the kernel times the ring
+                return None
+            if timed is not None:
+                return timed
+    return None
 
 
 def gradient_bytes(model) -> int | None:
