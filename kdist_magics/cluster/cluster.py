@@ -89,7 +89,7 @@ class EngineCluster(Liveness):
         self.on_detail: Callable[[str], None] | None = None
         self.engines: list[EngineInfo] = []
         #: fingerprints of the --push values its engines were sent (strategies/engines/push.py)
-        self.pushed: dict[str, str] = {}
+        self.held_prints: dict[str, str] = {}
         self._stopped_since: dict[int, float] = {}  # pids of local engines seen stopped (SIGSTOP, ptrace)
         self._ended_why: dict[int, str] = {}  # pids of engines kdist ended, and why (their death's words)
         self._pids_started: set[int] = set()

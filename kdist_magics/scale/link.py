@@ -219,12 +219,21 @@ def _timed_link(sum_ones, agree, n: int, nbytes: int, repeats: int) -> dict[str,
         return seconds[1:]
 
     tiny_s = min(timed(TINY))
+    big, tiny, nbytes = _grown(lambda size: agree(statistics.median(timed(size)), tiny_s), nbytes)
+    return {"big_s": big, "tiny_s": tiny, "nbytes": nbytes, "right": right}
+
+
+def _grown(time_at, nbytes: int) -> tuple[float, float, int]:
+    """``time_at(bytes) -> (big, tiny)`` at ``nbytes`` (:data:`MIN_BYTES` at least: a small
+    model's bytes would time the latency only), then on 4 times more while the big all-reduce
+    takes under :data:`BIG_OVER_TINY` times the tiny one, up to :data:`MAX_BYTES`; the last
+    figures and their bytes."""
     nbytes = max(int(nbytes), MIN_BYTES)
-    big, tiny = agree(statistics.median(timed(nbytes)), tiny_s)
+    big, tiny = time_at(nbytes)
     while big < BIG_OVER_TINY * tiny and nbytes < MAX_BYTES:
         nbytes = min(4 * nbytes, MAX_BYTES)
-        big, tiny = agree(statistics.median(timed(nbytes)), tiny_s)
-    return {"big_s": big, "tiny_s": tiny, "nbytes": nbytes, "right": right}
+        big, tiny = time_at(nbytes)
+    return big, tiny, nbytes
 
 
 def horovod_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
@@ -308,9 +317,5 @@ def measure(cluster, mode: str, nbytes: int, repeats: int = 3, hosts: int = 1):
 
     from .model import link_from
 
-    nbytes = max(int(nbytes), MIN_BYTES)  # a small model's bytes would time the latency only
-    big, tiny = _timings(cluster, mode, nbytes, repeats)
-    while big < BIG_OVER_TINY * tiny and nbytes < MAX_BYTES:
-        nbytes = min(4 * nbytes, MAX_BYTES)
-        big, tiny = _timings(cluster, mode, nbytes, repeats)
+    big, tiny, nbytes = _grown(lambda size: _timings(cluster, mode, size, repeats), nbytes)
     return replace(link_from(big, nbytes, tiny, len(list(cluster.engines)), hosts), via=RING)

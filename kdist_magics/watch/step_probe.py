@@ -68,19 +68,15 @@ def cells_own_link(grad_bytes: int | None) -> dict[str, Any] | None:
     probed fit, every rank alike: Horovod's all-reduce, or ``torch.distributed``'s where the
     torch processes' group is up (:mod:`kdist_magics.scale.link`); None elsewhere, and never an
     error that ends the run."""
-    import sys
-
     from ..scale import link
 
-    for module, timing in (("horovod.tensorflow", link.horovod_link),
-                           ("torch.distributed", link.torch_link)):
-        if module in sys.modules:
-            try:
-                timed = timing(grad_bytes or 0)
-            except Exception:  # the probe's own figures are sent all the same; the kernel times the ring
-                return None
-            if timed is not None:
-                return timed
+    for timing in (link.horovod_link, link.torch_link):  # each None where its library is not up
+        try:
+            timed = timing(grad_bytes or 0)
+        except Exception:  # the probe's own figures are sent all the same; the kernel times the ring
+            return None
+        if timed is not None:
+            return timed
     return None
 
 

@@ -99,7 +99,7 @@ def group(engines) -> list[Host]:
 def _to_send(run, cluster, plan: Plan, ranks) -> dict[str, set]:
     """Which engines need each value: all, but where it is unchanged since the last push and
     an engine's copy is unwritten (that engine binds it again: :func:`shared.rebind`)."""
-    held = cluster.pushed
+    held = cluster.held_prints
     ids = [e.engine_id for h in plan.hosts for e in h.engines]
     again = {n: p for n, p in plan.prints.items() if held.get(n) == p}
     needs = {name: set(ids) for name in plan.values if name not in again}
@@ -170,7 +170,7 @@ def _send_value(run, cluster, plan: Plan, name: str, ranks) -> str:
             shared_there = _send_remote(run, cluster, wanted, name, value, print_, ranks,
                                         host.segments)
             said.append(words.SHARED if shared_there else words.SENT)
-    cluster.pushed[name] = plan.prints[name]
+    cluster.held_prints[name] = plan.prints[name]
     what = words.SHARED if words.SHARED in said else words.SENT
     count = len(wanted_all)
     total = sum(len(h.engines) for h in plan.hosts)
