@@ -547,8 +547,8 @@ ip.run_line_magic("kdist", "stop")
 SLOW_INPUT = textwrap.dedent("""
     import time, numpy as np, keras
     class Slow(keras.utils.PyDataset):  # every batch takes 40 ms to arrive
-        def __len__(self):
-            return 12
+        def __len__(self):  # enough steps that the first one's own start-up is not the mean
+            return 96
         def __getitem__(self, i):
             time.sleep(0.04)
             x = np.random.default_rng(i).normal(size=(16, 8)).astype("float32")
