@@ -49,7 +49,7 @@ def kernel_run(out: Path, tag: str, steps: int, think: float | None) -> float:
 
 
 def horovodrun_run(out: Path, tag: str, steps: int) -> float:
-    from kdist_magics.engine.engine import thread_env, threads_per_rank
+    from kdist_magics.rank.lifecycle import thread_env, threads_per_rank
 
     started = time.time()  # the thread variables kdist's 2 engines get on this machine
     harness.horovodrun(steps, out, tag, thread_env(threads_per_rank(2), 2))

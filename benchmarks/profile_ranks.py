@@ -33,7 +33,7 @@ from harness import log  # noqa: E402
 #: where a sample is, by the first of these (file part, label) found from the innermost frame out
 PLACES = (
     ("kdist_magics/watch/", "kdist: telemetry and sampling"),
-    ("kdist_magics/engine/", "kdist: the engine's feed"),
+    ("kdist_magics/rank/", "kdist: the engine's feed"),
     ("kdist_magics/keras_horovod/", "kdist's Horovod binding"),
     ("horovod/", "Horovod"),
     ("ipyparallel/", "ipyparallel"),

@@ -5,7 +5,7 @@ overruns, on one warm cluster (``--strategy horovod``, the default; ``multiworke
 ``jax`` and ``torch`` (multiworker under that Keras backend) have successes and raising runs: a
 worker stopped mid-collective costs them an engine restart). With
 ``--faults`` a fault comes every 15th run (``--fault-every``), in turn: a rank dying mid-cell, and an engine
-SIGKILLed while the framework starts (held there by :mod:`kdist_magics.engine.faults`); the counts
+SIGKILLed while the framework starts (held there by :mod:`kdist_magics.rank.faults`); the counts
 are judged on the other runs. After every run the script samples, by pid: the number of
 processes in the kernel's tree (kernel, controller, engines, nannies), the kernel's open file
 descriptors (psutil ``num_fds``), the kernel's RSS and ``--push``'s shared-memory names of the

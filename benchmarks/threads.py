@@ -10,7 +10,7 @@ and kdist's own setting where it is none of these (one rank: OMP C), runs ``work
 under ``horovodrun -np N --gloo`` (the same launcher as P1's B), ``--repeats`` times in a
 rotating order, and prints steady-state steps/s per setting, best
 first, as ratios to the best measured in the same run. kdist's engine defaults
-(``kdist_magics.engine.engine.thread_env``) are marked; ``--json FILE`` keeps everything.
+(``kdist_magics.rank.lifecycle.thread_env``) are marked; ``--json FILE`` keeps everything.
 
 ``python benchmarks/threads.py [--np 2] [--repeats 2] [--steps 200] [--warmup 40] [--only L;L] [--json F]``
 """
@@ -53,7 +53,7 @@ def label(env: dict[str, str]) -> str:
 
 
 def main(argv=None) -> dict:
-    from kdist_magics.engine.engine import thread_env, threads_per_rank
+    from kdist_magics.rank.lifecycle import thread_env, threads_per_rank
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2)

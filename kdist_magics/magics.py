@@ -162,7 +162,7 @@ class KDist(Magics):
             spec, reason = self.choose(spec, cell)
             say(f"--strategy auto chose {spec.strategy}: {reason}")
         if spec.strategy == "multiworker":
-            from .strategies.multiworker.launcher_env import refuse_torch_code_elsewhere
+            from .strategies.multiworker.run_script import refuse_torch_code_elsewhere
 
             refuse_torch_code_elsewhere(cell, self.shell.user_ns)
         strategy = self.strategy_object(spec.strategy)

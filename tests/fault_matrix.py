@@ -3,7 +3,7 @@
 Strategies: ``horovod``, ``multiworker`` (TensorFlow), ``jax`` and ``torch`` (multiworker
 with the kernel's ``KERAS_BACKEND`` set to that). Shared by ``tests/test_fault_matrix.py`` (which asserts the outcomes) and
 ``benchmarks/failure_times.py --matrix`` (which prints them with their times). kdist's
-phase barrier (:mod:`kdist_magics.engine.faults`) holds the kernel at the phase; the fault is done
+phase barrier (:mod:`kdist_magics.rank.faults`) holds the kernel at the phase; the fault is done
 to the processes the barrier names; the hold is released; then: what the cell gave back
 and how fast, which of the processes kdist started are left, and whether the next cell
 works.
@@ -134,7 +134,7 @@ KERNEL_CASES_BENCH_ONLY = {("multiworker", "init", "kernel-restart")}
 
 
 class Holds:
-    """The test's side of :mod:`kdist_magics.engine.faults`: arm a phase, wait for it, release it."""
+    """The test's side of :mod:`kdist_magics.rank.faults`: arm a phase, wait for it, release it."""
 
     def __init__(self, directory: Path):
         self.dir = Path(directory)

@@ -9,7 +9,7 @@ import pytest
 
 keras = pytest.importorskip("keras", reason="Keras is installed by `make test`'s set-up")
 
-from kdist_magics.engine.engine import _checkpointing  # noqa: E402
+from kdist_magics.rank.lifecycle import _checkpointing  # noqa: E402
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(300)]
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from kdist_magics.engine import engine, values
-from kdist_magics.engine import feed as feed_mod
+from kdist_magics.rank import lifecycle, values
+from kdist_magics.rank import feed as feed_mod
 from kdist_magics.cluster.cluster import EngineCluster, EngineInfo
 from kdist_magics.cluster.exits import describe_exit, exiting
 from kdist_magics.errors import CellFailed, RankDied, RankFailed, RunTimedOut
@@ -34,7 +34,7 @@ def test_exit_status_words():
 
 def test_engine_module_imports_without_tensorflow():
     out = subprocess.run([sys.executable, "-c",
-                          "import kdist_magics.engine.engine, kdist_magics.cluster.cluster, "
+                          "import kdist_magics.rank.lifecycle, kdist_magics.cluster.cluster, "
                           "kdist_magics.strategies.engines.strategy; "
                           + python_without("tensorflow", "keras", "horovod", "ipyparallel")],
                          capture_output=True, text=True, timeout=60)
@@ -488,7 +488,7 @@ def test_gc_frozen_hides_earlier_objects_from_the_collector_then_gives_them_back
     import weakref
 
     gone = weakref.ref(a)
-    with engine.gc_frozen():
+    with lifecycle.gc_frozen():
         assert gc.get_freeze_count() > 0
         del a, b
         gc.collect()
@@ -536,7 +536,7 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
     procs = [kernel]
     try:
         cmd = command("kd_follow_probe", kernel.pid, psutil.Process(kernel.pid).create_time(),
-                      preload=("wave",), threads=1, ranks=engine.cpu_count() + 1)
+                      preload=("wave",), threads=1, ranks=lifecycle.cpu_count() + 1)
         assert cmd[1:3] == ["-m", "kdist_magics.cluster.follow"] and cmd[-1] == "kd_follow_probe"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
                "CUDA_VISIBLE_DEVICES": ""}
@@ -550,7 +550,7 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
         child, argv, preloaded, threads, inter, imported = out.read_text().split()
         assert argv == "argv-kept"  # the module ran as __main__ with its own arguments
         # what the engines preload was imported first, after the run's thread variables
-        # (more ranks than cores here: two inter-op threads, engine.thread_env)
+        # (more ranks than cores here: two inter-op threads, lifecycle.thread_env)
         assert (preloaded, threads, inter, imported) == ("imported_wave", "1", "2", "True")
         time.sleep(0.5)
         assert follower.poll() is None and psutil.pid_exists(int(child))  # all alive meanwhile
@@ -618,18 +618,18 @@ def test_what_a_following_process_forked_ends_with_it_however_it_ends(tmp_path, 
 
 
 def test_thread_variables_share_the_cores_and_give_ranks_that_outnumber_them_two_inter_op(monkeypatch):
-    monkeypatch.setattr(engine, "cpu_count", lambda: 4)
-    assert engine.threads_per_rank(2) == 2 and engine.threads_per_rank(8) == 1
-    assert engine.threads_per_rank(8, chosen=3) == 3  # KDist.threads_per_rank wins
-    assert engine.thread_env(2, 2) == {"TF_NUM_INTRAOP_THREADS": "2", "OMP_NUM_THREADS": "2",
+    monkeypatch.setattr(lifecycle, "cpu_count", lambda: 4)
+    assert lifecycle.threads_per_rank(2) == 2 and lifecycle.threads_per_rank(8) == 1
+    assert lifecycle.threads_per_rank(8, chosen=3) == 3  # KDist.threads_per_rank wins
+    assert lifecycle.thread_env(2, 2) == {"TF_NUM_INTRAOP_THREADS": "2", "OMP_NUM_THREADS": "2",
                                        "TF_NUM_INTEROP_THREADS": "2"}
-    assert engine.thread_env(4)["TF_NUM_INTEROP_THREADS"] == "2"  # at most 2
-    assert engine.thread_env(1, 4)["TF_NUM_INTEROP_THREADS"] == "1"  # a core each: one
-    assert engine.thread_env(1, 8)["TF_NUM_INTEROP_THREADS"] == "2"  # ranks outnumber cores: two
+    assert lifecycle.thread_env(4)["TF_NUM_INTEROP_THREADS"] == "2"  # at most 2
+    assert lifecycle.thread_env(1, 4)["TF_NUM_INTEROP_THREADS"] == "1"  # a core each: one
+    assert lifecycle.thread_env(1, 8)["TF_NUM_INTEROP_THREADS"] == "2"  # ranks outnumber cores: two
 
 
 def test_a_run_sets_the_thread_rule_for_the_ranks_on_its_host(monkeypatch):
-    monkeypatch.setattr(engine, "cpu_count", lambda: 2)
+    monkeypatch.setattr(lifecycle, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if "THREADS" not in k})
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)  # not yet started on this "engine"
     from kdist_magics.strategies.engines.prepare import prepare_remote as _prepare_remote
@@ -661,7 +661,7 @@ def test_an_owned_cluster_preloads_its_framework_and_beats_its_heart_often():
     from kdist_magics.cluster.launch import config as _following
 
     cluster = EngineCluster(4, preload=("tensorflow",))
-    assert cluster.threads == max(1, engine.cpu_count() // 4)  # the run's rule
+    assert cluster.threads == max(1, lifecycle.cpu_count() // 4)  # the run's rule
     assert EngineCluster(4, preload=("tensorflow",), threads=3).threads == 3
     cmd = _following(preload=cluster.preload, threads=2, ranks=4).LocalEngineSetLauncher.engine_cmd
     assert cmd[cmd.index("--preload") + 1:cmd.index("--preload") + 6] == ["tensorflow", "--threads", "2",

@@ -1,6 +1,6 @@
 """Faults at every phase of an engine run, through a real kernel.
 
-kdist's phase barrier (:mod:`kdist_magics.engine.faults`, armed by ``KDIST_HOLD_DIR``) holds the
+kdist's phase barrier (:mod:`kdist_magics.rank.faults`, armed by ``KDIST_HOLD_DIR``) holds the
 kernel at a phase; ``fault_matrix.run_case`` does the fault to the process the barrier
 names, releases the hold and records the outcome. Each case must end in one of the two
 outcomes allowed: the cell fails with one named line (the expected error, and the

@@ -88,7 +88,7 @@ def test_a_rank_lost_mid_epoch_the_others_go_on_from_the_last_commit(eip, capsys
     assert "rank 1 was killed by SIGKILL" in printed and "going on with 3 ranks" in printed
     # the next cell gets a full set of engines again, with the thread rule for 4 ranks on this
     # host (on 2 cores: one intra-op thread each and two inter-op, as they outnumber the cores)
-    from kdist_magics.engine.engine import thread_env, threads_per_rank
+    from kdist_magics.rank.lifecycle import thread_env, threads_per_rank
 
     threads = eip.run_cell_magic("kdist", "--strategy horovod --np 4",
                                  "import os\n(hvd.size(), {k: os.environ[k] for k in ('TF_NUM_INTRAOP_THREADS',"

@@ -37,7 +37,7 @@ from test_corpus import CORPUS_DIR
 from kdist_magics.strategies.frameworks.compat_tf_strategy import handing_back, multiworker_check
 from kdist_magics.errors import LauncherMismatch, ScriptExited
 from kdist_magics.strategies.multiworker.run_script import help_lines, run_main, split_line
-from kdist_magics.strategies.multiworker.launcher_env import _in_this_rank, check_world, patched, torchrun_env
+from kdist_magics.strategies.processes.launcher_env import _in_this_rank, check_world, patched, torchrun_env
 
 # -- 1. TensorFlow's multi-worker Keras tutorial -------------------------------------------
 LOCAL_MNIST = '''
@@ -381,7 +381,7 @@ def test_torch_distributed_code_under_another_backend_is_one_line_before_anythin
 
 
 def test_only_code_that_uses_torch_distributed_counts_not_a_comment_or_a_string():
-    from kdist_magics.strategies.multiworker.launcher_env import uses_torch_distributed
+    from kdist_magics.strategies.processes.launcher_env import uses_torch_distributed
 
     for code in ("import torch.distributed as dist", "from torch import distributed",
                  "from torch.distributed import init_process_group", "import torch\ntorch.distributed.barrier()",

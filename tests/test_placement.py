@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from kdist_magics.engine import engine
+from kdist_magics.rank import lifecycle
 from kdist_magics.cluster.placement import TooFewGPUs, gpu_env, host_grouped_ranks, local_ranks, visible_gpus
 
 
@@ -56,17 +56,17 @@ def test_shared_gpus_go_round_robin_with_part_of_the_memory_each():
 def test_engine_prepare_pins_the_gpu_from_what_the_engine_saw_first(monkeypatch):
     """A second run on the same engine chooses from the host's GPUs, not from the one GPU the
     first run left visible."""
-    monkeypatch.setattr(engine, "_run", {})
-    monkeypatch.setattr(engine, "_engine", {})
+    monkeypatch.setattr(lifecycle, "_run", {})
+    monkeypatch.setattr(lifecycle, "_engine", {})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     for var in ("CUDA_DEVICE_ORDER", "TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS", "TF_NUM_INTEROP_THREADS"):
         monkeypatch.delenv(var, raising=False)
-    first = engine.prepare({}, None, None, (1, 2, "own"))
+    first = lifecycle.prepare({}, None, None, (1, 2, "own"))
     assert first["gpu"] == "1" and os.environ["CUDA_VISIBLE_DEVICES"] == "1"
-    engine.end(flush=False)  # the run is over: per-run state goes, the engine's GPUs stay known
-    again = engine.prepare({}, None, None, (1, 2, "own"))
+    lifecycle.end(flush=False)  # the run is over: per-run state goes, the engine's GPUs stay known
+    again = lifecycle.prepare({}, None, None, (1, 2, "own"))
     assert again["gpu"] == "1" and "gpu_error" not in again
-    crowded = engine.prepare({}, None, None, (2, 3, "own"))
+    crowded = lifecycle.prepare({}, None, None, (2, 3, "own"))
     assert "3 ranks on" in crowded["gpu_error"] and "which has 2 GPUs" in crowded["gpu_error"]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import run_in_fresh_shell
-from kdist_magics.engine import shared
+from kdist_magics.rank import shared
 
 PROP_LINE = "--strategy multiworker --np 2 --no-dashboard --push x,df,v"
 LINE = "--strategy multiworker --np 2 --no-dashboard --push x,pair,small,meta,df"
@@ -286,7 +286,7 @@ def test_without_room_in_dev_shm_each_engine_gets_its_own_copy_said_and_checked(
     out = run_in_fresh_shell('''
 import hashlib
 import numpy as np
-from kdist_magics.engine import shared
+from kdist_magics.rank import shared
 shared.room = lambda nbytes, folder="/dev/shm": 1024   # this host's /dev/shm: full
 rng = np.random.default_rng(3)
 x = rng.random((512, 512))                                    # 2 MiB

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from kdist_magics.cluster.liveness import EngineInfo
 from kdist_magics.cluster.machine import machine_id, same_machine
-from kdist_magics.engine import shared
+from kdist_magics.rank import shared
 from kdist_magics.errors import KDistError
 from kdist_magics.strategies.engines import push
 

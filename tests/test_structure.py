@@ -258,6 +258,41 @@ def test_strategies_holds_families_and_the_page_draws_them(architecture):
     assert present == _tree(architecture, "strategies/")
 
 
+#: the families named for a library; what they stand on is shared: kernel/ (a cell in the
+#: notebook, and the in-kernel strategies), engines/, processes/ and frameworks/ (each backend's seam)
+FAMILIES = ("horovod", "multiworker", "sharded")
+
+
+def family_crossings(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Imports (``a -> b``, inside functions too) from one library family into another, or from
+    a shared folder of ``strategies/`` into a family."""
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 and parts[1] == "strategies" else None
+
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if folder(a) and folder(b) in FAMILIES and folder(a) != folder(b))
+
+
+def test_the_strategy_families_import_the_shared_layers_not_each_other():
+    """``--strategy sharded --np N`` stands on processes/ as multiworker does, and each backend's
+    calls are its seam in frameworks/: no family reaches into another, and nothing shared
+    reaches into a family."""
+    crossings = family_crossings(import_graph())
+    assert not crossings, "imports into a strategy family from outside it: " + ", ".join(crossings)
+
+
+def test_the_family_check_sees_a_crossing():
+    graph = {"kdist_magics.strategies.sharded.strategy": {"kdist_magics.strategies.multiworker.tf_workers": 3,
+                                                          "kdist_magics.strategies.kernel.run": 4},
+             "kdist_magics.strategies.processes.jax_processes": {"kdist_magics.strategies.sharded.layout": 9},
+             "kdist_magics.strategies.sharded.layout": {"kdist_magics.strategies.processes.group": 1},
+             "kdist_magics.strategies": {"kdist_magics.strategies.sharded.strategy": 1}}
+    assert family_crossings(graph) == [
+        "kdist_magics.strategies.processes.jax_processes -> kdist_magics.strategies.sharded.layout",
+        "kdist_magics.strategies.sharded.strategy -> kdist_magics.strategies.multiworker.tf_workers"]
+
+
 def test_no_module_over_400_lines_and_no_strategies_folder_over_15_modules():
     long = [f"{p.relative_to(PACKAGE.parent)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kdist_magics.engine import faults
+from kdist_magics.rank import faults
 from kdist_magics.cluster.cluster import EngineInfo
 from kdist_magics.errors import ControllerDied, KDistError, RankDied
 from kdist_magics.strategies.engines import waiting

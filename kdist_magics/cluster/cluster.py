@@ -23,7 +23,7 @@ from ..messages import interrupted_start
 from . import launch
 from .exits import kill_pids
 from .lifetime import end_groups, led_groups, process_tree
-from ..engine.faults import hold
+from ..rank.faults import hold
 from .liveness import FROZEN_AFTER, EngineInfo, Liveness  # noqa: F401 (FROZEN_AFTER: for callers)
 
 
@@ -66,7 +66,7 @@ class EngineCluster(Liveness):
         self.n = n
         self.preload = tuple(preload)
         if preload:  # the run's rule (engine.threads_per_rank), as the preload must set it first
-            from ..engine.engine import threads_per_rank
+            from ..rank.lifecycle import threads_per_rank
 
             threads = threads_per_rank(n, threads)
         self.threads = threads

@@ -64,13 +64,13 @@ def preload(modules: list[str], threads: int, ranks: int = 1) -> str:
     """Import ``modules`` (a strategy's framework) in an engine before it registers, so the
     import runs while the controller and the other engines start rather than after them;
     the thread variables first, as the run sets them (``threads`` per rank, ``ranks`` ranks on
-    this host: :func:`kdist_magics.engine.engine.thread_env`). Not where NVIDIA
+    this host: :func:`kdist_magics.rank.lifecycle.thread_env`). Not where NVIDIA
     GPUs are visible: a rank's GPU is chosen when its run starts (as ``%kdist start`` does).
     A failing import is left to the run, which imports again and names the error. Returns
     what was done."""
     import importlib
 
-    from ..engine.engine import thread_env
+    from ..rank.lifecycle import thread_env
     from .placement import visible_gpus
 
     if visible_gpus(os.environ):

@@ -2,7 +2,7 @@
 
 Ranks are grouped by host (engines sharing a host get consecutive ranks, as under Horovod);
 a rank's local rank is its place among its host's ranks. Pure functions: the kernel plans,
-the engines apply (:func:`kdist_magics.engine.engine.prepare`).
+the engines apply (:func:`kdist_magics.rank.lifecycle.prepare`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ watching it (output, telemetry, a rank's error, a dead engine, the timeout, Stop
 from __future__ import annotations
 
 from ...cluster.compat_ipyparallel import children
-from ...engine.faults import hold
+from ...rank.faults import hold
 from ...messages import PHASE_CELL
 from . import waiting
 from .supervisor import RunSupervisor
@@ -14,15 +14,15 @@ FEED_INTERVAL = 0.5  # seconds between a rank's telemetry batches (the dashboard
 
 
 def begin_ranks(run) -> None:
-    """``engine.begin`` on every rank of ``run`` (an :class:`~.run.EngineRun`): telemetry,
+    """``lifecycle.begin`` on every rank of ``run`` (an :class:`~.run.EngineRun`): telemetry,
     sampling and the run's settings on."""
-    from ...engine import engine
+    from ...rank import lifecycle
 
     ctx, cluster, ranks = run.ctx, run.cluster, run.ranks
     spec = ctx.spec
     with waiting.named_deaths(run, ranks, "as the run began"):
         begun = [cluster.client[e.engine_id].apply_async(
-            engine.begin, rank, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
+            lifecycle.begin, rank, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
             ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice, ctx.probe)
             for e, rank in zip(cluster.engines, ranks)]
         waiting.gather(run, begun, ranks, 60, "as the run began")

@@ -4,7 +4,7 @@ before the next run (an engine that died after the cell, ranks out of step)."""
 
 from __future__ import annotations
 
-from ...engine.faults import hold
+from ...rank.faults import hold
 from ...messages import PHASE_FINISHING, died_after, say
 from . import waiting
 
@@ -34,11 +34,11 @@ def finish_engines(run, ok: bool) -> None:
 
 
 def _end_on_engines(run, sup) -> None:
-    """``engine.end`` on the run's engines; its final telemetry batch drained into the record."""
-    from ...engine import engine
+    """``lifecycle.end`` on the run's engines; its final telemetry batch drained into the record."""
+    from ...rank import lifecycle
 
     try:
-        ar = run.live_view().apply_async(engine.end, True)
+        ar = run.live_view().apply_async(lifecycle.end, True)
         ar.wait(timeout=10)
         if ar.ready() and sup is not None:
             ar.wait_for_output(timeout=5)  # the final batch is published before idle

@@ -15,10 +15,10 @@ from . import waiting
 
 
 def prepare_remote(env, threads, local_size, cwd=None, gpu=None):  # runs on an engine
-    """:func:`kdist_magics.engine.engine.prepare` with this host's threads per rank; what it did."""
-    from kdist_magics.engine import engine
+    """:func:`kdist_magics.rank.lifecycle.prepare` with this host's threads per rank; what it did."""
+    from kdist_magics.rank import lifecycle
 
-    return engine.prepare(env, engine.threads_per_rank(local_size, threads), cwd, gpu, local_size)
+    return lifecycle.prepare(env, lifecycle.threads_per_rank(local_size, threads), cwd, gpu, local_size)
 
 
 def prepare_engines(run) -> None:

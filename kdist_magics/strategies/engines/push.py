@@ -1,7 +1,7 @@
 """``--push``: the named values into every engine's namespace, large arrays once per host.
 
 The engines on the kernel's machine get each large NumPy array (alone or in tuples, lists and
-dicts; a DataFrame's columns) through one shared-memory segment (:mod:`kdist_magics.engine.shared`),
+dicts; a DataFrame's columns) through one shared-memory segment (:mod:`kdist_magics.rank.shared`),
 mapped copy-on-write, its name removed from ``/dev/shm`` once every engine has mapped it. On
 another machine, the value travels once, to that machine's first engine, which makes the segments
 there for the others. "The same machine" is the engines' :func:`~kdist_magics.cluster.machine.
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...cluster.machine import machine_id
-from ...engine import shared
-from ...engine.faults import hold
+from ...rank import shared
+from ...rank.faults import hold
 from ...errors import KDistError
 from ...messages import push as words
 from . import waiting

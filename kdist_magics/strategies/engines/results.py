@@ -40,7 +40,7 @@ def pull(run, by_rank: dict, result_content) -> Any:
     """Bind ``run``'s ``--pull`` names in the notebook; the cell's value (rank 0's), or None."""
     from ipyparallel.error import RemoteError
 
-    from ...engine import values
+    from ...rank import values
 
     ctx = run.ctx
     if ctx.spec.pull:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...engine.faults import hold
-from ...engine.values import pushable
+from ...rank.faults import hold
+from ...rank.values import pushable
 from ...errors import RankDied, RankFailed
 from ...messages import phase_setup, push_report, say
 from ..base import RunContext

@@ -45,7 +45,7 @@ from typing import Any
 
 from ...cluster.cluster import EngineCluster
 from ...cluster.placement import default_np
-from ...engine.faults import hold
+from ...rank.faults import hold
 from ..base import RunContext, Strategy
 from . import start, warm
 from .run import EngineRun

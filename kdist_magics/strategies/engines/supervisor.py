@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable
 
 from ...cluster.compat_ipyparallel import children as list_children
-from ...engine.feed import FEED_MIME, FeedIntake
+from ...rank.feed import FEED_MIME, FeedIntake
 from ...errors import ControllerDied, Interrupted, RankDied, RankFailed, RunTimedOut
 from ...messages import interrupted, say
 from .printer import Printer

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from ...errors import ControllerDied, KDistError, RankDied
-from ...engine.faults import hold
+from ...rank.faults import hold
 
 LOOK_EVERY = 0.25  # seconds between looks at the engines' and controller's processes
 #: seconds an "engine died" error from ipyparallel waits for the death to show (the

@@ -18,7 +18,7 @@ Batches must split evenly over the devices, or XLA fails with an ``IndivisibleEr
 
 Datasets and generators are the user's to batch: ``drop_remainder=True`` with a batch size
 that is a multiple of ``strategy.num_replicas_in_sync``. The in-kernel data parallelism is
-:mod:`..kernel.jax_dp`, sharding :mod:`..sharded`, JAX processes :mod:`..multiworker.jax_processes`;
+:mod:`..kernel.jax_dp`, sharding :mod:`..sharded`, JAX processes :mod:`..processes.jax_processes`;
 JAX's version workarounds are :mod:`.compat_jax`.
 """
 
@@ -55,6 +55,14 @@ class DataParallelStrategy:
 
 
 # -- batches that split evenly -------------------------------------------------
+def data_parallel(devices) -> Any:
+    """Keras' DataParallel over ``devices``, inputs not split by Keras (kdist feeds each process
+    its own rows: :func:`feeding`)."""
+    import keras
+
+    return keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
+
+
 def _pad(x, to: int):
     import numpy as np
 

@@ -93,7 +93,7 @@ class Growth:
             self._warm(eid)
 
     def _warm(self, eid: int) -> None:
-        from ...engine import engine
+        from ...rank import lifecycle
         from ..engines.execute import FEED_INTERVAL
         from ..engines.prepare import prepare_remote
         from .on_engine import warm_imports
@@ -108,7 +108,7 @@ class Growth:
         if self.run.pushed:  # what --push gave the others
             client.push(self.run.pushed, block=True)
         spec = ctx.spec
-        client.apply_sync(engine.begin, label, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
+        client.apply_sync(lifecycle.begin, label, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
                           ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice)
         ctx.record.set_rank(label, state="starting", host=host, pid=pid)
         say(f"engine {eid} on {host} registered: rank {label} joins the run at its next commit")

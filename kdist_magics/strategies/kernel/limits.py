@@ -133,7 +133,7 @@ def checkpoint_each_epoch(directory: str | None) -> Iterator[None]:
     if not directory:
         yield
         return
-    from ...engine.engine import _checkpointing
+    from ...rank.lifecycle import _checkpointing
 
     with _checkpointing(directory):
         yield

@@ -218,3 +218,16 @@ def _fresh_keras_names():
         set_keras_name_uids({k: max(before.get(k, 0), after.get(k, 0)) for k in {*before, *after}})
 
     return restore
+
+
+def refuse_torch_code_elsewhere(cell: str, user_ns: dict) -> None:
+    """Before a ``multiworker`` cell (or ``%kdist run``'s script) runs: code written for torchrun
+    under another Keras backend is one line, and nothing starts."""
+    from ...errors import StrategyUnavailable
+    from ..frameworks.backends import keras_backend
+    from ..processes.launcher_env import torch_code_elsewhere
+
+    script = user_ns.get(SCRIPT_NAME) if SCRIPT_NAME in cell else None
+    why = torch_code_elsewhere(script[0] if script else cell, keras_backend())
+    if why is not None:
+        raise StrategyUnavailable(why)

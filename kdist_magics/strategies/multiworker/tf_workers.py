@@ -64,11 +64,11 @@ def for_backend() -> EngineStrategy:
 
     backend = keras_backend()
     if backend == "jax":
-        from .jax_processes import JaxMultiWorkerStrategy
+        from ..processes.jax_processes import JaxMultiWorkerStrategy
 
         return JaxMultiWorkerStrategy()
     if backend == "torch":
-        from .torch_processes import TorchMultiWorkerStrategy
+        from ..processes.torch_processes import TorchMultiWorkerStrategy
 
         return TorchMultiWorkerStrategy()
     from ..frameworks.backends import require_tensorflow

@@ -227,16 +227,18 @@ def engine_count(spec) -> int:
 
 def engines_strategy():
     """The engine side of ``--strategy sharded --np N``: multiworker's JAX processes
-    (:mod:`.jax_processes`: jax.distributed, warm engines, data by data-axis position) with
+    (:mod:`..processes.jax_processes`: jax.distributed, warm engines, data by data-axis position) with
     kdist's ModelParallel over the mesh instead of DataParallel."""
-    from ..multiworker.jax_processes import JaxMultiWorkerStrategy
+    from ..processes.jax_processes import JaxMultiWorkerStrategy
 
     class ShardedEngines(JaxMultiWorkerStrategy):
         setup_words = "jax.distributed and the device mesh"
         mesh: tuple[int, int] = (1, 1)
 
-        def setup_args(self, ctx):
-            return (tuple(self.mesh),)
+        def keras_distribution(self, ctx):
+            from .layout import engine_distribution
+
+            return engine_distribution, (tuple(self.mesh),)
 
         def size(self, spec) -> int:
             return engine_count(spec)

@@ -49,7 +49,7 @@ from ...cluster.network import engine_address, interface_of, join, listening
 from ...cluster.placement import host_grouped_ranks
 from ..engines import finish, waiting
 from ..base import RunContext
-from .processes import ProcessGroupStrategy
+from .group import ProcessGroupStrategy
 from ..frameworks.fit_data import process_shards
 from .launcher_env import torch_calls, torchrun_env
 

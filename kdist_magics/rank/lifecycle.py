@@ -4,7 +4,7 @@ The kernel calls these functions through ipyparallel ``apply``; the cell itself
 runs as an ordinary ``execute`` so it behaves like a ``%%px`` cell (namespace
 kept, output and tracebacks rendered by the engine's IPython).
 
-Telemetry travels to the kernel over IOPub through :mod:`kdist_magics.engine.feed`.
+Telemetry travels to the kernel over IOPub through :mod:`kdist_magics.rank.feed`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``--strategy multiworker`` under ``KERAS_BACKEND=jax``: one JAX process per engine.
+"""``--strategy multiworker`` under ``KERAS_BACKEND=jax``: one JAX process per engine (and,
+with ModelParallel over a mesh instead of DataParallel, ``--strategy sharded --np N``).
 
 Keras 3's own answer for more than one process: every engine joins ``jax.distributed``
 (coordinator on rank 0) and the cell runs under a ``keras.distribution.DataParallel`` over
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from ...cluster.cluster import EngineCluster
 from ...errors import KDistError
@@ -51,9 +52,9 @@ from ...cluster.network import engine_address, free_port, join
 from ...cluster.placement import host_grouped_ranks
 from ..base import RunContext
 from ..engines import finish, waiting
-from .processes import ProcessGroupStrategy
+from .group import ProcessGroupStrategy
 from ..frameworks.fit_data import process_shards
-from ..frameworks.on_jax import DataParallelStrategy
+from ..frameworks.on_jax import DataParallelStrategy, data_parallel
 from .launcher_env import jax_calls
 from ..frameworks.compat_jax import device_put_takes_keras_variables, locations_alike
 
@@ -111,17 +112,20 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
         return ""
 
     # -- hooks -----------------------------------------------------------------
-    def setup_args(self, ctx: RunContext) -> tuple:
-        """More arguments for :func:`_setup` (sharded: the mesh)."""
-        return ()
+    def keras_distribution(self, ctx: RunContext) -> tuple[Callable, tuple]:
+        """What each process builds its Keras distribution with: a function importable on the
+        engines, given ``jax.devices()`` and the arguments after it. Multiworker's is Keras'
+        DataParallel; ``--strategy sharded --np N`` hands its ModelParallel over the mesh."""
+        return data_parallel, ()
 
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
         import secrets
 
         n = len(ranks)
         seed = secrets.randbelow(2 ** 31)  # one per run, the same on every process
+        make, args = self.keras_distribution(ctx)
         ars = [cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind, seed,
-                                                       *self.setup_args(ctx))
+                                                       make, args)
                for e, rank in zip(cluster.engines, ranks)]
         infos = waiting.setup_results(self.run_now, ars, ranks, "jax.distributed", self.coordinator, SETUP_TIMEOUT,
                                     "joining jax.distributed failed")
@@ -172,10 +176,11 @@ def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
 
 
 def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
-           mesh: tuple[int, int] | None = None) -> dict[str, Any]:
+           make: Callable = None, args: tuple = ()) -> dict[str, Any]:
     """On an engine: join ``jax.distributed`` (once per process), seed Keras alike on every
-    process, bind ``strategy`` (DataParallel, or ModelParallel over ``mesh``: --strategy
-    sharded), feed array inputs by data-axis position (:func:`..frameworks.on_jax.feeding`)."""
+    process, set the distribution ``make(jax.devices(), *args)`` builds (DataParallel when none
+    is given) and bind ``strategy`` to it, feed array inputs by data-axis position
+    (:func:`..frameworks.on_jax.feeding`)."""
     import os
 
     from IPython import get_ipython
@@ -196,12 +201,7 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
     # device_put, and older versions silently keep diverging replicas): same seed everywhere.
     keras.utils.set_random_seed(seed)
     devices = jax.devices()
-    if mesh is None:
-        distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
-    else:
-        from ..sharded.layout import engine_distribution
-
-        distribution = engine_distribution(devices, mesh)
+    distribution = (make or data_parallel)(devices, *args)
     keras.distribution.set_distribution(distribution)
     strategy = ProcessesStrategy(distribution, devices, jax.process_index(), jax.process_count())
     from ..frameworks.on_jax import feeding

@@ -224,16 +224,3 @@ def torch_code_elsewhere(source: str, backend: str) -> str | None:
     if backend == "torch" or not uses_torch_distributed(source):
         return None
     return torch_code_other_backend(backend)
-
-
-def refuse_torch_code_elsewhere(cell: str, user_ns: dict) -> None:
-    """Before a ``multiworker`` cell (or ``%kdist run``'s script) runs: code written for torchrun
-    under another Keras backend is one line, and nothing starts."""
-    from ...errors import StrategyUnavailable
-    from ..frameworks.backends import keras_backend
-    from .run_script import SCRIPT_NAME
-
-    script = user_ns.get(SCRIPT_NAME) if SCRIPT_NAME in cell else None
-    why = torch_code_elsewhere(script[0] if script else cell, keras_backend())
-    if why is not None:
-        raise StrategyUnavailable(why)
