@@ -77,7 +77,7 @@ def callback(record):
 def rows(step_s: float) -> list[dict]:
     import psutil
 
-    from kdist_magics.watch import sampling
+    from kdist_magics.watch import sampling, tpu_probe
     from kdist_magics.watch.dashboard import Dashboard
     from kdist_magics.watch.record import RunRecord
 
@@ -86,9 +86,9 @@ def rows(step_s: float) -> list[dict]:
     out = [("CPU percent (psutil)", timed(lambda: proc.cpu_percent(None), 200), per_sample),
            ("resident size (psutil)", timed(proc.memory_info, 200), per_sample),
            ("proportional set size (smaps)", timed(proc.memory_full_info, 20), 1 / sampling.PSS_EVERY),
-           ("TPU: libtpu's SDK", timed(sampling.libtpu_probe, 200), per_sample),
-           ("TPU: JAX memory_stats()", timed(sampling._jax_tpu_probe, 200), per_sample),
-           ("TPU: TensorFlow", timed(sampling._tensorflow_tpu_probe, 200), per_sample)]
+           ("TPU: libtpu's SDK", timed(tpu_probe.libtpu_probe, 200), per_sample),
+           ("TPU: JAX memory_stats()", timed(tpu_probe._jax_tpu_probe, 200), per_sample),
+           ("TPU: TensorFlow", timed(tpu_probe._tensorflow_tpu_probe, 200), per_sample)]
     sampler = sampling.Sampler(lambda k, r: None)
     out.append(("one whole sample (the above, NVML where a GPU is)", timed(sampler.sample, 50), per_sample))
     cb = callback(RunRecord("default", size=1))

@@ -329,7 +329,7 @@ def test_static_svg_one_line_per_rank():
 
 
 def test_widget_ships_its_static_front_end():
-    from kdist_magics.watch.dashboard import STATIC
+    from kdist_magics.watch.offline import STATIC
 
     js = (STATIC / "dashboard.js").read_text()
     assert "export default" in js and "http" not in js.replace("http://www.w3.org/2000/svg", "")
@@ -703,7 +703,7 @@ def test_the_live_view_draws_each_tpu_chips_bars_and_names_their_source():
     """static/dashboard.js, rendered in Chromium from the state the kernel sends: a duty-cycle
     bar and an HBM bar per chip, and the line naming where the TPU figures came from."""
     import chromium
-    from kdist_magics.watch.dashboard import STATIC
+    from kdist_magics.watch.offline import STATIC
 
     chromium.require()
     from playwright.sync_api import sync_playwright

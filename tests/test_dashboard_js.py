@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from kdist_magics.watch import axes
-from kdist_magics.watch.dashboard import STATIC
+from kdist_magics.watch.offline import STATIC
 
 NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None, reason="Node.js is not installed: the module's "

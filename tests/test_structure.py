@@ -12,6 +12,7 @@ the check holds in any layout of ``kdist_magics/``.
 from __future__ import annotations
 
 import ast
+import collections
 import re
 from pathlib import Path
 
@@ -225,6 +226,30 @@ def test_the_architecture_page_names_only_what_exists(architecture):
                 if not (PACKAGE.parent / dotted.replace(".", "/")).with_suffix(".py").exists()
                 and not (PACKAGE.parent / dotted.replace(".", "/") / "__init__.py").exists()]
     assert not missing, "ARCHITECTURE.md names what is not there: " + ", ".join(missing)
+
+
+def unnamed_modules(text: str) -> list[str]:
+    """The package's modules (packages aside: the trees name them) that ``text`` does not name:
+    by their path from the package or from a folder inside it (``engines/run.py``), or in
+    backticks by a file name no other module has."""
+    modules = [p for p in sorted(PACKAGE.rglob("*.py")) if p.name != "__init__.py"]
+    names = collections.Counter(p.name for p in modules)
+    out = []
+    for path in modules:
+        parts = path.relative_to(PACKAGE).parts
+        ways = ["/".join(parts[i:]) for i in range(max(1, len(parts) - 1))]
+        if not any(w in text for w in ways) and not (names[path.name] == 1 and f"`{path.name}`" in text):
+            out.append("/".join(parts))
+    return out
+
+
+def test_the_architecture_page_names_every_module(architecture):
+    unnamed = unnamed_modules(architecture)
+    assert not unnamed, "modules ARCHITECTURE.md does not name: " + ", ".join(unnamed)
+
+
+def test_the_naming_check_sees_a_module_left_out(architecture):
+    assert unnamed_modules(architecture.replace("_aliases.py", "")) == ["keras_horovod/_aliases.py"]
 
 
 def _top_level(folder: Path = PACKAGE) -> set[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kdist_magics.watch import sampling as sampling_mod
+from kdist_magics.watch import step_probe, tpu_probe
 from kdist_magics.watch import telemetry
 
 
@@ -197,13 +198,13 @@ def test_jax_tpu_probe_reads_memory_stats(monkeypatch):
 
     fake_jax = types.SimpleNamespace(local_devices=lambda: [Dev(0), Dev(1)])
     monkeypatch.setitem(sys.modules, "jax", fake_jax)
-    monkeypatch.setattr(sampling_mod, "jax_backend_ready", lambda: True)
+    monkeypatch.setattr(tpu_probe, "jax_backend_ready", lambda: True)
     row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False).sample()
     assert row["accelerator"] == "tpu"
     assert [(t["index"], t["mem_used_bytes"], t["mem_total_bytes"]) for t in row["tpus"]] == \
         [(0, 1000, 16_000), (1, 2000, 16_000)]
-    monkeypatch.setattr(sampling_mod, "jax_backend_ready", lambda: False)  # never starts JAX
-    assert sampling_mod._jax_tpu_probe() is None
+    monkeypatch.setattr(tpu_probe, "jax_backend_ready", lambda: False)  # never starts JAX
+    assert tpu_probe._jax_tpu_probe() is None
 
 
 def test_broken_probes_never_raise():
@@ -279,10 +280,10 @@ def test_loading_telemetry_imports_no_framework():
 def test_batch_size_inference():
     import numpy as np
 
-    assert telemetry._batch_size((np.zeros((10, 2)),), {"batch_size": 8}) == 8
-    assert telemetry._batch_size((np.zeros((10, 2)),), {}) == 32
-    assert telemetry._batch_size((), {}) is None
-    assert telemetry._batch_size((object(),), {}) is None
+    assert step_probe._batch_size((np.zeros((10, 2)),), {"batch_size": 8}) == 8
+    assert step_probe._batch_size((np.zeros((10, 2)),), {}) == 32
+    assert step_probe._batch_size((), {}) is None
+    assert step_probe._batch_size((object(),), {}) is None
 
 
 # -- the Keras callback -------------------------------------------------------------------
@@ -515,7 +516,7 @@ class FakeTpuMonitoring:
 def test_the_tpus_own_duty_cycle_and_memory_come_from_libtpus_monitoring_sdk(monkeypatch, chips):
     """Duty cycle and high-bandwidth memory per chip, sampled as GPUs are, from
     libtpu's monitoring SDK where it is importable; the row says which source it read."""
-    monkeypatch.setattr(sampling_mod, "_libtpu_monitoring", lambda: FakeTpuMonitoring(chips))
+    monkeypatch.setattr(tpu_probe, "_libtpu_monitoring", lambda: FakeTpuMonitoring(chips))
     row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False).sample()
     assert row["accelerator"] == "tpu" and len(row["tpus"]) == chips
     first = row["tpus"][0]
@@ -531,8 +532,8 @@ def test_a_tpu_that_nothing_reports_on_is_said_and_a_broken_sdk_falls_back(monke
         def list_supported_metrics(self):
             raise RuntimeError("TPU busy")
 
-    assert sampling_mod.libtpu_probe(Broken()) is None
-    monkeypatch.setattr(sampling_mod, "_libtpu_monitoring", lambda: None)
+    assert tpu_probe.libtpu_probe(Broken()) is None
+    monkeypatch.setattr(tpu_probe, "_libtpu_monitoring", lambda: None)
     monkeypatch.setattr(hardware, "detect_tpu", lambda *a, **k: hardware.tpu_from_kind("v5litepod-1"))
     monkeypatch.setattr(hardware, "nvidia_gpu_present", lambda: False)
     row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=None).sample()
@@ -582,9 +583,9 @@ def test_libtpus_sdk_is_asked_only_once_this_process_loaded_libtpu(monkeypatch):
     sdk.tpumonitoring = FakeTpuMonitoring(1)
     monkeypatch.setitem(sys.modules, "libtpu.sdk", sdk)
     monkeypatch.delitem(sys.modules, "libtpu", raising=False)
-    assert sampling_mod._libtpu_monitoring() is None  # libtpu not loaded: not even imported
+    assert tpu_probe._libtpu_monitoring() is None  # libtpu not loaded: not even imported
     monkeypatch.setitem(sys.modules, "libtpu", fake)
-    assert sampling_mod._libtpu_monitoring() is sdk.tpumonitoring  # loaded: its SDK is read
+    assert tpu_probe._libtpu_monitoring() is sdk.tpumonitoring  # loaded: its SDK is read
 
 
 def test_the_proportional_set_size_is_read_every_few_seconds_not_every_sample():

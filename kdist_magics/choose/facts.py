@@ -127,6 +127,20 @@ def _is_dataset(tf, value) -> bool:
         return False
 
 
+def epoch_seconds(hw: Hardware, params: int | None, samples: int | None) -> float | None:
+    """A rough epoch time: forward and backward (6 x parameters x samples FLOPs) at the
+    hardware's nominal rate; None without a model or a sample count."""
+    if params is None or not samples:
+        return None
+    if hw.tpu:
+        rate = DEVICE_FLOPS["tpu_core"]
+    elif hw.gpus:
+        rate = DEVICE_FLOPS["gpu"]
+    else:
+        rate = DEVICE_FLOPS["cpu_core"] * hw.cpu_cores
+    return 6.0 * params * samples / rate
+
+
 def facts_for(hw: Hardware, spec=None, user_ns: Mapping[str, Any] | None = None,
               model: dict | None = None, data: dict | None = None,
               backend: str | None = None) -> dict[str, Any]:
@@ -158,17 +172,7 @@ def facts_for(hw: Hardware, spec=None, user_ns: Mapping[str, Any] | None = None,
     f["data"] = data
     f["data_bytes"] = data["bytes"] if data else None
     f["samples"] = data["samples"] if data and data["samples"] else None
-    if f["params"] is not None and f["samples"]:
-        flops = 6.0 * f["params"] * f["samples"]  # forward + backward per epoch
-        if hw.tpu:
-            rate = DEVICE_FLOPS["tpu_core"]
-        elif hw.gpus:
-            rate = DEVICE_FLOPS["gpu"]
-        else:
-            rate = DEVICE_FLOPS["cpu_core"] * hw.cpu_cores
-        f["epoch_s"] = flops / rate
-    else:
-        f["epoch_s"] = None
+    f["epoch_s"] = epoch_seconds(hw, f["params"], f["samples"])
     # the job is "big" when the model or the data is, or one epoch takes long
     f["big_job"] = bool(
         (f["params"] is not None and f["params"] >= 50e6)

@@ -25,8 +25,6 @@ that needs them does.
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
@@ -37,6 +35,7 @@ __all__ = [
 ]
 
 
+from ._aliases import install, is_installed, keras3_active, uninstall  # noqa: E402
 from ._compression import Compression, Compressor, FP16Compressor, NoneCompressor  # noqa: E402,F401
 
 
@@ -225,7 +224,7 @@ def reducescatter(value, name=None, op=None):
 
 def broadcast_variables(variables, root_rank, process_set=None):
     """Assign ``root_rank``'s values to ``variables`` (Keras 3 or TensorFlow variables)."""
-    from ._optimizer import tf_variable
+    from ._state import tf_variable
 
     hvd_tf = _hvd()
     tf_vars = [tf_variable(v) for v in variables]
@@ -260,92 +259,3 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     return _load(filepath, custom_optimizers, custom_objects, compression)
 
 
-# ----------------------------------------------------------------------------------------
-# Making `import horovod.tensorflow.keras` resolve here
-_ALIASES = ("horovod.tensorflow.keras", "horovod.keras")
-_saved: dict | None = None
-
-
-def keras3_active() -> bool:
-    """True when ``import keras`` / ``tf.keras`` gives Keras 3 (not tf_keras / Keras 2).
-
-    Decided without importing Keras when it is not imported yet (from the installed
-    distribution's version and ``TF_USE_LEGACY_KERAS``).
-    """
-    if os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes"):
-        return False
-    return _keras_major() >= 3
-
-
-def _keras_major() -> int:
-    version = None
-    mod = sys.modules.get("keras")
-    if mod is not None:
-        version = getattr(mod, "__version__", None)
-        if version is None and callable(getattr(mod, "version", None)):
-            version = mod.version()
-    if version is None:
-        try:
-            from importlib.metadata import version as dist_version
-
-            version = dist_version("keras")
-        except Exception:  # no keras distribution at all
-            return 0
-    try:
-        return int(str(version).split(".")[0])
-    except ValueError:
-        return 0
-
-
-def is_installed() -> bool:
-    return _saved is not None
-
-
-def install() -> bool:
-    """Alias this module as ``horovod.tensorflow.keras`` and ``horovod.keras`` (and their
-    ``.callbacks`` and ``.elastic``) when Keras 3 is active; returns whether it did. Idempotent."""
-    global _saved
-    if _saved is not None:
-        return True
-    if not keras3_active():
-        return False
-    me = sys.modules[__name__]
-    cb = importlib.import_module(f"{__name__}.callbacks")
-    elastic = importlib.import_module(f"{__name__}.elastic")
-    saved: dict = {"modules": {}, "attrs": []}
-    for alias in _ALIASES:
-        for name, module in ((alias, me), (f"{alias}.callbacks", cb), (f"{alias}.elastic", elastic)):
-            saved["modules"][name] = sys.modules.get(name)
-            sys.modules[name] = module
-        parent_name, _, child = alias.rpartition(".")
-        parent = sys.modules.get(parent_name)
-        if parent is not None:
-            saved["attrs"].append((parent, child, parent.__dict__.get(child, _MISSING)))
-            setattr(parent, child, me)
-    _saved = saved
-    return True
-
-
-def uninstall() -> None:
-    """Undo :func:`install` (restore Horovod's own modules and attributes)."""
-    global _saved
-    if _saved is None:
-        return
-    for name, module in _saved["modules"].items():
-        if module is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = module
-    for parent, child, old in _saved["attrs"]:
-        if old is _MISSING:
-            parent.__dict__.pop(child, None)
-        else:
-            setattr(parent, child, old)
-    _saved = None
-
-
-class _Missing:
-    pass
-
-
-_MISSING = _Missing()

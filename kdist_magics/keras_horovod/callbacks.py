@@ -8,7 +8,7 @@ import keras
 
 import horovod.tensorflow as hvd_tf
 
-from ._optimizer import tf_variable
+from ._state import tf_variable
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]

@@ -35,7 +35,7 @@ import horovod.tensorflow as hvd_tf
 from horovod.common.elastic import ObjectState
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from ._optimizer import tf_variable
+from ._state import tf_variable
 
 __all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "run", "HorovodInternalError", "HostsUpdatedInterrupt"]

@@ -1,7 +1,8 @@
 """The one place kdist's words live, and the one rule for its own lines in a notebook: ``say()``.
 
-The words of ``--strategy sharded``, ``--launcher slurm``, ``--launcher ray`` and ``--push`` are
-in :mod:`.sharded`, :mod:`.slurm`, :mod:`.ray` and :mod:`.push` beside this module, imported here: every word is
+The words of ``--strategy sharded``, ``--launcher slurm``, ``--launcher ray``, ``--push``, an
+elastic run and ``%kdist scale`` are in :mod:`.sharded`, :mod:`.slurm`, :mod:`.ray`, :mod:`.push`,
+:mod:`.elastic` and :mod:`.scale` beside this module, imported here: every word is
 ``kdist_magics.messages.NAME``.
 
 Jupyter shows a cell's stderr in the error style (red), so where a ``kdist:`` line goes says how
@@ -34,47 +35,10 @@ def lost_batches(n: int) -> str:
             f"have gaps there (training was not affected)")
 
 
-def world_resized(before: int, after: int) -> str:
-    """An elastic run's size change, as the summary, the dashboard and the progress line say it."""
-    return f"world size {before} \u2192 {after}"
-
-
-def went_on_without(lost: dict[int, str], size: int, before: int) -> str:
-    """The line kdist prints when an elastic run re-forms without ranks ``lost`` ({rank: how})."""
-    what = "; ".join(f"rank {r} {how}" for r, how in sorted(lost.items()))
-    return (f"{what}: going on with {size} ranks ({world_resized(before, size)}) from the last "
-            f"commit; the next cell starts a full set of engines")
-
-
-def too_few_left(size: int, min_np: int) -> str:
-    return f"only {size} ranks left, fewer than --min-np {min_np}"
-
-
 def died_after(deaths: dict[int, str]) -> str:
     """An engine ended after the cell had run on every rank: the cell's work stands."""
     what = "; ".join(f"rank {r} {how}" for r, how in sorted(deaths.items()))
     return f"{what} after the cell had run on every rank; engines restart with the next %%kdist cell"
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}"
-
-
-def resized_summary(before: int, after: int, resizes: list[dict]) -> str:
-    """What an elastic run's size changes were, for ``last_run().summary()``."""
-    gone = sorted(r for e in resizes for r in e["lost"])
-    came = sorted(r for e in resizes for r in e.get("added", []))
-    what = [f"lost {_ranks(gone)}"] * bool(gone) + [f"{_ranks(came)} joined"] * bool(came)
-    return f"{world_resized(before, after)} ({'; '.join(what)})"
-
-
-def resized_note(before: int, resizes: list[dict]) -> str:
-    """The dashboard's line for an elastic run whose size changed."""
-    gone = sorted(r for e in resizes for r in e["lost"])
-    came = sorted(r for e in resizes for r in e.get("added", []))
-    parts = [f"{_ranks(gone)} lost; the others went on from the last commit"] * bool(gone)
-    parts += [f"{_ranks(came)} joined at a commit"] * bool(came)
-    return f"elastic: {world_resized(before, resizes[-1]['size'])}, " + "; ".join(parts)
 
 
 # -- the phases of a run, as the dashboard and last_run().phases name them ----------------
@@ -279,6 +243,7 @@ def launcher_mismatch(call: str, given: str, run: str, option: str,
 
 
 # -- the words of one component each, imported from here as every other --------------------
+from .elastic import resized_note, resized_summary, too_few_left, went_on_without, world_resized  # noqa: E402
 from .push import push_no_shm_room, push_report, push_too_big  # noqa: E402, F401
 from .sharded import (  # noqa: E402
     mesh_unreadable,

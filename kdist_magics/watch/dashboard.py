@@ -8,10 +8,8 @@ state update every ``interval`` seconds (default 0.5 s) to the front end. Comm
 messages can be sent from a background thread in ipykernel 6/7, so the view
 updates while an in-kernel cell keeps the kernel's main thread busy.
 
-The widget (:class:`DashboardWidget`) is an ``anywidget.AnyWidget`` whose
-front end is one small static ES module and a CSS file shipped in
-``kdist_magics/watch/static`` (plain SVG, no CDN, no labextension build), so it runs
-wherever anywidget runs: JupyterLab 4, Notebook 7, VS Code, Colab.
+The widget (:class:`~.widget.DashboardWidget`) is an ``anywidget.AnyWidget`` whose
+front end is one small static ES module (:mod:`.widget`).
 
 The display also carries a ``text/html`` summary with inline SVG loss curves. When the run
 ends, the same display (same display id) becomes the finished view of :mod:`.offline` and the
@@ -27,16 +25,13 @@ import threading
 import time
 from typing import Any
 
-import anywidget
-import traitlets
-
 from . import stragglers
-from ..messages import (SPLIT_LEGEND_LIVE, SPLIT_LEGEND_PROBED, SPLIT_LEGEND_TIMED, SPLIT_TIMED,
-                        SPLIT_TITLE, SPLIT_UNTIMED)
+from ..messages import SPLIT_TIMED
 from ..messages import CURVES_NOTE, NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
 from .dashboard_rows import (add_sample, current_phase, fraction_eta, layout_note, rounded,
-                             slowest_progress, thinned)
-from .offline import STATIC, finished_view
+                             slowest_progress, split_entry, split_legend, thinned)
+from .widget import DashboardWidget
+from .offline import finished_view
 from .record import RunRecord
 from .svg import PALETTE, static_summary, svg_curves  # noqa: F401  (the widget's colours too)
 from ..spec import KERNEL_STRATEGIES
@@ -49,18 +44,6 @@ NOT_CURVES = frozenset({"rank", "epoch", "step", "batch", "fit", "time", "kind",
                         "collective_time", "batch_size"})
 #: at most this many distinct step-level series (loss first)
 MAX_SERIES = 8
-
-
-class DashboardWidget(anywidget.AnyWidget):
-    """Front end: ``static/dashboard.js`` renders ``state`` and ``curves``."""
-
-    _esm = STATIC / "dashboard.js"
-    _css = STATIC / "dashboard.css"
-    #: run status, progress and one entry per rank
-    state = traitlets.Dict().tag(sync=True)
-    #: JSON text of {"series": {name: {rank: [[step, value], ...]}}, "names": [...]}: one
-    #: string, because ipywidgets walks nested lists element by element looking for buffers
-    curves_json = traitlets.Unicode("{}").tag(sync=True)
 
 
 class Dashboard:
@@ -352,28 +335,6 @@ class Dashboard:
         state by the widget's own script where scripts run, the static summary where not."""
         return {"text/plain": f"kdist dashboard: {self.record.summary()}",
                 "text/html": finished_view(*self.snapshot())}
-
-
-def split_entry(row: dict[str, Any]) -> dict[str, Any] | None:
-    """A rank's split for the bar: ``compute``/``communication`` once probed, else ``in_step``;
-    ``rest``; None where its rows carry no step timing (Keras on JAX)."""
-    if row["in_step_s"] is None:
-        return None
-    parts = ({"compute": row["compute_s"], "communication": row["communication_s"]}
-             if row["compute_s"] is not None else {"in_step": row["in_step_s"]})
-    if row.get("wait_s") is not None:
-        parts["wait"] = row["wait_s"]
-    parts["rest"] = row["rest_s"] or 0.0
-    return {k: rounded(v) for k, v in parts.items()}
-
-
-def split_legend(splits: dict[int, Any], compute: float | None, timed: bool = False) -> str:
-    """What the bars show, or why there are none (a run whose steps are not timed live)."""
-    if any(splits.values()):
-        if timed:
-            return SPLIT_LEGEND_TIMED
-        return SPLIT_LEGEND_PROBED if compute is not None else SPLIT_LEGEND_LIVE
-    return f"{SPLIT_TITLE}: {SPLIT_UNTIMED}" if splits else ""
 
 
 def show(record: RunRecord, **kwargs: Any) -> Dashboard:  # kwargs: Dashboard's (nice, interval)

@@ -2,7 +2,8 @@
 
 A rank's table entry with its utilisation sample, the run's progress bounded by its slowest
 rank, the fraction done and the time left, the phase a running run is in, what each device
-holds of a sharded model, and the thinning of long curves. :mod:`.dashboard` calls them to
+holds of a sharded model, the thinning of long curves, and each rank's step split (the bar) with
+its legend. :mod:`.dashboard` calls them to
 build its state; each takes plain dicts and returns plain values.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+from ..messages import SPLIT_LEGEND_LIVE, SPLIT_LEGEND_PROBED, SPLIT_LEGEND_TIMED, SPLIT_TITLE, SPLIT_UNTIMED
 
 
 def rounded(v: float | None) -> float | None:
@@ -93,3 +96,25 @@ def fraction_eta(progress: dict[str, Any], status: str, now: float):
     if status == "done" and fraction is not None:
         eta = 0.0
     return fraction, eta
+
+
+def split_entry(row: dict[str, Any]) -> dict[str, Any] | None:
+    """A rank's split for the bar: ``compute``/``communication`` once probed, else ``in_step``;
+    ``rest``; None where its rows carry no step timing (Keras on JAX)."""
+    if row["in_step_s"] is None:
+        return None
+    parts = ({"compute": row["compute_s"], "communication": row["communication_s"]}
+             if row["compute_s"] is not None else {"in_step": row["in_step_s"]})
+    if row.get("wait_s") is not None:
+        parts["wait"] = row["wait_s"]
+    parts["rest"] = row["rest_s"] or 0.0
+    return {k: rounded(v) for k, v in parts.items()}
+
+
+def split_legend(splits: dict[int, Any], compute: float | None, timed: bool = False) -> str:
+    """What the bars show, or why there are none (a run whose steps are not timed live)."""
+    if any(splits.values()):
+        if timed:
+            return SPLIT_LEGEND_TIMED
+        return SPLIT_LEGEND_PROBED if compute is not None else SPLIT_LEGEND_LIVE
+    return f"{SPLIT_TITLE}: {SPLIT_UNTIMED}" if splits else ""

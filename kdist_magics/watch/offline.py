@@ -23,7 +23,7 @@ from typing import Any
 
 from .svg import static_summary
 
-#: the widget's front end (the same folder :class:`.dashboard.DashboardWidget` loads)
+#: the widget's front end (the same folder :class:`.widget.DashboardWidget` loads)
 STATIC = Path(__file__).parent / "static"
 
 #: the widget's module, run by a classic inline script: ``model`` is the final state, read-only

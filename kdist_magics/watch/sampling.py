@@ -10,7 +10,8 @@ package) when it initialises, the rank's own GPU first (``CUDA_VISIBLE_DEVICES``
 its process has a context); TPU memory from JAX's ``Device.memory_stats()`` or TensorFlow's
 ``get_memory_info``, when that runtime is already up in the process and sees TPUs; otherwise
 ``accelerator`` is None and ``accelerator_note`` says why ("CPU only", or NVML's reason where
-an NVIDIA GPU exists). ``psutil``, NVML and the TPU probe are injectable so tests use fakes.
+an NVIDIA GPU exists). ``psutil``, NVML and the TPU probe (:mod:`.tpu_probe`) are injectable so
+tests use fakes.
 
 Nothing here imports TensorFlow, JAX or Keras at module import.
 """
@@ -24,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .compat_jax import jax_backend_ready
+from .tpu_probe import TPU_UNREAD, _tpu_probe
 
 Sink = Callable[[str, dict[str, Any]], None]
 
@@ -105,125 +106,43 @@ class _NvmlProbe:
             self.nvml.nvmlShutdown()
 
 
-def _jax_tpu_probe() -> list[dict[str, Any]] | None:
-    """TPU memory from JAX (``Device.memory_stats()``), only when JAX is already imported and
-    its backend is already up on TPU (this never initialises a backend)."""
-    import sys
-
-    jax = sys.modules.get("jax")
-    if jax is None or not jax_backend_ready():  # not initialised yet: leave it alone
-        return None
-    try:
-        devices = [d for d in jax.local_devices() if d.platform == "tpu"]
-    except Exception:
-        return None
-    out = []
-    for d in devices:
-        entry: dict[str, Any] = {"index": d.id, "name": str(getattr(d, "device_kind", "TPU")),
-                                 "source": TPU_SOURCES["jax"]}
-        try:
-            stats = d.memory_stats() or {}
-            entry["mem_used_bytes"] = stats.get("bytes_in_use")
-            entry["mem_total_bytes"] = stats.get("bytes_limit")
-        except Exception:
-            entry["mem_used_bytes"] = None
-        out.append(entry)
-    return out or None
-
-
-#: libtpu's monitoring SDK (libtpu 0.0.1x, ``libtpu.sdk.tpumonitoring``): per-chip strings
-LIBTPU_METRICS = ("duty_cycle_pct", "hbm_capacity_usage", "hbm_capacity_total")
-#: where a TPU row's figures came from, as the dashboard names it
-TPU_SOURCES = {"libtpu": "libtpu monitoring SDK", "jax": "JAX memory_stats()",
-               "tensorflow": "TensorFlow get_memory_info()"}
-
-
-def _libtpu_monitoring():
-    """``libtpu.sdk.tpumonitoring`` once this process has loaded libtpu (JAX or TensorFlow
-    brought its TPU runtime up here; Colab's and Kaggle's TPU runtimes ship it), else None: a
-    process that has not started the runtime is left alone, as the JAX and TensorFlow probes
-    leave theirs, and a sample costs no import look-up."""
-    import sys
-
-    if "libtpu" not in sys.modules:
-        return None
-    try:
-        from libtpu.sdk import tpumonitoring
-    except Exception:
-        return None
-    return tpumonitoring
-
-
-def libtpu_probe(monitoring=None) -> list[dict[str, Any]] | None:
-    """Each chip's duty cycle and high-bandwidth memory from libtpu's monitoring SDK
-    (``monitoring``: the module, or a fake with its ``list_supported_metrics`` and
-    ``get_metric(name).data()``); None where it is not importable or reports no chip."""
-    sdk = monitoring if monitoring is not None else _libtpu_monitoring()
-    if sdk is None:
-        return None
-    try:
-        supported = set(sdk.list_supported_metrics())
-        data = {name: list(sdk.get_metric(name).data() or []) for name in LIBTPU_METRICS
-                if name in supported}
-    except Exception:
-        return None
-    chips = max((len(v) for v in data.values()), default=0)
-    if not chips:
-        return None
-
-    def value(name: str, i: int) -> float | None:
-        try:
-            return float(data[name][i])
-        except (KeyError, IndexError, TypeError, ValueError):
-            return None
-
-    out = []
-    for i in range(chips):
-        used, total = value("hbm_capacity_usage", i), value("hbm_capacity_total", i)
-        out.append({"index": i, "name": f"TPU chip {i}", "source": TPU_SOURCES["libtpu"],
-                    "duty_cycle_percent": value("duty_cycle_pct", i),
-                    "mem_used_bytes": int(used) if used is not None else None,
-                    "mem_total_bytes": int(total) if total is not None else None})
-    return out
-
-
-def _tpu_probe() -> list[dict[str, Any]] | None:
-    """What this host's TPUs report: libtpu's monitoring SDK (duty cycle and memory), else the
-    runtime already running in this process (JAX's memory_stats(), then TensorFlow's)."""
-    return libtpu_probe() or _jax_tpu_probe() or _tensorflow_tpu_probe()
-
-
-def _tensorflow_tpu_probe() -> list[dict[str, Any]] | None:
-    """TPU memory from TensorFlow, only when TensorFlow is already imported and sees TPUs."""
-    import sys
-
-    tf = sys.modules.get("tensorflow")
-    if tf is None:
-        return None
-    try:
-        tpus = tf.config.list_logical_devices("TPU")
-    except Exception:
-        return None
-    if not tpus:
-        return None
-    out = []
-    for i, dev in enumerate(tpus):
-        entry: dict[str, Any] = {"index": i, "name": dev.name, "source": TPU_SOURCES["tensorflow"]}
-        try:
-            info = tf.config.experimental.get_memory_info(dev.name)
-            entry["mem_used_bytes"] = int(info.get("current", 0))
-            entry["mem_peak_bytes"] = int(info.get("peak", 0))
-        except Exception:
-            entry["mem_used_bytes"] = None
-        out.append(entry)
-    return out
-
-
 #: the device line of a rank with neither GPU nor TPU
 CPU_ONLY = "CPU only"
-#: a TPU host where neither libtpu's monitoring SDK nor a running runtime reports figures
-TPU_UNREAD = ("TPU: no figures available (libtpu's monitoring SDK is not importable here, and "
-              "no JAX or TensorFlow runtime in this process has started on it)")
+
+
+def _accelerators(nvml, pid: int, gpu_present: Callable[[], bool] | None,
+                  tpu_probe: Callable[[], Any] | None) -> tuple["_NvmlProbe | None", str | None]:
+    """The GPU probe (NVML) for process ``pid`` and the device line where there is none
+    (:class:`Sampler`'s arguments of the same names)."""
+    gpu, note = None, None
+    if nvml is not False:
+        if nvml is None:
+            try:
+                import pynvml as nvml  # type: ignore[no-redef]
+            except ImportError:
+                nvml = None
+                note = "not available: pynvml is not installed (pip install nvidia-ml-py)"
+        if nvml is not None:
+            try:
+                gpu = _NvmlProbe(nvml, pid)
+                if not gpu.count:
+                    note, gpu = "not available: NVML sees no GPU", None
+            except Exception as exc:
+                note = f"not available: NVML: {exc or type(exc).__name__}"
+                gpu = None
+    else:
+        note = "not available: GPU sampling disabled"
+    if gpu is None and nvml is not False:
+        from ..choose.hardware import nvidia_gpu_present
+
+        if not (gpu_present or nvidia_gpu_present)():
+            note = CPU_ONLY  # no NVIDIA GPU here: NVML's absence is no news
+    if note == CPU_ONLY and tpu_probe is None:
+        from ..choose.hardware import detect_tpu
+
+        if detect_tpu() is not None:  # a TPU here that nothing reports on yet
+            note = TPU_UNREAD
+    return gpu, note
 
 
 class Sampler:
@@ -258,34 +177,7 @@ class Sampler:
         self.psutil = psutil
         self.process = psutil.Process(self.pid) if psutil is not None else None
         self.cpu_count = (psutil.cpu_count() or 1) if psutil is not None else (os.cpu_count() or 1)
-        self.gpu, self.note = None, None
-        if nvml is not False:
-            if nvml is None:
-                try:
-                    import pynvml as nvml  # type: ignore[no-redef]
-                except ImportError:
-                    nvml = None
-                    self.note = "not available: pynvml is not installed (pip install nvidia-ml-py)"
-            if nvml is not None:
-                try:
-                    self.gpu = _NvmlProbe(nvml, self.pid)
-                    if not self.gpu.count:
-                        self.note, self.gpu = "not available: NVML sees no GPU", None
-                except Exception as exc:
-                    self.note = f"not available: NVML: {exc or type(exc).__name__}"
-                    self.gpu = None
-        else:
-            self.note = "not available: GPU sampling disabled"
-        if self.gpu is None and nvml is not False:
-            from ..choose.hardware import nvidia_gpu_present
-
-            if not (gpu_present or nvidia_gpu_present)():
-                self.note = CPU_ONLY  # no NVIDIA GPU here: NVML's absence is no news
-        if self.note == CPU_ONLY and tpu_probe is None:
-            from ..choose.hardware import detect_tpu
-
-            if detect_tpu() is not None:  # a TPU here that nothing reports on yet
-                self.note = TPU_UNREAD
+        self.gpu, self.note = _accelerators(nvml, self.pid, gpu_present, tpu_probe)
         self.tpu_probe = tpu_probe if tpu_probe is not None else _tpu_probe
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -111,3 +111,30 @@ def make_probe(sink, rank: int, stop_after: int, batch_size: int | None, clock=N
 
     cls = type("KDistStepProbe", (StepProbe, keras.callbacks.Callback), {})
     return cls(sink, rank, stop_after, batch_size, clock or time.perf_counter)
+
+
+def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
+    """Samples per step of a ``fit(x, ...)`` call, when it can be known without touching data."""
+    if kwargs.get("batch_size"):
+        return int(kwargs["batch_size"])
+    x = args[0] if args else kwargs.get("x")
+    if x is None:
+        return None
+    if hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):
+        return 32  # Keras' default for array-like input
+    try:
+        spec = getattr(x, "element_spec", None)  # tf.data.Dataset
+        first = spec[0] if isinstance(spec, tuple) else spec
+        dim = first.shape[0] if first is not None else None
+        return int(dim) if dim else None
+    except Exception:
+        return None
+
+
+def probe_for_fit(sink: Callable[[str, dict[str, Any]], None], rank: int, stop_after: int, batch_scale: float | None,
+           args: tuple, kwargs: dict[str, Any]):
+    """The probe's callback for one ``fit``; its ``batch_size`` scaled first where asked."""
+    batch = _batch_size(args, kwargs)
+    if batch_scale and batch and (kwargs.get("batch_size") or (args and hasattr(args[0], "shape"))):
+        kwargs["batch_size"] = batch = max(1, round(batch * batch_scale))
+    return make_probe(sink, rank, stop_after, batch)

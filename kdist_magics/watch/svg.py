@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html as _html
 import math
+from typing import Callable
 
 from ..messages import SPLIT_TITLE
 from .axes import linear_range, log_range, tick_label, wants_log
@@ -21,6 +22,22 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 def _points(series: dict | None) -> dict[str, list[tuple[float, float]]]:
     return {str(rank): [(p[0], p[1]) for p in line if p[0] is not None and p[1] is not None]
             for rank, line in (series or {}).items()}
+
+
+def _marks(lines: dict, vals: dict, X: Callable[[float], float], Y: Callable[[float], float]) -> list[str]:
+    """Each rank's polyline, and its validation points as hollow circles, in its colour."""
+    parts = []
+    for rank, line in sorted(lines.items(), key=lambda kv: int(kv[0])):
+        colour = PALETTE[int(rank) % len(PALETTE)]
+        coords = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in line)
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                     f'points="{coords}"><title>rank {rank}</title></polyline>')
+    for rank, line in sorted(vals.items(), key=lambda kv: int(kv[0])):
+        colour = PALETTE[int(rank) % len(PALETTE)]
+        parts.extend(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="#fff" '
+                     f'stroke="{colour}" stroke-width="1.5"><title>rank {rank} validation '
+                     f'{y:.4g}</title></circle>' for x, y in line)
+    return parts
 
 
 def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,
@@ -61,16 +78,7 @@ def svg_curves(series: dict[str, list], title: str = "loss", width: int = 420,
                          f'text-anchor="middle" fill="#666">{tick_label(v)}</text>')
     parts.append(f'<text x="{left + w}" y="{height - 1}" font-size="10" text-anchor="end" '
                  f'fill="#666">step</text>')
-    for rank, line in sorted(lines.items(), key=lambda kv: int(kv[0])):
-        colour = PALETTE[int(rank) % len(PALETTE)]
-        coords = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in line)
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
-                     f'points="{coords}"><title>rank {rank}</title></polyline>')
-    for rank, line in sorted(vals.items(), key=lambda kv: int(kv[0])):
-        colour = PALETTE[int(rank) % len(PALETTE)]
-        parts.extend(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="#fff" '
-                     f'stroke="{colour}" stroke-width="1.5"><title>rank {rank} validation '
-                     f'{y:.4g}</title></circle>' for x, y in line)
+    parts.extend(_marks(lines, vals, X, Y))
     parts.append("</svg>")
     return "".join(parts)
 

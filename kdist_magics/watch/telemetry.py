@@ -38,6 +38,7 @@ import time
 from typing import Any, Callable
 
 from .collective import timing as collective_timing
+from .step_probe import _batch_size, probe_for_fit
 
 Sink = Callable[[str, dict[str, Any]], None]
 
@@ -287,35 +288,6 @@ class _Mark:
             self.owner._step_ended = self.owner._clock()
 
 
-def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
-    """Samples per step of a ``fit(x, ...)`` call, when it can be known without touching data."""
-    if kwargs.get("batch_size"):
-        return int(kwargs["batch_size"])
-    x = args[0] if args else kwargs.get("x")
-    if x is None:
-        return None
-    if hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):
-        return 32  # Keras' default for array-like input
-    try:
-        spec = getattr(x, "element_spec", None)  # tf.data.Dataset
-        first = spec[0] if isinstance(spec, tuple) else spec
-        dim = first.shape[0] if first is not None else None
-        return int(dim) if dim else None
-    except Exception:
-        return None
-
-
-def _probe(sink: Sink, rank: int, stop_after: int, batch_scale: float | None,
-           args: tuple, kwargs: dict[str, Any]):
-    """The probe's callback for one ``fit``; its ``batch_size`` scaled first where asked."""
-    from .step_probe import make_probe
-
-    batch = _batch_size(args, kwargs)
-    if batch_scale and batch and (kwargs.get("batch_size") or (args and hasattr(args[0], "shape"))):
-        kwargs["batch_size"] = batch = max(1, round(batch * batch_scale))
-    return make_probe(sink, rank, stop_after, batch)
-
-
 @contextlib.contextmanager
 def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL,
              stop_after: int | None = None, batch_scale: float | None = None):
@@ -339,7 +311,7 @@ def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL,
         callbacks = list(kwargs.pop("callbacks", None) or [])
         cb = None
         if stop_after:
-            callbacks.append(_probe(sink, rank, stop_after, batch_scale, args, kwargs))
+            callbacks.append(probe_for_fit(sink, rank, stop_after, batch_scale, args, kwargs))
         if enabled and not any(getattr(c, "kdist_opt_out", False) for c in callbacks):
             cb = make_callback(sink, rank, batch_size=_batch_size(args, kwargs),
                                min_interval=min_interval, step_offset=done["steps"],

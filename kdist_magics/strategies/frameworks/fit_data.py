@@ -97,6 +97,23 @@ def shard(parts: dict[str, Any], rank: int, n: int, what: str, say) -> dict[str,
     return {k: _map(lambda a: a[lo:hi], v) for k, v in parts.items()}
 
 
+def _validation_sharded(a: dict, x, y, sw, part: int, parts: int, once):
+    """``fit``'s validation data (``a``: its bound arguments) as ``part`` of ``parts``: Keras'
+    ``validation_split`` done here first, so both parts are sharded; the training arrays left."""
+    split = float(a.get("validation_split") or 0.0)
+    if split and a.get("validation_data") is None:  # Keras' split, then shard both parts
+        at = int(_rows(x) * (1.0 - split))
+        a["validation_data"] = tuple(_map(lambda v: v[at:], p) for p in (x, y, sw) if p is not None)
+        x, y, sw = (_map(lambda v: v[:at], p) for p in (x, y, sw))
+        a["validation_split"] = 0.0
+    val = a.get("validation_data")
+    if isinstance(val, tuple) and _arrays(*val):
+        keys = ("x", "y", "sample_weight")[:len(val)]
+        mine = shard(dict(zip(keys, val)), part, parts, "validation", once)
+        a["validation_data"] = tuple(mine[k] for k in keys)
+    return x, y, sw
+
+
 @contextlib.contextmanager
 def process_shards(rank: int, n: int, say=print, fit_callbacks: Callable[[], list] = list,
                    no_predict: str = "", position: Callable[[], tuple[int, int, bool]] | None = None):
@@ -132,17 +149,7 @@ def process_shards(rank: int, n: int, say=print, fit_callbacks: Callable[[], lis
             if parts == 1 or not _arrays(x, y, sw) or a.get("steps") or a.get("steps_per_epoch"):
                 return original(*bound.args, **bound.kwargs)
             if name == "fit":
-                split = float(a.get("validation_split") or 0.0)
-                if split and a.get("validation_data") is None:  # Keras' split, then shard both parts
-                    at = int(_rows(x) * (1.0 - split))
-                    a["validation_data"] = tuple(_map(lambda v: v[at:], p) for p in (x, y, sw) if p is not None)
-                    x, y, sw = (_map(lambda v: v[:at], p) for p in (x, y, sw))
-                    a["validation_split"] = 0.0
-                val = a.get("validation_data")
-                if isinstance(val, tuple) and _arrays(*val):
-                    keys = ("x", "y", "sample_weight")[:len(val)]
-                    mine = shard(dict(zip(keys, val)), part, parts, "validation", once)
-                    a["validation_data"] = tuple(mine[k] for k in keys)
+                x, y, sw = _validation_sharded(a, x, y, sw, part, parts, once)
             mine = shard({"x": x, "y": y, "sample_weight": sw}, part, parts,
                          "training" if name == "fit" else "evaluation", once)
             a.update({k: v for k, v in mine.items() if k in a or v is not None})

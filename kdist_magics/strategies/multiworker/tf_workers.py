@@ -159,15 +159,7 @@ class MultiWorkerStrategy(EngineStrategy):
         bad = [f"rank {r}: {i['error']}" for r, i in zip(ranks, infos) if i.get("error")]
         if bad:
             raise KDistError("no TF_CONFIG address: " + "; ".join(bad))
-        workers = [""] * len(ranks)
-        for engine, rank, info in zip(cluster.engines, ranks, infos):
-            workers[rank] = join(info["address"], info["port"])
-            for _ in range(5):
-                if workers.count(workers[rank]) == 1:
-                    break
-                # two engines on one host drew the same port: this one draws again
-                again = cluster.client[engine.engine_id].apply_async(_probe, mode).get(timeout=60)
-                workers[rank] = join(again["address"], again["port"])
+        workers = _worker_addresses(cluster, ranks, infos, mode)
         configs = [json.dumps({"cluster": {"worker": workers},
                                "task": {"type": "worker", "index": rank}}) for rank in ranks]
         self.addresses = workers
@@ -218,6 +210,21 @@ def _cluster_part(tf_config: str) -> str:
 
 # -- engine side -----------------------------------------------------------------------
 _mw: dict[str, Any] = {}  # on an engine: the strategy, its TF_CONFIG, the entered scope
+
+
+def _worker_addresses(cluster: EngineCluster, ranks: list[int], infos: list[dict], mode: str) -> list[str]:
+    """Each rank's ``host:port`` for TF_CONFIG, by rank, from the engines' answers: an engine
+    whose port another on its host drew too draws again (up to five times)."""
+    workers = [""] * len(ranks)
+    for engine, rank, info in zip(cluster.engines, ranks, infos):
+        workers[rank] = join(info["address"], info["port"])
+        for _ in range(5):
+            if workers.count(workers[rank]) == 1:
+                break
+            # two engines on one host drew the same port: this one draws again
+            again = cluster.client[engine.engine_id].apply_async(_probe, mode).get(timeout=60)
+            workers[rank] = join(again["address"], again["port"])
+    return workers
 
 
 def _probe(mode: str) -> dict[str, Any]:  # runs on an engine

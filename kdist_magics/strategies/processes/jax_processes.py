@@ -204,7 +204,21 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
     distribution = (make or data_parallel)(devices, *args)
     keras.distribution.set_distribution(distribution)
     strategy = ProcessesStrategy(distribution, devices, jax.process_index(), jax.process_count())
-    from ..frameworks.on_jax import feeding
+    local = jax.local_device_count()
+    stack = _cell_patches(strategy, distribution, local)
+    _run["stack"] = stack
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns["strategy"] = strategy
+    return {"process": jax.process_index(), "processes": jax.process_count(),
+            "devices": len(devices), "local_devices": local}
+
+
+def _cell_patches(strategy: "ProcessesStrategy", distribution, local: int) -> contextlib.ExitStack:
+    """What a cell runs under on a JAX process, undone by :func:`_leave`: ``fit``'s arrays
+    by this process's position, the cell's own set-up calls made the run's, JAX's workarounds,
+    and batches that split over ``local`` devices."""
+    from ..frameworks.on_jax import divisible_batches, feeding
 
     stack = contextlib.ExitStack()
     stack.enter_context(process_shards(
@@ -218,17 +232,9 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
     stack.enter_context(jax_calls(strategy.process_index, strategy.num_processes))
     stack.enter_context(device_put_takes_keras_variables())  # Keras' JAX guide, on JAX 0.12
     stack.enter_context(locations_alike())  # one cell, one program on every process (JAX 0.12.1)
-    local = jax.local_device_count()
     if local > 1:  # several devices per process: each process's batches must split over them
-        from ..frameworks.on_jax import divisible_batches
-
         stack.enter_context(divisible_batches(local))
-    _run["stack"] = stack
-    shell = get_ipython()
-    if shell is not None:
-        shell.user_ns["strategy"] = strategy
-    return {"process": jax.process_index(), "processes": jax.process_count(),
-            "devices": len(devices), "local_devices": local}
+    return stack
 
 
 def _leave() -> None:  # runs on an engine

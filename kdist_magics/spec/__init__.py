@@ -1,8 +1,8 @@
 """Parse a ``%%kdist`` line into a frozen, validated :class:`RunSpec`.
 
-The options are declared once, here (:data:`OPTIONS`). :func:`declare` puts
-them on the magic (so ``%%kdist?`` shows them) and on a module-level parser, so
-the fast test tier can parse lines without an IPython shell. Every invalid
+The options are declared once, in :mod:`.options` (:data:`OPTIONS`, re-exported here with
+the names they take); :func:`declare` puts them on the magic (so ``%%kdist?`` shows them) and
+on a module-level parser, so the fast test tier can parse lines without an IPython shell. Every invalid
 value raises exactly :class:`IPython.core.error.UsageError`, before anything
 starts.
 """
@@ -15,89 +15,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import parse_argstring
 
-#: the one table of strategy kinds: where each runs the cell, in the order auto prefers them
-#: when nothing else decides ("kernel": the notebook's own namespace; "engines": ipyparallel
-#: engines, one process per rank)
-KINDS: dict[str, str] = {"default": "kernel", "mirrored": "kernel", "tpu": "kernel",
-                         "horovod": "engines", "multiworker": "engines", "sharded": "kernel"}
-STRATEGIES = ("auto", *KINDS)
-ENGINE_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "engines")
-KERNEL_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "kernel")
-OUT_MODES = ("rank0", "all", "none")
-LAUNCHERS = ("local", "ray", "slurm")
-#: the options of a Ray cluster's placement (--launcher ray only)
-RAY_OPTIONS = ("address", "placement")
-#: the options passed to sbatch (--launcher slurm only)
-SLURM_OPTIONS = ("partition", "time", "account", "gres", "sbatch")
+from .options import (ENGINE_STRATEGIES, KERNEL_STRATEGIES, KINDS, LAUNCHERS, OPTIONS, OUT_MODES, RAY_OPTIONS,
+                      SLURM_OPTIONS, STRATEGIES, _kdist, declare)
 
-OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--strategy", "-s"), dict(default=None, choices=STRATEGIES, metavar="NAME",
-        help=f"how to distribute the cell: {', '.join(STRATEGIES)} (default: %%config KDist.strategy, 'auto')")),
-    (("--np", "-n"), dict(default=None, type=int, metavar="N",
-        help="number of ranks (engines) for horovod/multiworker, N >= 1")),
-    (("--min-np",), dict(default=None, type=int, dest="min_np", metavar="K",
-        help="horovod only: elastic run; when ranks are lost the rest re-form and go on while "
-             "at least K are left (the cell uses hvd.elastic.run and a state object)")),
-    (("--max-np",), dict(default=None, type=int, dest="max_np", metavar="M",
-        help="horovod only: elastic run that takes in engines registering with the cluster "
-             "during the run, up to M ranks (they join at the next commit)")),
-    (("--devices",), dict(default=None, type=int, metavar="N",
-        help="number of devices for mirrored or sharded (GPUs, or logical CPU devices without GPUs), N >= 1")),
-    (("--mesh",), dict(default=None, metavar="D,M",
-        help="sharded only: the device mesh, data axis D by model axis M (D x M devices); "
-             "default: the smallest model axis the model fits, the rest data")),
-    (("--timeout",), dict(default=None, type=float, metavar="SECONDS",
-        help="stop the run after SECONDS (> 0), under every strategy: engine ranks still busy are "
-             "stopped and named; a cell in the kernel is interrupted (status timeout)")),
-    (("--push",), dict(default=None, metavar="NAMES",
-        help="comma-separated notebook variables copied to every rank before the cell")),
-    (("--pull",), dict(default=None, metavar="NAMES",
-        help="comma-separated names copied from rank 0 into the notebook after the cell")),
-    (("--out",), dict(default=None, choices=OUT_MODES, metavar="WHICH",
-        help="whose output to show: rank0 (default), all (prefixed [rank N]) or none")),
-    (("--checkpoint",), dict(default=None, metavar="DIR",
-        help="every strategy: the model is saved to DIR/last.keras after every epoch (by rank 0 on "
-             "engines; kept on interrupt or failure)")),
-    (("--tensorboard",), dict(default=None, metavar="DIR",
-        help="write every rank's step and epoch metrics as TensorBoard event files under "
-             "DIR/rank<N> (then %%tensorboard --logdir DIR)")),
-    (("--no-dashboard",), dict(action="store_true", dest="no_dashboard",
-        help="do not show the live dashboard widget")),
-    (("--no-telemetry",), dict(action="store_true", dest="no_telemetry",
-        help="do not attach the telemetry callback to fit() (implies --no-dashboard)")),
-    (("--cluster-id",), dict(default=None, dest="cluster_id", metavar="ID",
-        help="attach to a running ipyparallel cluster with this cluster id (never stopped by kdist)")),
-    (("--profile",), dict(default=None, metavar="NAME",
-        help="IPython profile of the ipyparallel cluster to attach to")),
-    (("--launcher",), dict(default=None, choices=LAUNCHERS, metavar="WHERE",
-        help="where a cluster kdist starts runs its engines: local (this machine), slurm (a Slurm "
-             "job kdist submits, watches and cancels) or ray (a Ray cluster's nodes, one placement "
-             "group kdist removes after; default: %%config KDist.launcher)")),
-    (("--partition",), dict(default=None, metavar="NAME", help="--launcher slurm: sbatch --partition")),
-    (("--time",), dict(default=None, metavar="LIMIT", help="--launcher slurm: sbatch --time (the job's time limit)")),
-    (("--account",), dict(default=None, metavar="NAME", help="--launcher slurm: sbatch --account")),
-    (("--gres",), dict(default=None, metavar="SPEC", help="--launcher slurm: sbatch --gres (gpu:4)")),
-    (("--sbatch",), dict(default=None, metavar="'ARGS'",
-        help="--launcher slurm: more sbatch options in one quoted string, passed to sbatch as they are")),
-    (("--address",), dict(default=None, metavar="HOST:PORT",
-        help="--launcher ray: the Ray cluster (default: RAY_ADDRESS, else the one this machine runs)")),
-    (("--placement",), dict(default=None, choices=("spread", "pack"), metavar="HOW",
-        help="--launcher ray: spread the ranks over Ray's nodes (default) or pack them on as few as fit")),
-)
-
-
-def declare(func):
-    """Decorate a magic function with every option in :data:`OPTIONS`."""
-    for flags, kwargs in reversed(OPTIONS):
-        func = argument(*flags, **kwargs)(func)
-    return magic_arguments()(func)
-
-
-@declare
-def _kdist(line):  # pragma: no cover - carrier of the parser only
-    """Run the cell distributed with a chosen strategy."""
+__all__ = ["ENGINE_STRATEGIES", "KERNEL_STRATEGIES", "KINDS", "LAUNCHERS", "OPTIONS", "OUT_MODES", "RAY_OPTIONS",
+           "SLURM_OPTIONS", "STRATEGIES", "RunSpec", "declare", "from_args", "launcher_given", "parse_line",
+           "sharded_on_engines", "validate"]
 
 
 @dataclass(frozen=True)
@@ -198,19 +123,9 @@ def validate(spec: RunSpec) -> RunSpec:
         if "devices" in given:
             raise UsageError("--devices applies to sharded in the notebook; across engines give --np N")
     elif s in KERNEL_STRATEGIES:
-        for opt, name in (("--np", "np"), ("--push", "push"), ("--pull", "pull"),
-                          ("--cluster-id", "cluster_id"), ("--profile", "profile")):
-            if name in given:
-                raise UsageError(
-                    f"{opt} applies to engine strategies (horovod, multiworker), not {s}:\n"
-                    f"a {s} cell already runs in the notebook's own namespace"
-                    + ("; use --devices N for replicas" if name == "np" else "")
-                    + ("; sharded takes it across engines, with --np N" if s == "sharded" else "")
-                )
-        if "out" in given and spec.out != "rank0":
-            raise UsageError(f"--out applies to engine strategies (horovod, multiworker), not {s}")
+        _check_in_kernel(spec)
     if spec.mesh is not None:
-        from .strategies.sharded.mesh import check_mesh
+        from ..strategies.sharded.mesh import check_mesh
 
         if s not in ("auto", "sharded"):
             raise UsageError(f"--mesh applies to sharded, not {s}")
@@ -222,6 +137,22 @@ def validate(spec: RunSpec) -> RunSpec:
     if s in ("default", "tpu") and "devices" in given:
         raise UsageError(f"--devices applies to mirrored or sharded, not {s}")
     return spec
+
+
+def _check_in_kernel(spec: RunSpec) -> None:
+    """Options only engine strategies take, refused for a cell that runs in the notebook."""
+    s, given = spec.strategy, spec.given
+    for opt, name in (("--np", "np"), ("--push", "push"), ("--pull", "pull"),
+                      ("--cluster-id", "cluster_id"), ("--profile", "profile")):
+        if name in given:
+            raise UsageError(
+                f"{opt} applies to engine strategies (horovod, multiworker), not {s}:\n"
+                f"a {s} cell already runs in the notebook's own namespace"
+                + ("; use --devices N for replicas" if name == "np" else "")
+                + ("; sharded takes it across engines, with --np N" if s == "sharded" else "")
+            )
+    if "out" in given and spec.out != "rank0":
+        raise UsageError(f"--out applies to engine strategies (horovod, multiworker), not {s}")
 
 
 def _check_launcher(spec: RunSpec) -> None:
@@ -245,6 +176,25 @@ def _check_launcher(spec: RunSpec) -> None:
                          f"attach to one somebody started (give one or the other)")
 
 
+def _launcher_options(args: Any, launcher: str, values: dict[str, Any], given: set[str]) -> None:
+    """The Slurm and Ray options into ``values`` (for the launcher that takes them) and ``given``."""
+    slurm = {name: getattr(args, name) for name in SLURM_OPTIONS}
+    given |= {name for name, value in slurm.items() if value is not None}
+    if launcher == "slurm":
+        from ..cluster.slurm import SlurmOptions
+
+        try:
+            values["slurm"] = SlurmOptions.of(**slurm)
+        except ValueError as exc:  # unbalanced quotes in --sbatch
+            raise UsageError(f"--sbatch: cannot read {slurm['sbatch']!r} ({exc})") from None
+    ray = {name: getattr(args, name) for name in RAY_OPTIONS}
+    given |= {name for name, value in ray.items() if value is not None}
+    if launcher == "ray":
+        from ..cluster.ray_actors import RayOptions
+
+        values["ray"] = RayOptions(ray["address"], ray["placement"] or "spread")
+
+
 def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
     """Build a RunSpec from parsed arguments and configured defaults."""
     defaults = dict(defaults or {})
@@ -259,7 +209,7 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
         if v is not None:
             values[key] = v
     if args.mesh is not None:
-        from .strategies.sharded.mesh import parse_mesh
+        from ..strategies.sharded.mesh import parse_mesh
 
         given.add("mesh")
         values["mesh"] = parse_mesh(args.mesh)
@@ -269,21 +219,7 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
     elif "cluster_id" in values or "profile" in values:
         launcher = "local"  # attaching: KDist.launcher is for the clusters kdist starts
     values["launcher"] = launcher
-    slurm = {name: getattr(args, name) for name in SLURM_OPTIONS}
-    given |= {name for name, value in slurm.items() if value is not None}
-    if launcher == "slurm":
-        from .cluster.slurm import SlurmOptions
-
-        try:
-            values["slurm"] = SlurmOptions.of(**slurm)
-        except ValueError as exc:  # unbalanced quotes in --sbatch
-            raise UsageError(f"--sbatch: cannot read {slurm['sbatch']!r} ({exc})") from None
-    ray = {name: getattr(args, name) for name in RAY_OPTIONS}
-    given |= {name for name, value in ray.items() if value is not None}
-    if launcher == "ray":
-        from .cluster.ray_actors import RayOptions
-
-        values["ray"] = RayOptions(ray["address"], ray["placement"] or "spread")
+    _launcher_options(args, launcher, values, given)
     for key in ("push", "pull"):
         raw = getattr(args, key)
         if raw is not None:
