@@ -61,11 +61,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300, help="training steps per measurement")
     parser.add_argument("--warmup", type=int, default=50, help="steps left out of the rate")
-    parser.add_argument("--variants", default="K,D,S,T",
-                        help="which runs (K,D,S,T,N); P-values need K with S, D or T")
+    parser.add_argument("--variants", default="K,D,S,T", help="which runs (K,D,S,T,N); P-values need K with S, D or T")
     parser.add_argument("--np", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
-                        help="workload.MODEL: the MLP (P1-P5) or Horovod's MNIST CNN (P7)")
+    parser.add_argument(
+        "--model",
+        choices=("mlp", "cnn"),
+        default="mlp",
+        help="workload.MODEL: the MLP (P1-P5) or Horovod's MNIST CNN (P7)",
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     os.environ["KDIST_BENCH_MODEL"] = harness.workload.MODEL = args.model  # ranks inherit it
@@ -74,8 +77,7 @@ def main(argv=None) -> dict:
     variants = [v for v in VARIANTS if v in args.variants.split(",")]
     if "K" not in variants or "S" not in variants:
         parser.error("--variants needs K and S")
-    log(f"bench_horovod: {args.repeats} repeats x {len(variants)} runs of {args.steps} steps; "
-        f"files in {out}")
+    log(f"bench_horovod: {args.repeats} repeats x {len(variants)} runs of {args.steps} steps; files in {out}")
 
     t0 = time.time()
     kernel = harness.Kernel()
@@ -92,8 +94,9 @@ def main(argv=None) -> dict:
             kernels["O"].run(harness.KERNEL_SETUP + "\n%config KDist.private_network = False\n")
             harness.kdist_run(kernels["O"], 60, out, "warm-O", np=args.np)
         for v in {"K", "O"} & set(variants):
-            networks[v] = kernels[v].value("kdist_magics._extension._strategies['horovod'].status()"
-                                           ".get('network', 'the host network')")
+            networks[v] = kernels[v].value(
+                "kdist_magics._extension._strategies['horovod'].status().get('network', 'the host network')"
+            )
             log(f"bench_horovod: {v}'s engines: {networks[v]}")
         kdist_threads = {k: v for k, v in warm["ranks"][0]["threads"].items() if v is not None}
         envs = {"S": kdist_threads, "T": {"TF_NUM_INTRAOP_THREADS": "1"}, "N": {}}
@@ -111,10 +114,12 @@ def main(argv=None) -> dict:
             run["cpu"] = harness.cpu_rate(run, args.warmup)
             exposed |= set(run["exposed"])
             runs[v].append(run)
-            log(f"bench_horovod: repeat {i + 1} {v}: {run['rate']:.2f} steps/s, "
+            log(
+                f"bench_horovod: repeat {i + 1} {v}: {run['rate']:.2f} steps/s, "
                 f"{run['cpu']['steps_per_cpu_s']:.2f} steps/CPU-s "
                 f"({run['cpu']['side_cpu_per_step'] * 1000:.2f} ms CPU/step beside the ranks), "
-                f"first step {run['to_first_step']:.2f} s after submit/launch")
+                f"first step {run['to_first_step']:.2f} s after submit/launch"
+            )
     finally:
         for k in {id(k): k for k in kernels.values()}.values():
             left = k.close()
@@ -129,14 +134,19 @@ def main(argv=None) -> dict:
     latencies = [arrived - stamped for r in runs["K"] for arrived, _, _, stamped in r["facts"]["arrivals"]]
     setup = median([r["facts"]["timing"].get("setup_s") for r in runs["K"]])
     results = {
-        "machine": harness.machine(), "repeats": args.repeats, "steps": args.steps,
-        "warmup": args.warmup, "seconds": round(time.time() - t0, 1),
+        "machine": harness.machine(),
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "seconds": round(time.time() - t0, 1),
         "threads": {v: (runs[v][0]["ranks"][0]["threads"] if runs[v] else None) for v in variants},
         "rates": {v: [r["rate"] for r in runs[v]] for v in variants},
         "first_step": {v: [r["to_first_step"] for r in runs[v]] for v in variants},
-        "median_rate": rates, "median_first_step": first,
+        "median_rate": rates,
+        "median_first_step": first,
         "cpu_rates": {v: [r["cpu"]["steps_per_cpu_s"] for r in runs[v]] for v in variants},
-        "median_cpu_rate": cpu, "median_rank_cpu_ms_per_step": {v: x * 1000 for v, x in rank_cpu.items()},
+        "median_cpu_rate": cpu,
+        "median_rank_cpu_ms_per_step": {v: x * 1000 for v, x in rank_cpu.items()},
         "median_side_cpu_ms_per_step": {v: x * 1000 for v, x in side.items()},
         "kdist_setup_s": setup,
         # cores' worth of CPU used beside the ranks (kernel, controller) while K's cell ran
@@ -144,9 +154,12 @@ def main(argv=None) -> dict:
         "kdist_side_cpu_by_process": runs["K"][-1]["side_cpu"] if runs["K"] else {},
         # steady state only: cores' worth of CPU per process beside the ranks, last run of each
         "side_cores_by_process": {v: runs[v][-1]["cpu"]["side_cores_by_process"] for v in variants},
-        "p5": {"median": median(latencies), "max": max(latencies) if latencies else None,
-               "rows": len(latencies),
-               "lost_batches": sum(r["facts"]["lost_batches"] or 0 for r in runs["K"])},
+        "p5": {
+            "median": median(latencies),
+            "max": max(latencies) if latencies else None,
+            "rows": len(latencies),
+            "lost_batches": sum(r["facts"]["lost_batches"] or 0 for r in runs["K"]),
+        },
         "exposed": sorted(exposed),
         "goals": {
             "P1": {"value": rates["K"] / rates["S"], "goal": ">= 0.99"},
@@ -168,14 +181,15 @@ def main(argv=None) -> dict:
     if "O" in variants:  # the private network costs nothing beside the engine
         results["networks"] = networks
         results["goals"]["P1 private/host network"] = {"value": rates["K"] / rates["O"], "goal": "~1 (noise)"}
-        results["goals"]["P1 private/host network per CPU-s"] = {"value": cpu["K"] / cpu["O"],
-                                                                 "goal": "~1 (noise)"}
+        results["goals"]["P1 private/host network per CPU-s"] = {"value": cpu["K"] / cpu["O"], "goal": "~1 (noise)"}
     # the same ratios repeat by repeat (both runs of a pair in one rotation), and how far
     # horovodrun's own repeats spread: what a 1 % goal is up against on this machine
-    results["by_repeat"] = {f"K/{v}": [k["rate"] / b["rate"] for k, b in zip(runs["K"], runs[v])]
-                            for v in variants if v != "K"}
-    results["spread"] = {v: max(r["rate"] for r in runs[v]) / min(r["rate"] for r in runs[v]) - 1
-                         for v in variants if runs[v]}
+    results["by_repeat"] = {
+        f"K/{v}": [k["rate"] / b["rate"] for k, b in zip(runs["K"], runs[v])] for v in variants if v != "K"
+    }
+    results["spread"] = {
+        v: max(r["rate"] for r in runs[v]) / min(r["rate"] for r in runs[v]) - 1 for v in variants if runs[v]
+    }
     if "N" in variants and "T" in variants:
         results["naive_vs_tuned"] = rates["N"] / rates["T"]
     print(table(results))
@@ -185,42 +199,58 @@ def main(argv=None) -> dict:
 
 
 def table(res: dict) -> str:
-    lines = [f"bench_horovod: {res['repeats']} alternating repeats, {res['steps']} steps each "
-             f"(first {res['warmup']} left out), " + (
-                 f"Horovod's MNIST CNN, batch {harness.workload.CNN_BATCH}/rank" if res.get("model") == "cnn"
-                 else f"3-layer MLP, batch {harness.workload.BATCH}/rank"),
-             f"{'run':<4} {'what':<52} {'steps/s (median; each)':<28} "
-             f"{'steps/CPU-s (median; each)':<28} {'CPU ms/step ranks+beside':<25} "
-             f"{'submit->1st step s'}"]
+    lines = [
+        f"bench_horovod: {res['repeats']} alternating repeats, {res['steps']} steps each "
+        f"(first {res['warmup']} left out), "
+        + (
+            f"Horovod's MNIST CNN, batch {harness.workload.CNN_BATCH}/rank"
+            if res.get("model") == "cnn"
+            else f"3-layer MLP, batch {harness.workload.BATCH}/rank"
+        ),
+        f"{'run':<4} {'what':<52} {'steps/s (median; each)':<28} "
+        f"{'steps/CPU-s (median; each)':<28} {'CPU ms/step ranks+beside':<25} "
+        f"{'submit->1st step s'}",
+    ]
     for v, rates in res["rates"].items():
         each = ", ".join(fmt(r) for r in rates)
         cpus = ", ".join(fmt(r) for r in res["cpu_rates"][v])
         firsts = ", ".join(fmt(f) for f in res["first_step"][v])
-        split = (f"{fmt(res['median_rank_cpu_ms_per_step'][v])} + "
-                 f"{fmt(res['median_side_cpu_ms_per_step'][v])}")
-        lines.append(f"{v:<4} {DESCRIBE[v]:<52} {(fmt(res['median_rate'][v]) + ' (' + each + ')'):<28} "
-                     f"{(fmt(res['median_cpu_rate'][v]) + ' (' + cpus + ')'):<28} {split:<25} "
-                     f"{fmt(res['median_first_step'][v])} ({firsts})")
-    lines.append("by repeat: " + "; ".join(f"{pair} " + ", ".join(f"{x:.3f}" for x in ratios)
-                                           for pair, ratios in res.get("by_repeat", {}).items()))
-    lines.append("fastest / slowest repeat - 1: " + ", ".join(f"{v} {x:.1%}"
-                                                           for v, x in res.get("spread", {}).items()))
+        split = f"{fmt(res['median_rank_cpu_ms_per_step'][v])} + {fmt(res['median_side_cpu_ms_per_step'][v])}"
+        lines.append(
+            f"{v:<4} {DESCRIBE[v]:<52} {(fmt(res['median_rate'][v]) + ' (' + each + ')'):<28} "
+            f"{(fmt(res['median_cpu_rate'][v]) + ' (' + cpus + ')'):<28} {split:<25} "
+            f"{fmt(res['median_first_step'][v])} ({firsts})"
+        )
+    lines.append(
+        "by repeat: "
+        + "; ".join(
+            f"{pair} " + ", ".join(f"{x:.3f}" for x in ratios) for pair, ratios in res.get("by_repeat", {}).items()
+        )
+    )
+    lines.append("fastest / slowest repeat - 1: " + ", ".join(f"{v} {x:.1%}" for v, x in res.get("spread", {}).items()))
     lines.append("threads: " + "; ".join(f"{v}: {t}" for v, t in res["threads"].items()))
     lines.append(f"kdist per-cell set-up before the cell body (median): {fmt(res['kdist_setup_s'])} s")
-    lines.append(f"kdist CPU beside the ranks during K (kernel, controller; median): "
-                 f"{fmt(res['kdist_side_cpu'])} of one core")
+    lines.append(
+        f"kdist CPU beside the ranks during K (kernel, controller; median): {fmt(res['kdist_side_cpu'])} of one core"
+    )
     for v, procs in res.get("side_cores_by_process", {}).items():
         top = sorted(procs.items(), key=lambda kv: -kv[1])[:3]
-        lines.append(f"steady-state CPU beside the ranks, {v}: " +
-                     (", ".join(f"{name.split('/')[-1]} {cores:.3f} cores" for name, cores in top) or "none"))
+        lines.append(
+            f"steady-state CPU beside the ranks, {v}: "
+            + (", ".join(f"{name.split('/')[-1]} {cores:.3f} cores" for name, cores in top) or "none")
+        )
     p5 = res["p5"]
-    lines.append(f"step end -> row in last_run().metrics: median {fmt(p5['median'])} s, "
-                 f"max {fmt(p5['max'])} s over {p5['rows']} rows; lost batches {p5['lost_batches']}")
+    lines.append(
+        f"step end -> row in last_run().metrics: median {fmt(p5['median'])} s, "
+        f"max {fmt(p5['max'])} s over {p5['rows']} rows; lost batches {p5['lost_batches']}"
+    )
     if "networks" in res:
         g = res["goals"]
-        lines.append(f"private network (K) / host network (O): {fmt(g['P1 private/host network']['value'])} "
-                     f"steps/s, {fmt(g['P1 private/host network per CPU-s']['value'])} per CPU-s "
-                     f"(K: {res['networks'].get('K')}; O: {res['networks'].get('O')})")
+        lines.append(
+            f"private network (K) / host network (O): {fmt(g['P1 private/host network']['value'])} "
+            f"steps/s, {fmt(g['P1 private/host network per CPU-s']['value'])} per CPU-s "
+            f"(K: {res['networks'].get('K')}; O: {res['networks'].get('O')})"
+        )
     if "naive_vs_tuned" in res:
         lines.append(f"horovodrun TF default threads / hand-tuned: {fmt(res['naive_vs_tuned'])}")
     lines.append("listening beyond loopback: " + (", ".join(res["exposed"]) or "nothing"))

@@ -32,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (isolates IPython/Jupyter dirs on import)
 from harness import fmt, log, median  # noqa: E402
 
-DESCRIBE = {"K": "%%kdist --strategy multiworker --np 2 (defaults)",
-            "Q": "the same, --no-dashboard --no-telemetry (nothing watched)",
-            "M": "2 workers by hand, TF_CONFIG, kdist's thread variables"}
+DESCRIBE = {
+    "K": "%%kdist --strategy multiworker --np 2 (defaults)",
+    "Q": "the same, --no-dashboard --no-telemetry (nothing watched)",
+    "M": "2 workers by hand, TF_CONFIG, kdist's thread variables",
+}
 QUIET = "--no-dashboard --no-telemetry"
 
 
@@ -55,8 +57,7 @@ def main(argv=None) -> dict:
     os.environ["KDIST_BENCH_MODEL"] = harness.workload.MODEL = args.model  # engines and workers inherit it
     out = harness.HOME / "runs"
     out.mkdir()
-    log(f"bench_multiworker: {args.repeats} repeats x 2 runs of {args.steps} steps ({args.model}); "
-        f"files in {out}")
+    log(f"bench_multiworker: {args.repeats} repeats x 2 runs of {args.steps} steps ({args.model}); files in {out}")
     t0 = time.time()
     kernel = harness.Kernel()
     runs: dict[str, list[dict]] = {"K": [], "Q": [], "M": []}
@@ -70,8 +71,9 @@ def main(argv=None) -> dict:
         for i, v in harness.in_turn("KQM", args.repeats):
             tag = f"{v}{i}"
             if v in "KQ":
-                run = harness.kdist_run(kernel, args.steps, out, tag, options=QUIET if v == "Q" else "",
-                                        strategy="multiworker")
+                run = harness.kdist_run(
+                    kernel, args.steps, out, tag, options=QUIET if v == "Q" else "", strategy="multiworker"
+                )
             else:
                 run = harness.tf_workers(args.steps, out, tag, threads)
             run["rate"] = harness.rate(run, args.warmup)
@@ -79,8 +81,10 @@ def main(argv=None) -> dict:
             run["synced"] = synced(run)
             exposed[v] |= set(run["exposed"])
             runs[v].append(run)
-            log(f"bench_multiworker: repeat {i + 1} {v}: {run['rate']:.2f} steps/s, "
-                f"{run['cpu']['steps_per_cpu_s']:.2f} steps/CPU-s, one model: {run['synced']}")
+            log(
+                f"bench_multiworker: repeat {i + 1} {v}: {run['rate']:.2f} steps/s, "
+                f"{run['cpu']['steps_per_cpu_s']:.2f} steps/CPU-s, one model: {run['synced']}"
+            )
     finally:
         left = kernel.close()
         if left:
@@ -89,20 +93,29 @@ def main(argv=None) -> dict:
     rates = {v: median([r["rate"] for r in runs[v]]) for v in runs}
     cpu = {v: median([r["cpu"]["steps_per_cpu_s"] for r in runs[v]]) for v in runs}
     results = {
-        "machine": harness.machine(), "model": args.model, "repeats": args.repeats,
-        "steps": args.steps, "warmup": args.warmup, "seconds": round(time.time() - t0, 1),
+        "machine": harness.machine(),
+        "model": args.model,
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "seconds": round(time.time() - t0, 1),
         "threads": threads,
-        "rates": {v: [r["rate"] for r in runs[v]] for v in runs}, "median_rate": rates,
+        "rates": {v: [r["rate"] for r in runs[v]] for v in runs},
+        "median_rate": rates,
         "cpu_rates": {v: [r["cpu"]["steps_per_cpu_s"] for r in runs[v]] for v in runs},
         "median_cpu_rate": cpu,
-        "median_rank_cpu_ms_per_step": {v: 1000 * median([r["cpu"]["rank_cpu_per_step"] for r in runs[v]])
-                                        for v in runs},
-        "median_side_cpu_ms_per_step": {v: 1000 * median([r["cpu"]["side_cpu_per_step"] for r in runs[v]])
-                                        for v in runs},
+        "median_rank_cpu_ms_per_step": {
+            v: 1000 * median([r["cpu"]["rank_cpu_per_step"] for r in runs[v]]) for v in runs
+        },
+        "median_side_cpu_ms_per_step": {
+            v: 1000 * median([r["cpu"]["side_cpu_per_step"] for r in runs[v]]) for v in runs
+        },
         "synced": {v: all(r["synced"] for r in runs[v]) for v in runs},
         "exposed": {v: sorted(e) for v, e in exposed.items()},
-        "goals": {"P7 multiworker": {"value": rates["K"] / rates["M"], "goal": ">= 0.99"},
-                  "P7 multiworker per CPU-s": {"value": cpu["K"] / cpu["M"], "goal": ">= 0.99"}},
+        "goals": {
+            "P7 multiworker": {"value": rates["K"] / rates["M"], "goal": ">= 0.99"},
+            "P7 multiworker per CPU-s": {"value": cpu["K"] / cpu["M"], "goal": ">= 0.99"},
+        },
     }
     print(table(results))
     if args.json:
@@ -111,27 +124,38 @@ def main(argv=None) -> dict:
 
 
 def table(res: dict) -> str:
-    lines = [f"bench_multiworker: {res['repeats']} alternating repeats, {res['steps']} steps each "
-             f"(first {res['warmup']} left out), " + (
-                 f"Horovod's MNIST CNN, batch {harness.workload.CNN_BATCH}/worker" if res["model"] == "cnn"
-                 else f"3-layer MLP, batch {harness.workload.BATCH}/worker"),
-             f"{'run':<4} {'what':<56} {'steps/s (median; each)':<28} {'steps/CPU-s (median; each)':<28} "
-             f"{'CPU ms/step ranks+beside':<25} one model"]
+    lines = [
+        f"bench_multiworker: {res['repeats']} alternating repeats, {res['steps']} steps each "
+        f"(first {res['warmup']} left out), "
+        + (
+            f"Horovod's MNIST CNN, batch {harness.workload.CNN_BATCH}/worker"
+            if res["model"] == "cnn"
+            else f"3-layer MLP, batch {harness.workload.BATCH}/worker"
+        ),
+        f"{'run':<4} {'what':<56} {'steps/s (median; each)':<28} {'steps/CPU-s (median; each)':<28} "
+        f"{'CPU ms/step ranks+beside':<25} one model",
+    ]
     for v in res["rates"]:
         each = ", ".join(fmt(r) for r in res["rates"][v])
         cpus = ", ".join(fmt(r) for r in res["cpu_rates"][v])
         split = f"{fmt(res['median_rank_cpu_ms_per_step'][v])} + {fmt(res['median_side_cpu_ms_per_step'][v])}"
-        lines.append(f"{v:<4} {DESCRIBE[v]:<56} {(fmt(res['median_rate'][v]) + ' (' + each + ')'):<28} "
-                     f"{(fmt(res['median_cpu_rate'][v]) + ' (' + cpus + ')'):<28} {split:<25} "
-                     f"{'yes' if res['synced'][v] else 'NO: the ranks ended with different weights'}")
+        lines.append(
+            f"{v:<4} {DESCRIBE[v]:<56} {(fmt(res['median_rate'][v]) + ' (' + each + ')'):<28} "
+            f"{(fmt(res['median_cpu_rate'][v]) + ' (' + cpus + ')'):<28} {split:<25} "
+            f"{'yes' if res['synced'][v] else 'NO: the ranks ended with different weights'}"
+        )
     lines.append(f"threads: {res['threads']}")
     g = res["goals"]
-    lines.append(f"K / M: {g['P7 multiworker']['value']:.3f} steps/s, "
-                 f"{g['P7 multiworker per CPU-s']['value']:.3f} per CPU-second")
+    lines.append(
+        f"K / M: {g['P7 multiworker']['value']:.3f} steps/s, "
+        f"{g['P7 multiworker per CPU-s']['value']:.3f} per CPU-second"
+    )
     rates = res["median_rate"]
     if rates.get("Q"):
-        lines.append(f"where the gap is: K / Q (the cost of watching) {rates['K'] / rates['Q']:.3f}, "
-                     f"Q / M (the engine path, nothing watched) {rates['Q'] / rates['M']:.3f}")
+        lines.append(
+            f"where the gap is: K / Q (the cost of watching) {rates['K'] / rates['Q']:.3f}, "
+            f"Q / M (the engine path, nothing watched) {rates['Q'] / rates['M']:.3f}"
+        )
     for v, e in res["exposed"].items():
         lines.append(f"listening beyond loopback, {v}: " + (", ".join(e) or "nothing"))
     return "\n".join(lines)

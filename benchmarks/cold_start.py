@@ -60,8 +60,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--think", type=float, default=15.0,
-                        help="seconds between %%kdist start and the first cell (W)")
+    parser.add_argument(
+        "--think", type=float, default=15.0, help="seconds between %%kdist start and the first cell (W)"
+    )
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     out = harness.HOME / "runs"
@@ -78,14 +79,23 @@ def main(argv=None) -> dict:
             times[v].append(kernel_run(out, tag, args.steps, args.think if v == "W" else None))
             log(f"cold_start: repeat {i + 1} {v}: {times[v][-1]:.2f} s")
     med = {v: median(t) for v, t in times.items()}
-    result = {"machine": harness.machine(), "repeats": args.repeats, "steps": args.steps,
-              "think": args.think, "times": times, "median": med,
-              "P6": med["C"] / med["H"], "with_start": med["W"] / med["H"],
-              "seconds": round(time.time() - t0, 1)}
+    result = {
+        "machine": harness.machine(),
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "think": args.think,
+        "times": times,
+        "median": med,
+        "P6": med["C"] / med["H"],
+        "with_start": med["W"] / med["H"],
+        "seconds": round(time.time() - t0, 1),
+    }
     print(f"cold_start: {args.repeats} rotating repeats, {args.steps} training steps")
-    for v, what in (("C", "fresh kernel, first %%kdist cell: submit -> end"),
-                    ("W", f"the same after %kdist start and {args.think:g} s"),
-                    ("H", "horovodrun -np 2 --gloo, the whole job")):
+    for v, what in (
+        ("C", "fresh kernel, first %%kdist cell: submit -> end"),
+        ("W", f"the same after %kdist start and {args.think:g} s"),
+        ("H", "horovodrun -np 2 --gloo, the whole job"),
+    ):
         print(f"{v}  {what:<52} {fmt(med[v])} s ({', '.join(fmt(t) for t in times[v])})")
     print(f"P6 C / H = {result['P6']:.3f}; with %kdist start W / H = {result['with_start']:.3f}")
     if args.json:

@@ -108,12 +108,36 @@ def costs(steps_per_s: float) -> dict:
     dash = Dashboard(rec, interval=None)
     for r in (0, 1):
         for step in range(1, 1601):
-            rec.add("metric", {"rank": r, "epoch": 0, "step": step, "time": step, "kind": "step",
-                               "loss": 1 / step, "accuracy": 0.5, "mae": 0.1, "lr": 0.01})
+            rec.add(
+                "metric",
+                {
+                    "rank": r,
+                    "epoch": 0,
+                    "step": step,
+                    "time": step,
+                    "kind": "step",
+                    "loss": 1 / step,
+                    "accuracy": 0.5,
+                    "mae": 0.1,
+                    "lr": 0.01,
+                },
+            )
     t0 = time.perf_counter()
     for _ in range(20):
-        rec.add("metric", {"rank": 0, "epoch": 0, "step": 1601, "time": 1, "kind": "step",
-                           "loss": 0.1, "accuracy": 0.5, "mae": 0.1, "lr": 0.01})
+        rec.add(
+            "metric",
+            {
+                "rank": 0,
+                "epoch": 0,
+                "step": 1601,
+                "time": 1,
+                "kind": "step",
+                "loss": 0.1,
+                "accuracy": 0.5,
+                "mae": 0.1,
+                "lr": 0.01,
+            },
+        )
         dash.flush()  # snapshot + ipywidgets' serialisation of the state and the curves
     flush = (time.perf_counter() - t0) / 20
     sampler = sampling.Sampler(lambda k, r: None)
@@ -124,8 +148,14 @@ def costs(steps_per_s: float) -> dict:
     step = 1 / steps_per_s
     flushes_per_s = 2
     overhead = per_step / step + flush * flushes_per_s + sample * 1
-    return {"callback_us_per_step": per_step * 1e6, "step_us": step * 1e6, "flush_ms": flush * 1e3,
-            "flushes_per_s": flushes_per_s, "sample_ms": sample * 1e3, "ratio": 1 / (1 + overhead)}
+    return {
+        "callback_us_per_step": per_step * 1e6,
+        "step_us": step * 1e6,
+        "flush_ms": flush * 1e3,
+        "flushes_per_s": flushes_per_s,
+        "sample_ms": sample * 1e3,
+        "ratio": 1 / (1 + overhead),
+    }
 
 
 def pairs_needed(pairs: list[float]) -> dict:
@@ -142,9 +172,9 @@ def pairs_needed(pairs: list[float]) -> dict:
 def direct_share(rates: list) -> dict:
     """Share of the kernel process's CPU during B's fits used by kdist's own threads
     (dashboard updater, sampler) and by the IOPub thread beyond what it used in A."""
+
     def total(tag, prefix):
-        return sum(v for t, *_, threads in rates if t == tag
-                   for k, v in threads.items() if k.startswith(prefix))
+        return sum(v for t, *_, threads in rates if t == tag for k, v in threads.items() if k.startswith(prefix))
 
     cpu_b = sum(c for t, _, _, c, _ in rates if t == "B")
     runs_a = sum(1 for t, *_ in rates if t == "A") or 1
@@ -152,8 +182,13 @@ def direct_share(rates: list) -> dict:
     dash, sampler = total("B", "kdist-dashboard"), total("B", "kdist-sampler")
     iopub_extra = max(0.0, total("B", "IOPub") - total("A", "IOPub") * runs_b / runs_a)
     share = (dash + sampler + iopub_extra) / cpu_b if cpu_b else float("nan")
-    return {"dashboard": dash / cpu_b, "sampler": sampler / cpu_b,
-            "iopub_extra": iopub_extra / cpu_b, "share": share, "ratio": 1 - share}
+    return {
+        "dashboard": dash / cpu_b,
+        "sampler": sampler / cpu_b,
+        "iopub_extra": iopub_extra / cpu_b,
+        "share": share,
+        "ratio": 1 - share,
+    }
 
 
 def main(argv=None) -> dict:
@@ -161,8 +196,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--pairs", type=int, default=8, help="A/B pairs (ABBA order)")
     parser.add_argument("--steps", type=int, default=1500, help="training steps per measurement")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--strategy", default="default", choices=("default", "mirrored"),
-                        help="in-kernel strategy to measure (training on the kernel's main thread)")
+    parser.add_argument(
+        "--strategy",
+        default="default",
+        choices=("default", "mirrored"),
+        help="in-kernel strategy to measure (training on the kernel's main thread)",
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     epochs = 2
@@ -171,19 +210,30 @@ def main(argv=None) -> dict:
     try:
         kernel.run(SETUP.format(n=n, batch=args.batch) + THREAD_CPU, timeout=600)
         for tag in ("A", "B"):  # warm-up, not counted: first kdist cell, first dashboard import
-            kernel.run(CELL.format(strategy=args.strategy, options="--no-telemetry" if tag == "A"
-                                   else "", batch=args.batch, epochs=epochs, n=n, tag="warm"),
-                       timeout=600)
+            kernel.run(
+                CELL.format(
+                    strategy=args.strategy,
+                    options="--no-telemetry" if tag == "A" else "",
+                    batch=args.batch,
+                    epochs=epochs,
+                    n=n,
+                    tag="warm",
+                ),
+                timeout=600,
+            )
         order = [tag for _, tag in harness.in_turn("AB", args.pairs)]
         for i, tag in enumerate(order):
             options = "--no-telemetry" if tag == "A" else ""
-            kernel.run(CELL.format(strategy=args.strategy, options=options, batch=args.batch,
-                                   epochs=epochs, n=n, tag=tag), timeout=600)
+            kernel.run(
+                CELL.format(strategy=args.strategy, options=options, batch=args.batch, epochs=epochs, n=n, tag=tag),
+                timeout=600,
+            )
             log(f"bench: {i + 1}/{len(order)} {tag} done")
             if tag == "B":  # what the dashboard had to show in that run
                 summary, metrics, samples = kernel.value(
                     "[kdist_magics.last_run().summary(), len(kdist_magics.last_run().metrics), "
-                    "len(kdist_magics.last_run().samples)]")
+                    "len(kdist_magics.last_run().samples)]"
+                )
         rates = kernel.value("rates")
     finally:
         left = kernel.close()
@@ -201,34 +251,57 @@ def main(argv=None) -> dict:
     ratio = median(pairs)
     cpu_ratio = median(cpu_pairs)
     spread = pairs_needed(pairs)
-    result = {"P3": ratio, "P3_cpu": cpu_ratio, "ratio_of_medians": median(b) / median(a),
-              "cpu_pair_ratios": cpu_pairs, "A_samples_per_s": a, "B_samples_per_s": b,
-              "A_samples_per_cpu_s": a_cpu, "B_samples_per_cpu_s": b_cpu, "pair_ratios": pairs,
-              "strategy": args.strategy, "steps": n // args.batch * epochs, "batch": args.batch,
-              "last_run": summary, "last_run_metric_rows": metrics, "last_run_sample_rows": samples,
-              "pair_spread": spread["spread"], "pairs_for_1pct": spread["pairs"],
-              "machine": harness.machine()}
+    result = {
+        "P3": ratio,
+        "P3_cpu": cpu_ratio,
+        "ratio_of_medians": median(b) / median(a),
+        "cpu_pair_ratios": cpu_pairs,
+        "A_samples_per_s": a,
+        "B_samples_per_s": b,
+        "A_samples_per_cpu_s": a_cpu,
+        "B_samples_per_cpu_s": b_cpu,
+        "pair_ratios": pairs,
+        "strategy": args.strategy,
+        "steps": n // args.batch * epochs,
+        "batch": args.batch,
+        "last_run": summary,
+        "last_run_metric_rows": metrics,
+        "last_run_sample_rows": samples,
+        "pair_spread": spread["spread"],
+        "pairs_for_1pct": spread["pairs"],
+        "machine": harness.machine(),
+    }
     log(f"A (no telemetry, no dashboard): median {median(a):.0f} samples/s  {[round(v) for v in a]}")
     log(f"B (telemetry + live dashboard): median {median(b):.0f} samples/s  {[round(v) for v in b]}")
-    log(f"pair ratios B/A: {[round(p, 3) for p in pairs]} (median {ratio:.3f}; median B / "
+    log(
+        f"pair ratios B/A: {[round(p, 3) for p in pairs]} (median {ratio:.3f}; median B / "
         f"median A {median(b) / median(a):.3f}); last B run: {summary}, "
-        f"{metrics} metric rows, {samples} samples")
+        f"{metrics} metric rows, {samples} samples"
+    )
     result["estimate"] = est
     result["direct"] = direct
-    log(f"CPU of the dashboard's and telemetry's own threads during fit (B), over the kernel "
+    log(
+        f"CPU of the dashboard's and telemetry's own threads during fit (B), over the kernel "
         f"process's CPU: dashboard {direct['dashboard']:.4%}, sampler {direct['sampler']:.4%}, "
         f"IOPub thread beyond A's {direct['iopub_extra']:.4%}: {direct['share']:.3%} in all "
-        f"(the callback runs on Keras's own threads: see the pieces below)")
-    log(f"costs measured in isolation: callback {est['callback_us_per_step']:.1f} us/step "
+        f"(the callback runs on Keras's own threads: see the pieces below)"
+    )
+    log(
+        f"costs measured in isolation: callback {est['callback_us_per_step']:.1f} us/step "
         f"(step {est['step_us']:.0f} us), dashboard update {est['flush_ms']:.2f} ms x "
         f"{est['flushes_per_s']}/s, sample {est['sample_ms']:.2f} ms x 1/s "
-        f"-> estimated ratio {est['ratio']:.4f}")
-    log(f"samples per CPU-second of the kernel process (all its threads; less sensitive to "
+        f"-> estimated ratio {est['ratio']:.4f}"
+    )
+    log(
+        f"samples per CPU-second of the kernel process (all its threads; less sensitive to "
         f"other load on a shared machine): A median {median(a_cpu):.0f}, B median "
         f"{median(b_cpu):.0f}; pair ratios {[round(p, 3) for p in cpu_pairs]}, median "
-        f"{cpu_ratio:.3f}")
-    log(f"the pairs' ratios spread {spread['spread']:.3f} (sd): a median within +-0.01 would take "
-        f"about {spread['pairs']} pairs on this machine, {len(pairs)} were run")
+        f"{cpu_ratio:.3f}"
+    )
+    log(
+        f"the pairs' ratios spread {spread['spread']:.3f} (sd): a median within +-0.01 would take "
+        f"about {spread['pairs']} pairs on this machine, {len(pairs)} were run"
+    )
     print(f"P3 {ratio:.3f} (goal >= 0.99)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -63,24 +63,38 @@ def read(path: Path) -> float:
 def measure(k: Kernel, tmp: Path, case: str) -> dict:
     mark = tmp / f"{case}-{time.monotonic_ns()}.t"
     if case == "raise":
-        res = k.execute(f"{HVD}\nimport time\nif hvd.rank() == 1:\n    {stamp(mark)}\n"
-                        "    raise ValueError('measured')\ntime.sleep(120)", timeout=300)
+        res = k.execute(
+            f"{HVD}\nimport time\nif hvd.rank() == 1:\n    {stamp(mark)}\n"
+            "    raise ValueError('measured')\ntime.sleep(120)",
+            timeout=300,
+        )
         t = read(mark)
         return {"error": res.errors[0]["ename"], "to_error_s": error_at(res) - t, "to_idle_s": idle_at(res) - t}
     if case == "die":
-        res = k.execute(f"{HVD}\nimport os, time\nif hvd.rank() == 1:\n    {stamp(mark)}\n"
-                        "    os._exit(3)\ntime.sleep(120)", timeout=300)
+        res = k.execute(
+            f"{HVD}\nimport os, time\nif hvd.rank() == 1:\n    {stamp(mark)}\n    os._exit(3)\ntime.sleep(120)",
+            timeout=300,
+        )
         t = read(mark)
         t_next = time.time()
         k.check(f"{HVD}\nhvd.size()", timeout=300)
-        return {"error": res.errors[0]["ename"], "to_error_s": error_at(res) - t, "to_idle_s": idle_at(res) - t,
-                "next_cell_with_restart_s": time.time() - t_next, "message": res.errors[0]["evalue"][:40]}
+        return {
+            "error": res.errors[0]["ename"],
+            "to_error_s": error_at(res) - t,
+            "to_idle_s": idle_at(res) - t,
+            "next_cell_with_restart_s": time.time() - t_next,
+            "message": res.errors[0]["evalue"][:40],
+        }
     if case == "timeout":
-        res = k.execute(f"{HVD} --timeout 3\nimport time\nif hvd.rank() == 0:\n    {stamp(mark)}\n"
-                        "    time.sleep(120)", timeout=300)
+        res = k.execute(
+            f"{HVD} --timeout 3\nimport time\nif hvd.rank() == 0:\n    {stamp(mark)}\n    time.sleep(120)", timeout=300
+        )
         t = read(mark) + 3.0
-        return {"error": res.errors[0]["ename"], "overrun_to_error_s": error_at(res) - t,
-                "overrun_to_idle_s": idle_at(res) - t}
+        return {
+            "error": res.errors[0]["ename"],
+            "overrun_to_error_s": error_at(res) - t,
+            "overrun_to_idle_s": idle_at(res) - t,
+        }
     if case == "interrupt":
         asked = {}
 
@@ -89,8 +103,9 @@ def measure(k: Kernel, tmp: Path, case: str) -> dict:
                 asked["at"] = time.time()
                 k.interrupt()
 
-        res = k.execute(f"{HVD}\nimport time\nprint('kd-go', flush=True)\ntime.sleep(120)", timeout=300,
-                        on_message=on_message)
+        res = k.execute(
+            f"{HVD}\nimport time\nprint('kd-go', flush=True)\ntime.sleep(120)", timeout=300, on_message=on_message
+        )
         t = asked["at"]
         return {"error": res.errors[0]["ename"], "to_error_s": error_at(res) - t, "to_idle_s": idle_at(res) - t}
     if case == "stop":
@@ -111,8 +126,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="raise,die,timeout,interrupt,stop,kill")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--matrix", action="store_true", help="the fault matrix instead (see above)")
-    ap.add_argument("--strategies", default="horovod,multiworker,jax,torch",
-                    help="--matrix: which strategies (tests/fault_matrix.py's keys)")
+    ap.add_argument(
+        "--strategies",
+        default="horovod,multiworker,jax,torch",
+        help="--matrix: which strategies (tests/fault_matrix.py's keys)",
+    )
     args = ap.parse_args(argv)
     if args.matrix:
         return matrix(args.strategies.split(","))
@@ -130,9 +148,14 @@ def main(argv=None) -> int:
             for i in range(args.repeat):
                 row = measure(k, tmp, case)
                 results.setdefault(case, []).append(row)
-                print(f"{case:<9} #{i + 1}: " + ", ".join(
-                    f"{key} {value:.2f}" if isinstance(value, float) else f"{key} {value}"
-                    for key, value in row.items()), flush=True)
+                print(
+                    f"{case:<9} #{i + 1}: "
+                    + ", ".join(
+                        f"{key} {value:.2f}" if isinstance(value, float) else f"{key} {value}"
+                        for key, value in row.items()
+                    ),
+                    flush=True,
+                )
         if "kill" in args.cases.split(","):
             pids = k.children()
             t = time.monotonic()
@@ -152,9 +175,8 @@ def main(argv=None) -> int:
             values = [r[key] for r in rows if isinstance(r.get(key), float)]
             if values:
                 summary[f"{case}.{key}"] = (statistics.median(values), min(values), max(values))
-                print(f"  {case:<9} {key:<26} {statistics.median(values):6.2f} "
-                      f"[{min(values):.2f}..{max(values):.2f}]")
-        errors = sorted({str(r.get('error')) for r in rows})
+                print(f"  {case:<9} {key:<26} {statistics.median(values):6.2f} [{min(values):.2f}..{max(values):.2f}]")
+        errors = sorted({str(r.get("error")) for r in rows})
         print(f"  {case:<9} {'error shown':<26} {', '.join(errors)}")
     if args.json:
         args.json.write_text(json.dumps({"runs": results, "summary": summary}, indent=1))
@@ -179,14 +201,26 @@ def matrix(strategies: list[str]) -> int:
     print("\n| strategy | phase | fault | outcome | seconds from the fault | next cell | left |")
     print("|---|---|---|---|---|---|---|")
     for out, expected in rows:
-        what = ("the kernel went; its processes followed" if out.fault in fm.KERNEL_FAULTS else
-                "carried on" if out.ok else f"`{(out.error or '?')[:90]}`")
-        took = (f"all gone in {out.gone_s:.1f}" if out.gone_s is not None else
-                f"{out.to_outcome_s:.1f}" if out.to_outcome_s is not None else "-")
+        what = (
+            "the kernel went; its processes followed"
+            if out.fault in fm.KERNEL_FAULTS
+            else "carried on"
+            if out.ok
+            else f"`{(out.error or '?')[:90]}`"
+        )
+        took = (
+            f"all gone in {out.gone_s:.1f}"
+            if out.gone_s is not None
+            else f"{out.to_outcome_s:.1f}"
+            if out.to_outcome_s is not None
+            else "-"
+        )
         oks = [e == "ok" for e in (expected if isinstance(expected, list) else [expected])]
         agrees = "" if expected is None or out.ok in oks else " (not as tested!)"
-        print(f"| {out.strategy} | {out.phase} | {out.fault} | {what}{agrees} | {took} | "
-              f"{'works' if out.next_ok else '-' if out.next_ok is None else 'FAILS'} | {len(out.left)} |")
+        print(
+            f"| {out.strategy} | {out.phase} | {out.fault} | {what}{agrees} | {took} | "
+            f"{'works' if out.next_ok else '-' if out.next_ok is None else 'FAILS'} | {len(out.left)} |"
+        )
     return 0 if all(not o.left and o.next_ok is not False for o, _ in rows) else 1
 
 

@@ -138,12 +138,13 @@ ip.run_line_magic("kdist", "stop")
 def run(body: str, env: dict[str, str], timeout: float) -> dict:
     code = PRELUDE + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n"
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **env})
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
         return {"err": f"exit {proc.returncode}: {proc.stderr[-1500:]}", "seconds": time.monotonic() - t0}
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     result["seconds"] = time.monotonic() - t0
     return result
 
@@ -171,9 +172,12 @@ def identical(weights) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=240, help="seconds per check")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="no GPU: run every check on the CPU with one pretend GPU (CUDA_VISIBLE_DEVICES=0) "
-                             "to check this script itself; the GPU conditions then FAIL")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU: run every check on the CPU with one pretend GPU (CUDA_VISIBLE_DEVICES=0) "
+        "to check this script itself; the GPU conditions then FAIL",
+    )
     args = parser.parse_args(argv)
     count, why = gpu_count()
     if args.dry_run:
@@ -184,19 +188,37 @@ def main(argv=None) -> int:
         print(f"gpu_check: {why}; nothing to check")
         return 2
     else:
-        print(f"gpu_check: {count} GPU(s): "
-              + subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                               capture_output=True, text=True).stdout.strip().replace("\n", "; "), flush=True)
+        print(
+            f"gpu_check: {count} GPU(s): "
+            + subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True, text=True
+            )
+            .stdout.strip()
+            .replace("\n", "; "),
+            flush=True,
+        )
     results = []
 
     r = run(TELEMETRY, {"KERAS_BACKEND": "jax"}, args.timeout)
     gpu = r.get("gpu") or {}
-    ok = r.get("err") is None and r.get("platform") == "gpu" and r.get("gpu_rows", 0) > 0 \
-        and gpu.get("mem_used_bytes", 0) > 0 and r["loss"][-1] < r["loss"][0]
-    results.append(report("telemetry + mirrored on JAX", ok,
-                          f"platform {r.get('platform')}, {r.get('gpu_rows')} NVML rows, last {gpu}, "
-                          f"loss {r.get('loss')}, notes {r.get('notes')}" if r.get("err") is None else r["err"],
-                          r["seconds"]))
+    ok = (
+        r.get("err") is None
+        and r.get("platform") == "gpu"
+        and r.get("gpu_rows", 0) > 0
+        and gpu.get("mem_used_bytes", 0) > 0
+        and r["loss"][-1] < r["loss"][0]
+    )
+    results.append(
+        report(
+            "telemetry + mirrored on JAX",
+            ok,
+            f"platform {r.get('platform')}, {r.get('gpu_rows')} NVML rows, last {gpu}, "
+            f"loss {r.get('loss')}, notes {r.get('notes')}"
+            if r.get("err") is None
+            else r["err"],
+            r["seconds"],
+        )
+    )
 
     own_n = 2
     for backend in ("jax", "torch"):
@@ -208,13 +230,23 @@ def main(argv=None) -> int:
             results.append(report(f"{backend} multiworker, 2 ranks sharing GPU 0", False, r["err"], r["seconds"]))
             continue
         env0 = r["kd_env"][0]
-        ok = (identical(r["kd_weights"]) and r["kd_loss"][0][-1] < r["kd_loss"][0][0]
-              and r["kd_env"][0] == r["kd_env"][1] and env0[1] == "0.45"
-              and all("cuda" in w or w == "gpu" for w in r["kd_where"]))
-        results.append(report(f"{backend} multiworker, 2 ranks sharing GPU 0", ok,
-                              f"env {r['kd_env']}, on {r['kd_where']}, identical weights "
-                              f"{identical(r['kd_weights'])}, losses {[l[-1] for l in r['kd_loss']]}, "
-                              f"NVML rows from ranks {r.get('gpu_rows_per_rank')}", r["seconds"]))
+        ok = (
+            identical(r["kd_weights"])
+            and r["kd_loss"][0][-1] < r["kd_loss"][0][0]
+            and r["kd_env"][0] == r["kd_env"][1]
+            and env0[1] == "0.45"
+            and all("cuda" in w or w == "gpu" for w in r["kd_where"])
+        )
+        results.append(
+            report(
+                f"{backend} multiworker, 2 ranks sharing GPU 0",
+                ok,
+                f"env {r['kd_env']}, on {r['kd_where']}, identical weights "
+                f"{identical(r['kd_weights'])}, losses {[l[-1] for l in r['kd_loss']]}, "
+                f"NVML rows from ranks {r.get('gpu_rows_per_rank')}",
+                r["seconds"],
+            )
+        )
         if count == 1:
             ok = r["own_err"] is not None and "which has 1 GPU" in r["own_err"]
             detail = r["own_err"] or f"ran: {r['own']}"
@@ -228,13 +260,23 @@ def main(argv=None) -> int:
     else:
         halves = [local.get("sequential/dense_1/kernel") for local in r["kd_local"]]
         losses = r["kd_loss"]
-        ok = (all(w == "gpu" for w in r["kd_where"]) and halves == [[256, 128], [256, 128]]
-              and losses[0] == losses[1] and losses[0][-1] < losses[0][0])
+        ok = (
+            all(w == "gpu" for w in r["kd_where"])
+            and halves == [[256, 128], [256, 128]]
+            and losses[0] == losses[1]
+            and losses[0][-1] < losses[0][0]
+        )
         mem = ", ".join(f"{m / 2**20:.0f} MiB" if m else "not reported" for m in r["kd_mem"])
-        results.append(report("sharded, 2 JAX processes sharing GPU 0, mesh 1x2", ok,
-                              f"on {r['kd_where']}, 256x256 kernel per process {halves}, same losses "
-                              f"{losses[0] == losses[1]} ({losses[0][-1]:.4f}), device memory peak per "
-                              f"process: {mem}", r["seconds"]))
+        results.append(
+            report(
+                "sharded, 2 JAX processes sharing GPU 0, mesh 1x2",
+                ok,
+                f"on {r['kd_where']}, 256x256 kernel per process {halves}, same losses "
+                f"{losses[0] == losses[1]} ({losses[0][-1]:.4f}), device memory peak per "
+                f"process: {mem}",
+                r["seconds"],
+            )
+        )
     if subprocess.run([sys.executable, "-c", "import torch"]).returncode:
         print("SKIP scale: PyTorch is not installed here", flush=True)
     else:
@@ -243,14 +285,23 @@ def main(argv=None) -> int:
             results.append(report("scale, 2 torch ranks sharing GPU 0", False, r["err"], r["seconds"]))
         else:
             print(r["text"], flush=True)
-            ok = ([row[:2] for row in r["rows"][:2]] == [[1, True], [2, True]] and r["bandwidth"] > 0
-                  and r["via"].startswith("torch.distributed") and bool(r["advice"])
-                  and all(w == "cuda" for w in r["kd_where"]))
-            results.append(report("scale, 2 torch ranks sharing GPU 0", ok,
-                                  f"on {r['kd_where']}, measured N {[row[0] for row in r['rows'] if row[1]]}, "
-                                  f"speed-ups {[row[2] for row in r['rows']]}, link "
-                                  f"{r['bandwidth'] / 2**20:,.0f} MiB/s by {r['via']}, advice {r['advice'][:1]}",
-                                  r["seconds"]))
+            ok = (
+                [row[:2] for row in r["rows"][:2]] == [[1, True], [2, True]]
+                and r["bandwidth"] > 0
+                and r["via"].startswith("torch.distributed")
+                and bool(r["advice"])
+                and all(w == "cuda" for w in r["kd_where"])
+            )
+            results.append(
+                report(
+                    "scale, 2 torch ranks sharing GPU 0",
+                    ok,
+                    f"on {r['kd_where']}, measured N {[row[0] for row in r['rows'] if row[1]]}, "
+                    f"speed-ups {[row[2] for row in r['rows']]}, link "
+                    f"{r['bandwidth'] / 2**20:,.0f} MiB/s by {r['via']}, advice {r['advice'][:1]}",
+                    r["seconds"],
+                )
+            )
     print(f"gpu_check: {sum(results)}/{len(results)} passed")
     return 0 if all(results) else 1
 

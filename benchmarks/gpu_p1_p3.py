@@ -40,16 +40,21 @@ def gpus_visible() -> tuple[int, str]:
     count = sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
     if listed.returncode != 0 or count == 0:
         return 0, "nvidia-smi lists no GPU"
-    probe = subprocess.run([PY, "-c", "import tensorflow as tf; "
-                            "print(len(tf.config.list_physical_devices('GPU')))"],
-                           capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    probe = subprocess.run(
+        [PY, "-c", "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     try:
         seen = int(probe.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return 0, f"TensorFlow could not be asked: {probe.stderr.strip()[-300:]}"
     if seen == 0:
-        return 0, (f"nvidia-smi lists {count} GPU(s) but this TensorFlow sees none "
-                   "(a CPU build? run scripts/setup.sh on this machine)")
+        return 0, (
+            f"nvidia-smi lists {count} GPU(s) but this TensorFlow sees none "
+            "(a CPU build? run scripts/setup.sh on this machine)"
+        )
     return seen, ""
 
 
@@ -66,14 +71,27 @@ def main(argv=None) -> int:
         print(f"gpu_p1_p3: skipped: {why}. This benchmark needs GPUs.")
         return 0
     np_ = min(count, 8)
-    os.environ.update(KDIST_BENCH_GPU="1", KDIST_BENCH_BATCH=str(args.batch),
-                      KDIST_BENCH_HIDDEN=str(args.hidden))
+    os.environ.update(KDIST_BENCH_GPU="1", KDIST_BENCH_BATCH=str(args.batch), KDIST_BENCH_HIDDEN=str(args.hidden))
     tmp = Path(tempfile.mkdtemp(prefix="kdist-bench-gpu-"))
-    hvd = subprocess.run([PY, str(BENCH / "bench_horovod.py"), "--np", str(np_), "--variants", "K,D,S",
-                          "--repeats", str(args.repeats), "--steps", str(args.steps),
-                          "--json", str(tmp / "horovod.json")])
-    dash = subprocess.run([PY, str(BENCH / "dashboard_overhead.py"), "--strategy", "default",
-                           "--json", str(tmp / "dashboard.json")])
+    hvd = subprocess.run(
+        [
+            PY,
+            str(BENCH / "bench_horovod.py"),
+            "--np",
+            str(np_),
+            "--variants",
+            "K,D,S",
+            "--repeats",
+            str(args.repeats),
+            "--steps",
+            str(args.steps),
+            "--json",
+            str(tmp / "horovod.json"),
+        ]
+    )
+    dash = subprocess.run(
+        [PY, str(BENCH / "dashboard_overhead.py"), "--strategy", "default", "--json", str(tmp / "dashboard.json")]
+    )
     results = {"gpus": count, "np": np_}
     print()
     if hvd.returncode == 0:

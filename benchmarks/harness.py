@@ -41,8 +41,14 @@ from kernel_driver import isolated_env  # noqa: E402  (the tests' isolation, sha
 HOME = Path(tempfile.mkdtemp(prefix="kdist-bench-"))
 for _var in workload.THREAD_VARS:
     os.environ.pop(_var, None)
-isolated_env(HOME, env=os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
-             PYTHONHASHSEED="0", PYTHONWARNINGS="ignore")
+isolated_env(
+    HOME,
+    env=os.environ,
+    TF_CPP_MIN_LOG_LEVEL="2",
+    KERAS_BACKEND="tensorflow",
+    PYTHONHASHSEED="0",
+    PYTHONWARNINGS="ignore",
+)
 LOOPBACK = ("127.0.0.1", "::1")
 
 
@@ -141,8 +147,7 @@ class Listeners:
         (interpolated between samples; a process first seen later counts from then)."""
         return sum(self.cpu_between_by_process(t0, t1, exclude).values())
 
-    def cpu_between_by_process(self, t0: float, t1: float,
-                               exclude: set[int] = frozenset()) -> dict[str, float]:
+    def cpu_between_by_process(self, t0: float, t1: float, exclude: set[int] = frozenset()) -> dict[str, float]:
         out: dict[str, float] = {}
         for pid, points in self.series.items():
             if pid in exclude or len(points) < 2:
@@ -166,8 +171,16 @@ def _interp(points: list[tuple[float, float]], t: float) -> float:
 
 
 # -- horovodrun -------------------------------------------------------------------------
-def _launched(what: str, cmd_for, np: int, out_dir: str | Path, tag: str,
-              env_extra: dict[str, str], timeout: float, log_path: str | Path | None) -> dict:
+def _launched(
+    what: str,
+    cmd_for,
+    np: int,
+    out_dir: str | Path,
+    tag: str,
+    env_extra: dict[str, str],
+    timeout: float,
+    log_path: str | Path | None,
+) -> dict:
     """Run the launcher ``cmd_for(started)`` (a new session, so its group can be killed) with
     ``env_extra`` as the thread variables; rank records and socket findings of its tree."""
     env = dict(os.environ)
@@ -177,8 +190,9 @@ def _launched(what: str, cmd_for, np: int, out_dir: str | Path, tag: str,
     started = time.time()
     log_path = Path(log_path or Path(out_dir) / f"{tag}.log")
     with open(log_path, "w") as logf:
-        proc = subprocess.Popen(cmd_for(started), env=env, cwd=str(ROOT), stdout=logf,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd_for(started), env=env, cwd=str(ROOT), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
         with Listeners(proc.pid, every=1.0) as listeners:
             try:
                 code = proc.wait(timeout=timeout)
@@ -189,28 +203,85 @@ def _launched(what: str, cmd_for, np: int, out_dir: str | Path, tag: str,
     if code != 0:
         tail = log_path.read_text()[-3000:]
         raise RuntimeError(f"{what} {tag} exited with {code}; log {log_path}:\n{tail}")
-    return {"ranks": read_ranks(out_dir, tag, np), "started": started, "exposed": listeners.exposed,
-            "listeners": sorted(listeners.seen), "watch": listeners}
+    return {
+        "ranks": read_ranks(out_dir, tag, np),
+        "started": started,
+        "exposed": listeners.exposed,
+        "listeners": sorted(listeners.seen),
+        "watch": listeners,
+    }
 
 
-def horovodrun(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, str],
-               timeout: float = 600, log_path: str | Path | None = None, np: int = 2) -> dict:
+def horovodrun(
+    steps: int,
+    out_dir: str | Path,
+    tag: str,
+    env_extra: dict[str, str],
+    timeout: float = 600,
+    log_path: str | Path | None = None,
+    np: int = 2,
+) -> dict:
     """One ``horovodrun -np N --gloo`` run of the workload; rank records and socket findings."""
-    return _launched("horovodrun", lambda started: [
-        PY, str(BENCH / "horovodrun_lo.py"), "-np", str(np), "--gloo", "-H", f"localhost:{np}",
-        "--network-interface", "lo",
-        PY, str(BENCH / "hvd_train.py"), "--steps", str(steps), "--out", str(out_dir),
-        "--tag", tag, "--started", repr(started)], np, out_dir, tag, env_extra, timeout, log_path)
+    return _launched(
+        "horovodrun",
+        lambda started: [
+            PY,
+            str(BENCH / "horovodrun_lo.py"),
+            "-np",
+            str(np),
+            "--gloo",
+            "-H",
+            f"localhost:{np}",
+            "--network-interface",
+            "lo",
+            PY,
+            str(BENCH / "hvd_train.py"),
+            "--steps",
+            str(steps),
+            "--out",
+            str(out_dir),
+            "--tag",
+            tag,
+            "--started",
+            repr(started),
+        ],
+        np,
+        out_dir,
+        tag,
+        env_extra,
+        timeout,
+        log_path,
+    )
 
 
-def tf_workers(steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, str],
-               timeout: float = 600, np: int = 2) -> dict:
+def tf_workers(
+    steps: int, out_dir: str | Path, tag: str, env_extra: dict[str, str], timeout: float = 600, np: int = 2
+) -> dict:
     """TensorFlow's own multi-worker launch of the workload: ``mwms_train.py --launch N`` starts
     N workers with ``TF_CONFIG`` on loopback ports (as one would by hand) and waits for them."""
-    return _launched("TF workers", lambda started: [
-        PY, str(BENCH / "mwms_train.py"), "--launch", str(np), "--steps", str(steps),
-        "--out", str(out_dir), "--tag", tag, "--started", repr(started)],
-        np, out_dir, tag, env_extra, timeout, None)
+    return _launched(
+        "TF workers",
+        lambda started: [
+            PY,
+            str(BENCH / "mwms_train.py"),
+            "--launch",
+            str(np),
+            "--steps",
+            str(steps),
+            "--out",
+            str(out_dir),
+            "--tag",
+            tag,
+            "--started",
+            repr(started),
+        ],
+        np,
+        out_dir,
+        tag,
+        env_extra,
+        timeout,
+        None,
+    )
 
 
 # -- a real kernel ----------------------------------------------------------------------
@@ -229,8 +300,9 @@ class Kernel:
         # ipc: the kernel's five channels are Unix sockets in the temp runtime dir, no TCP port
         # (absolute path: the kernel runs in ``cwd``, this process may not)
         base = Path(tempfile.mkdtemp(prefix="kernel-", dir=HOME / "jupyter-runtime"))
-        self.km = KernelManager(kernel_name="python3", transport="ipc", ip=str(base / "ipc"),
-                                connection_file=str(base / "connection.json"))
+        self.km = KernelManager(
+            kernel_name="python3", transport="ipc", ip=str(base / "ipc"), connection_file=str(base / "connection.json")
+        )
         self.km.start_kernel(env=dict(os.environ), cwd=str(cwd))
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -277,8 +349,9 @@ class Kernel:
             import re
 
             plain = re.sub(r"\x1b\[[0-9;]*m", "", error or reply["content"].get("evalue", ""))
-            raise CellError(f"cell failed:\n{code[:400]}\n--- output ---\n{out[-2000:]}\n"
-                            f"--- error ---\n{plain[-3000:]}")
+            raise CellError(
+                f"cell failed:\n{code[:400]}\n--- output ---\n{out[-2000:]}\n--- error ---\n{plain[-3000:]}"
+            )
         return {"submitted": submitted, "done": done, "text": out, "status": status}
 
     def value(self, expression: str):
@@ -286,7 +359,7 @@ class Kernel:
         out = self.run(f"import json as _kb_json\nprint({self.MARK!r} + _kb_json.dumps({expression}))")
         for line in out["text"].splitlines():
             if line.startswith(self.MARK):
-                return json.loads(line[len(self.MARK):])
+                return json.loads(line[len(self.MARK) :])
         raise CellError(f"no value for {expression!r} in {out['text'][-500:]!r}")
 
     def remember_children(self) -> None:
@@ -304,9 +377,12 @@ class Kernel:
 
         self.remember_children()
         try:
-            self.run("import sys as _kb_sys\n"  # what %kdist stop does, if kdist was loaded
-                     "if getattr(_kb_sys.modules.get('kdist_magics'), '_extension', None):\n"
-                     "    get_ipython().run_line_magic('kdist', 'stop')", timeout=60)
+            self.run(
+                "import sys as _kb_sys\n"  # what %kdist stop does, if kdist was loaded
+                "if getattr(_kb_sys.modules.get('kdist_magics'), '_extension', None):\n"
+                "    get_ipython().run_line_magic('kdist', 'stop')",
+                timeout=60,
+            )
         except Exception as exc:
             log(f"bench: %kdist stop failed: {exc}")
         try:
@@ -356,21 +432,24 @@ def _kb_run_facts():
 """
 
 
-def kdist_cell(steps: int, out_dir: str | Path, tag: str, options: str = "", np: int = 2,
-               strategy: str = "horovod") -> str:
+def kdist_cell(
+    steps: int, out_dir: str | Path, tag: str, options: str = "", np: int = 2, strategy: str = "horovod"
+) -> str:
     """The ``%%kdist`` cell that runs the shared workload on N Horovod ranks (``strategy``
     "multiworker": on N MultiWorkerMirroredStrategy workers, ``workload.train_multiworker``)."""
-    call = ("workload.train(hvd, " if strategy == "horovod"
-            else "workload.train_multiworker(strategy, ")
-    return (f"%%kdist --strategy {strategy} --np {np} {options}\n"
-            f"import sys\n"
-            f"sys.path.insert(0, {str(BENCH)!r})\n"
-            f"import workload\n"
-            f"_kb = {call}{steps}, {str(out_dir)!r}, {tag!r})\n")
+    call = "workload.train(hvd, " if strategy == "horovod" else "workload.train_multiworker(strategy, "
+    return (
+        f"%%kdist --strategy {strategy} --np {np} {options}\n"
+        f"import sys\n"
+        f"sys.path.insert(0, {str(BENCH)!r})\n"
+        f"import workload\n"
+        f"_kb = {call}{steps}, {str(out_dir)!r}, {tag!r})\n"
+    )
 
 
-def kdist_run(kernel: Kernel, steps: int, out_dir: str | Path, tag: str, options: str = "",
-              np: int = 2, strategy: str = "horovod") -> dict:
+def kdist_run(
+    kernel: Kernel, steps: int, out_dir: str | Path, tag: str, options: str = "", np: int = 2, strategy: str = "horovod"
+) -> dict:
     """Run the workload cell in ``kernel``; rank records, kernel-side facts, sockets."""
     with Listeners(kernel.pid, every=1.0) as listeners:
         cell = kernel.run(kdist_cell(steps, out_dir, tag, options, np, strategy))
@@ -383,9 +462,16 @@ def kdist_run(kernel: Kernel, steps: int, out_dir: str | Path, tag: str, options
     # CPU the kernel, the controller and helpers (everything but the ranks) used during the cell
     side = listeners.cpu_seconds(exclude={r["pid"] for r in ranks})
     wall = cell["done"] - cell["submitted"]
-    return {"ranks": ranks, "submitted": cell["submitted"], "facts": facts,
-            "exposed": listeners.exposed, "listeners": sorted(listeners.seen), "watch": listeners,
-            "side_cpu": side, "side_cpu_share": sum(side.values()) / wall if wall > 0 else None}
+    return {
+        "ranks": ranks,
+        "submitted": cell["submitted"],
+        "facts": facts,
+        "exposed": listeners.exposed,
+        "listeners": sorted(listeners.seen),
+        "watch": listeners,
+        "side_cpu": side,
+        "side_cpu_share": sum(side.values()) / wall if wall > 0 else None,
+    }
 
 
 def rate(run: dict, warmup: int) -> float:
@@ -409,10 +495,14 @@ def cpu_rate(run: dict, warmup: int) -> dict:
     rank_cpu = sum(r["step_cpu"][-1] - r["step_cpu"][warmup] for r in ranks)
     by_process = run["watch"].cpu_between_by_process(t0, t1, exclude={r["pid"] for r in ranks})
     side_cpu = sum(by_process.values())
-    return {"steps_per_cpu_s": steps / (rank_cpu + side_cpu), "rank_cpu_per_step": rank_cpu / steps,
-            "side_cores_by_process": {k: round(v / (t1 - t0), 4) for k, v in by_process.items() if v > 0},
-            "side_cpu_per_step": side_cpu / steps, "window_s": t1 - t0,
-            "cores_busy": (rank_cpu + side_cpu) / (t1 - t0)}
+    return {
+        "steps_per_cpu_s": steps / (rank_cpu + side_cpu),
+        "rank_cpu_per_step": rank_cpu / steps,
+        "side_cores_by_process": {k: round(v / (t1 - t0), 4) for k, v in by_process.items() if v > 0},
+        "side_cpu_per_step": side_cpu / steps,
+        "window_s": t1 - t0,
+        "cores_busy": (rank_cpu + side_cpu) / (t1 - t0),
+    }
 
 
 def fmt(value, digits: int = 3) -> str:
@@ -440,5 +530,10 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpus": cpus, "cpu_model": model, "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+    return {
+        "cpus": cpus,
+        "cpu_model": model,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }

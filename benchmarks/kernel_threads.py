@@ -57,8 +57,10 @@ def main(argv=None) -> None:
         kernel.close()
     first, last = found[0]
     rate = run["ranks"][0]["step_ends"]
-    print(f"kernel threads over {args.window:.0f} s of steady training "
-          f"({len(rate)} steps in {rate[-1] - rate[0]:.1f} s), cores' worth of CPU:")
+    print(
+        f"kernel threads over {args.window:.0f} s of steady training "
+        f"({len(rate)} steps in {rate[-1] - rate[0]:.1f} s), cores' worth of CPU:"
+    )
     total = 0.0
     for tid, cpu in sorted(last.items(), key=lambda kv: -(kv[1] - first.get(kv[0], 0.0))):
         cores = (cpu - first.get(tid, 0.0)) / args.window

@@ -27,16 +27,21 @@ def launch(args) -> int:
     common = ["--ports", ports, "--steps", str(args.steps), "--out", args.out, "--tag", args.tag]
     if args.started is not None:
         common += ["--started", repr(args.started)]
-    workers = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--index", str(i), *common])
-               for i in range(args.launch)]
+    workers = [
+        subprocess.Popen([sys.executable, os.path.abspath(__file__), "--index", str(i), *common])
+        for i in range(args.launch)
+    ]
     codes = [w.wait() for w in workers]
     return next((c for c in codes if c != 0), 0)
 
 
 def work(args) -> None:
-    os.environ["TF_CONFIG"] = json.dumps({
-        "cluster": {"worker": [f"127.0.0.1:{p}" for p in args.ports.split(",")]},
-        "task": {"type": "worker", "index": args.index}})
+    os.environ["TF_CONFIG"] = json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in args.ports.split(",")]},
+            "task": {"type": "worker", "index": args.index},
+        }
+    )
     import tensorflow as tf
 
     import workload

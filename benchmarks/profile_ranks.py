@@ -44,8 +44,10 @@ PLACES = (
     ("threading.py", "Python threads"),
 )
 #: what a rank's command line holds, per strategy and variant
-RANK_MARKS = {"horovod": {"K": "ipyparallel.engine", "S": "hvd_train.py"},
-              "multiworker": {"K": "ipyparallel.engine", "S": "mwms_train.py"}}
+RANK_MARKS = {
+    "horovod": {"K": "ipyparallel.engine", "S": "hvd_train.py"},
+    "multiworker": {"K": "ipyparallel.engine", "S": "mwms_train.py"},
+}
 
 
 def rank_pids(mark: str) -> list[int]:
@@ -70,9 +72,31 @@ def sample(py_spy: str, mark: str, after: float, seconds: float, out: Path, got:
     for pid in rank_pids(mark):
         path = out / f"{mark.replace('/', '_')}-{pid}.txt"
         with open(path.with_suffix(".err"), "w") as err:
-            procs.append((pid, path, subprocess.Popen(
-                [py_spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "-f", "raw",
-                 "--nonblocking", "-o", str(path)], stdout=err, stderr=subprocess.STDOUT)))
+            procs.append(
+                (
+                    pid,
+                    path,
+                    subprocess.Popen(
+                        [
+                            py_spy,
+                            "record",
+                            "-p",
+                            str(pid),
+                            "-d",
+                            str(int(seconds)),
+                            "-r",
+                            "200",
+                            "-f",
+                            "raw",
+                            "--nonblocking",
+                            "-o",
+                            str(path),
+                        ],
+                        stdout=err,
+                        stderr=subprocess.STDOUT,
+                    ),
+                )
+            )
     for pid, path, proc in procs:
         proc.wait()
         if path.exists():
@@ -111,8 +135,7 @@ def summary(stacks: collections.Counter) -> tuple[dict[str, float], dict[str, fl
     for stack, n in stacks.items():
         places[place(stack)] += n
         leaves[stack.split(";")[-1]] += n
-    return ({k: v / total for k, v in places.most_common()},
-            {k: v / total for k, v in leaves.most_common(15)})
+    return ({k: v / total for k, v in places.most_common()}, {k: v / total for k, v in leaves.most_common(15)})
 
 
 def main(argv=None) -> dict:
@@ -138,8 +161,9 @@ def main(argv=None) -> dict:
         threads = {k: v for k, v in warm["ranks"][0]["threads"].items() if v is not None}
         by_hand = harness.horovodrun if args.strategy == "horovod" else harness.tf_workers
         for v in ("K", "S"):
-            t = threading.Thread(target=sample, args=(args.py_spy, RANK_MARKS[args.strategy][v],
-                                                      args.after, args.seconds, out, got[v]))
+            t = threading.Thread(
+                target=sample, args=(args.py_spy, RANK_MARKS[args.strategy][v], args.after, args.seconds, out, got[v])
+            )
             t.start()
             if v == "K":
                 harness.kdist_run(kernel, args.steps, out, "K", strategy=args.strategy)
@@ -158,11 +182,15 @@ def main(argv=None) -> dict:
         for pid, path in got[v].items():
             stacks = read([path])
             top = summary(stacks)[0]
-            log(f"profile_ranks: {v} pid {pid}: {sum(stacks.values())} samples, "
-                + ", ".join(f"{k} {share:.0%}" for k, share in list(top.items())[:4]))
+            log(
+                f"profile_ranks: {v} pid {pid}: {sum(stacks.values())} samples, "
+                + ", ".join(f"{k} {share:.0%}" for k, share in list(top.items())[:4])
+            )
     results = {v: summary(read(got[v].values())) for v in ("K", "S")}
-    print(f"\nwhere the ranks' active samples were ({args.strategy}, {args.model}, "
-          f"{args.seconds} s each; K: %%kdist, S: by hand)")
+    print(
+        f"\nwhere the ranks' active samples were ({args.strategy}, {args.model}, "
+        f"{args.seconds} s each; K: %%kdist, S: by hand)"
+    )
     labels = list(dict.fromkeys([*results["K"][0], *results["S"][0]]))
     print(f"{'place':34s} {'K':>7s} {'S':>7s}")
     for label in labels:

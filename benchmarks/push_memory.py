@@ -86,9 +86,8 @@ def measure(ip, np_: int, repeats: int, mib: int) -> dict:
     said = []
     for r in range(repeats):
         rng = np.random.default_rng(r)
-        half = mib * 2 ** 20 // 8  # float32 elements in half of it
-        ip.user_ns["data"] = {"x": rng.random(half, dtype=np.float32),
-                              "y": rng.random(half, dtype=np.float32)}
+        half = mib * 2**20 // 8  # float32 elements in half of it
+        ip.user_ns["data"] = {"x": rng.random(half, dtype=np.float32), "y": rng.random(half, dtype=np.float32)}
         plain = median([timed(ip, line, PLAIN) for _ in range(3)])  # warm engines, no push
         t0 = time.perf_counter()
         pickle.loads(pickle.dumps(ip.user_ns["data"], protocol=5))
@@ -98,7 +97,7 @@ def measure(ip, np_: int, repeats: int, mib: int) -> dict:
         pushing = setup_s()
         said.append(kdist_magics.last_run().pushed["data"])
         after_first = host_memory()
-        rows["mem"].append((after_first - before) / 2 ** 30)
+        rows["mem"].append((after_first - before) / 2**30)
         read = median([timed(ip, line, READ) for _ in range(2)])  # data bound, nothing pushed
         rows["phase"].append(pushing - setup_s())  # the push itself: set-up with it less without
         rows["A"].append(cell - plain)
@@ -110,9 +109,11 @@ def measure(ip, np_: int, repeats: int, mib: int) -> dict:
             x[[k, k + 1]] = x[[k + 1, k]]
             timed(ip, f"{line} --push data", READ)
             said.append(kdist_magics.last_run().pushed["data"])
-        rows["bound"].append((host_memory() - after_first) / 2 ** 30)
-        log(f"push_memory: np {np_} repeat {r}: A {rows['A'][-1]:.2f} s, B {rows['B'][-1]:.2f} s, "
-            f"+{rows['mem'][-1]:.2f} GiB, second {rows['second'][-1]:.3f} s")
+        rows["bound"].append((host_memory() - after_first) / 2**30)
+        log(
+            f"push_memory: np {np_} repeat {r}: A {rows['A'][-1]:.2f} s, B {rows['B'][-1]:.2f} s, "
+            f"+{rows['mem'][-1]:.2f} GiB, second {rows['second'][-1]:.3f} s"
+        )
         ip.user_ns.pop("data")
         ip.run_line_magic("kdist", "stop")  # the engines' copies go with them
     out = {k: median(v) for k, v in rows.items()}
@@ -136,25 +137,32 @@ def main(argv=None) -> int:
     four = measure(ip, 4, args.repeats, args.mib)
     p11 = two["A"] / two["B"]
     gib = args.mib / 1024
-    goals = {"P11": {"value": p11, "goal": "<= 1.5"},
-             "P11 memory": {"value": two["mem"] / gib, "goal": "<= 1.3"},
-             "P11 repeat": {"value": two["second"] * 1024 / args.mib, "goal": "<= 0.25"},
-             "P11 bound": {"value": two["bound"] / gib, "goal": "<= 0.1"}}
-    print(f"P11 {p11:.2f} (goal <= 1.5): --push of {args.mib} MiB to 2 local engines "
-          f"{two['A']:.2f} s against a pickle round trip {two['B']:.2f} s")
-    print(f"P11 memory +{two['mem']:.2f} GiB on the host, {goals['P11 memory']['value']:.2f} x the "
-          f"data (goal <= 1.3); the repeat of the unchanged data {two['second']:.3f} s "
-          f"({goals['P11 repeat']['value']:.3f} s per GiB, goal <= 0.25); after 3 pushes of "
-          f"changed data the host holds {two['bound']:+.2f} GiB more than after the first "
-          f"({goals['P11 bound']['value']:.2f} x the data, goal <= 0.1); the record said "
-          f"{', '.join(dict.fromkeys(two['said']))} ({'right' if two['said_right'] else 'WRONG'})")
-    print(f"P11 4 engines / 2 (the push alone): {four['phase'] / two['phase']:.2f} (goal <= 1; "
-          f"{two['phase']:.2f} s and {four['phase']:.2f} s of set-up); the push cell less the "
-          f"same cell reading data already bound, which adds each engine's first read of the "
-          f"mapped pages: {four['push'] / two['push']:.2f}")
+    goals = {
+        "P11": {"value": p11, "goal": "<= 1.5"},
+        "P11 memory": {"value": two["mem"] / gib, "goal": "<= 1.3"},
+        "P11 repeat": {"value": two["second"] * 1024 / args.mib, "goal": "<= 0.25"},
+        "P11 bound": {"value": two["bound"] / gib, "goal": "<= 0.1"},
+    }
+    print(
+        f"P11 {p11:.2f} (goal <= 1.5): --push of {args.mib} MiB to 2 local engines "
+        f"{two['A']:.2f} s against a pickle round trip {two['B']:.2f} s"
+    )
+    print(
+        f"P11 memory +{two['mem']:.2f} GiB on the host, {goals['P11 memory']['value']:.2f} x the "
+        f"data (goal <= 1.3); the repeat of the unchanged data {two['second']:.3f} s "
+        f"({goals['P11 repeat']['value']:.3f} s per GiB, goal <= 0.25); after 3 pushes of "
+        f"changed data the host holds {two['bound']:+.2f} GiB more than after the first "
+        f"({goals['P11 bound']['value']:.2f} x the data, goal <= 0.1); the record said "
+        f"{', '.join(dict.fromkeys(two['said']))} ({'right' if two['said_right'] else 'WRONG'})"
+    )
+    print(
+        f"P11 4 engines / 2 (the push alone): {four['phase'] / two['phase']:.2f} (goal <= 1; "
+        f"{two['phase']:.2f} s and {four['phase']:.2f} s of set-up); the push cell less the "
+        f"same cell reading data already bound, which adds each engine's first read of the "
+        f"mapped pages: {four['push'] / two['push']:.2f}"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"two": two, "four": four,
-                                               "goals": goals}, indent=1))
+        Path(args.json).write_text(json.dumps({"two": two, "four": four, "goals": goals}, indent=1))
     return 0 if two["said_right"] and four["said_right"] else 1
 
 

@@ -54,9 +54,11 @@ def _sampled(root_pid: int, delay: float, window: float, found: list) -> threadi
 
     def ranks():
         procs = psutil.Process(root_pid).children(recursive=True)
-        return [p.pid for p in procs
-                if any("ipengine" in a or "ipyparallel.engine" in a or "hvd_train" in a
-                       for a in p.cmdline())]
+        return [
+            p.pid
+            for p in procs
+            if any("ipengine" in a or "ipyparallel.engine" in a or "hvd_train" in a for a in p.cmdline())
+        ]
 
     def sample():
         time.sleep(delay)
@@ -85,8 +87,9 @@ def _report(label: str, found: list, run: dict, names: dict[int, dict[str, str]]
                 name = "main thread"
             by_name[name] += used
     total = sum(by_name.values())
-    print(f"{label}: {steps} steps in a {t1 - t0:.1f} s window, both ranks' CPU per step "
-          f"{total / steps * 1000:.2f} ms:")
+    print(
+        f"{label}: {steps} steps in a {t1 - t0:.1f} s window, both ranks' CPU per step {total / steps * 1000:.2f} ms:"
+    )
     for name, used in sorted(by_name.items(), key=lambda kv: -kv[1]):
         if used / steps >= 0.00001:
             print(f"  {used / steps * 1000:7.3f} ms/step  {name}")

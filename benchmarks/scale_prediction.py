@@ -42,7 +42,9 @@ for _tid in os.listdir("/proc/self/task"):
     os.sched_setaffinity(int(_tid), {hvd.local_rank() % os.cpu_count()})
 """
 
-WIDE = PIN + """
+WIDE = (
+    PIN
+    + """
 import numpy as np, keras
 x = np.random.default_rng(hvd.rank()).normal(size=(1024, 256)).astype("float32"); y = x[:, :1]
 model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu"),
@@ -51,8 +53,11 @@ model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), lo
 model.fit(x, y, batch_size=16, epochs=1, verbose=0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 """
+)
 
-CNN = PIN + """
+CNN = (
+    PIN
+    + """
 import numpy as np, keras
 rng = np.random.default_rng(hvd.rank())
 x = rng.normal(size=(12288, 32, 32, 3)).astype("float32"); y = (x.mean(axis=(1, 2, 3)) > 0).astype("int64")
@@ -64,6 +69,7 @@ model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)),
 model.fit(x, y, batch_size=512, epochs=1, verbose=0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 """
+)
 
 BODY = """
 import kdist_magics
@@ -95,11 +101,30 @@ def probe_on_a_slow_link(rate: str = RATE, split: bool = False) -> dict:
     try:
         # a network's packet size, not loopback's 64 KiB (tbf drops a packet over its burst)
         _ip("ip", "-n", ns, "link", "set", "lo", "mtu", "1500", "up")
-        _ip("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate",
-            rate, "burst", "64kb", "latency", "100ms")
-        return run_in_fresh_shell(f"WIDE, CNN, SPLIT = {WIDE!r}, {CNN!r}, {split!r}\n"
-                                  + textwrap.dedent(BODY), {},
-                                  prefix=("ip", "netns", "exec", ns))
+        _ip(
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "lo",
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "64kb",
+            "latency",
+            "100ms",
+        )
+        return run_in_fresh_shell(
+            f"WIDE, CNN, SPLIT = {WIDE!r}, {CNN!r}, {split!r}\n" + textwrap.dedent(BODY),
+            {},
+            prefix=("ip", "netns", "exec", ns),
+        )
     finally:
         _ip("ip", "netns", "del", ns, check=False)
 
@@ -119,10 +144,12 @@ def main(argv=None) -> int:
         result["goals"][f"P10 {name}"] = {"value": error, "goal": "<= 0.15"}
     worst = max(g["value"] for g in result["goals"].values())
     result["goals"]["P10"] = {"value": worst, "goal": "<= 0.15"}
-    print(f"P10 {worst:.3f} (goal <= 0.15): the 2-rank step predicted from 1 rank and the link, "
-          f"against the measured one, over a {args.rate} link; wide "
-          f"{result['goals']['P10 wide']['value']:.3f}, cnn {result['goals']['P10 cnn']['value']:.3f}; "
-          f"the probe took {out['wide']['cost_s']:.0f} s and {out['cnn']['cost_s']:.0f} s")
+    print(
+        f"P10 {worst:.3f} (goal <= 0.15): the 2-rank step predicted from 1 rank and the link, "
+        f"against the measured one, over a {args.rate} link; wide "
+        f"{result['goals']['P10 wide']['value']:.3f}, cnn {result['goals']['P10 cnn']['value']:.3f}; "
+        f"the probe took {out['wide']['cost_s']:.0f} s and {out['cnn']['cost_s']:.0f} s"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

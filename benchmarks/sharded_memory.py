@@ -33,10 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (isolates IPython/Jupyter dirs on import)
 from harness import fmt, log, median  # noqa: E402
 
-LINES = {"A": "--strategy sharded --np 2 --mesh 1,2",
-         "B": "--strategy multiworker --np 2"}
-DESCRIBE = {"A": "%%kdist --strategy sharded --np 2 --mesh 1,2 (JAX)",
-            "B": "%%kdist --strategy multiworker --np 2 (JAX, DataParallel)"}
+LINES = {"A": "--strategy sharded --np 2 --mesh 1,2", "B": "--strategy multiworker --np 2"}
+DESCRIBE = {
+    "A": "%%kdist --strategy sharded --np 2 --mesh 1,2 (JAX)",
+    "B": "%%kdist --strategy multiworker --np 2 (JAX, DataParallel)",
+}
 WARMUP = 3  # steps left out of the rate (compilation)
 
 CELL = """
@@ -74,8 +75,12 @@ def one_run(kernel: harness.Kernel, variant: str, tag: str, out: Path, args) -> 
     kernel.run(f"%%kdist {LINES[variant]} --no-dashboard\n{cell}", timeout=900)
     kernel.run("%kdist stop", timeout=120)  # fresh processes for the next run: peaks are per process
     ranks = [json.loads((out / f"{tag}-rank{r}.json").read_text()) for r in range(2)]
-    return {"growth": median([r["growth"] for r in ranks]), "rate": median([r["rate"] for r in ranks]),
-            "params": ranks[0]["params"], "ranks": ranks}
+    return {
+        "growth": median([r["growth"] for r in ranks]),
+        "rate": median([r["rate"] for r in ranks]),
+        "params": ranks[0]["params"],
+        "ranks": ranks,
+    }
 
 
 def main(argv=None) -> dict:
@@ -88,8 +93,10 @@ def main(argv=None) -> dict:
     os.environ["KERAS_BACKEND"] = "jax"  # the kernel inherits it; multiworker follows it
     out = harness.HOME / "runs"
     out.mkdir()
-    log(f"sharded_memory: {args.repeats} repeats x 2 runs of {args.steps} steps, "
-        f"hidden width {args.units}; files in {out}")
+    log(
+        f"sharded_memory: {args.repeats} repeats x 2 runs of {args.steps} steps, "
+        f"hidden width {args.units}; files in {out}"
+    )
     t0 = time.time()
     kernel = harness.Kernel()
     runs: dict[str, list[dict]] = {"A": [], "B": []}
@@ -98,8 +105,10 @@ def main(argv=None) -> dict:
         for i, v in harness.in_turn("AB", args.repeats):
             run = one_run(kernel, v, f"{v}{i}", out, args)
             runs[v].append(run)
-            log(f"sharded_memory: repeat {i + 1} {v}: growth {run['growth'] / 2**20:.0f} MiB "
-                f"per process, {fmt(run['rate'])} steps/s")
+            log(
+                f"sharded_memory: repeat {i + 1} {v}: growth {run['growth'] / 2**20:.0f} MiB "
+                f"per process, {fmt(run['rate'])} steps/s"
+            )
     finally:
         left = kernel.close()
         if left:
@@ -108,11 +117,18 @@ def main(argv=None) -> dict:
     rate = {v: median([r["rate"] for r in runs[v]]) for v in runs}
     params = runs["A"][0]["params"]
     results = {
-        "machine": harness.machine(), "repeats": args.repeats, "steps": args.steps,
-        "units": args.units, "params": params, "weights_mb": params * 4 / 1e6,
-        "weights_and_adam_mb": params * 12 / 1e6, "seconds": round(time.time() - t0, 1),
-        "growth": {v: [r["growth"] for r in runs[v]] for v in runs}, "median_growth": growth,
-        "rates": {v: [r["rate"] for r in runs[v]] for v in runs}, "median_rate": rate,
+        "machine": harness.machine(),
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "units": args.units,
+        "params": params,
+        "weights_mb": params * 4 / 1e6,
+        "weights_and_adam_mb": params * 12 / 1e6,
+        "seconds": round(time.time() - t0, 1),
+        "growth": {v: [r["growth"] for r in runs[v]] for v in runs},
+        "median_growth": growth,
+        "rates": {v: [r["rate"] for r in runs[v]] for v in runs},
+        "median_rate": rate,
         "goals": {"P8": {"value": growth["A"] / growth["B"], "goal": "<= 0.6"}},
     }
     print(table(results))
@@ -123,10 +139,12 @@ def main(argv=None) -> dict:
 
 def table(res: dict) -> str:
     mib = 2**20
-    lines = [f"sharded_memory: {res['repeats']} alternating repeats, {res['steps']} steps of batch 32; "
-             f"{res['params'] / 1e6:.1f} M parameters ({res['weights_mb']:.0f} MB of weights, "
-             f"{res['weights_and_adam_mb']:.0f} MB with Adam's moments)",
-             f"{'run':<4} {'what':<56} {'growth MiB/process (median; each)':<36} steps/s (median; each)"]
+    lines = [
+        f"sharded_memory: {res['repeats']} alternating repeats, {res['steps']} steps of batch 32; "
+        f"{res['params'] / 1e6:.1f} M parameters ({res['weights_mb']:.0f} MB of weights, "
+        f"{res['weights_and_adam_mb']:.0f} MB with Adam's moments)",
+        f"{'run':<4} {'what':<56} {'growth MiB/process (median; each)':<36} steps/s (median; each)",
+    ]
     for v in ("A", "B"):
         each = ", ".join(f"{g / mib:.0f}" for g in res["growth"][v])
         rates = ", ".join(fmt(r) for r in res["rates"][v])

@@ -42,9 +42,8 @@ MW = "%%kdist --strategy multiworker --np 2 --no-dashboard"
 CELLS = {
     "horovod": {
         "ok": f"{HVD}\nimport tensorflow as tf, horovod.tensorflow as hcore\n"
-              "kd_sum = float(hcore.allreduce(tf.ones(2), op=hcore.Sum)[0])\nkd_sum",
-        "raise": f"{HVD}\nimport time\nif hvd.rank() == 1:\n    raise ValueError('soak: rank 1 fails')\n"
-                 "time.sleep(60)",
+        "kd_sum = float(hcore.allreduce(tf.ones(2), op=hcore.Sum)[0])\nkd_sum",
+        "raise": f"{HVD}\nimport time\nif hvd.rank() == 1:\n    raise ValueError('soak: rank 1 fails')\ntime.sleep(60)",
         "interrupt": f"{HVD}\nimport time\nprint('kd-go', flush=True)\ntime.sleep(60)",
         "timeout": f"{HVD} --timeout 2\nimport time\ntime.sleep(60 if hvd.rank() == 0 else 0)",
         "die": f"{HVD}\nimport os, time\nif hvd.rank() == 1:\n    os._exit(3)\ntime.sleep(60)",
@@ -52,40 +51,46 @@ CELLS = {
     },
     "multiworker": {  # a rank stopped mid-collective costs a restart here: every rank raises
         "ok": f"{MW}\nimport tensorflow as tf\n"
-              "kd_sum = float(strategy.reduce('SUM', strategy.run(lambda: tf.ones(())), axis=None))\nkd_sum",
+        "kd_sum = float(strategy.reduce('SUM', strategy.run(lambda: tf.ones(())), axis=None))\nkd_sum",
         "raise": f"{MW}\nraise ValueError('soak: every worker fails')",
-        "die": f"{MW}\nimport os, time\nif strategy.cluster_resolver.task_id == 1:\n    os._exit(3)\n"
-               "time.sleep(60)",
+        "die": f"{MW}\nimport os, time\nif strategy.cluster_resolver.task_id == 1:\n    os._exit(3)\ntime.sleep(60)",
         "held": f"{MW}\nstrategy.num_replicas_in_sync",
     },
     # Keras on JAX / PyTorch across engines (multiworker with the kernel's KERAS_BACKEND set)
     "jax": {  # its successes --push 4 MiB (shared memory; sent again after each restart)
         "ok": f"{MW} --push kd_big\nimport jax.numpy as jnp\nfrom jax.experimental import multihost_utils\n"
-              "kd_sum = float(multihost_utils.process_allgather(jnp.ones(())).sum())\nkd_sum",
+        "kd_sum = float(multihost_utils.process_allgather(jnp.ones(())).sum())\nkd_sum",
         "raise": f"{MW}\nraise ValueError('soak: every process fails')",
         "die": f"{MW}\nimport jax, os, time\nif jax.process_index() == 1:\n    os._exit(3)\ntime.sleep(60)",
         "held": f"{MW}\nimport jax\njax.process_count()",
     },
     "torch": {
         "ok": f"{MW}\nimport torch, torch.distributed as dist\nkd_t = torch.ones(1)\ndist.all_reduce(kd_t)\n"
-              "kd_sum = float(kd_t[0])\nkd_sum",
+        "kd_sum = float(kd_t[0])\nkd_sum",
         "raise": f"{MW}\nraise ValueError('soak: every process fails')",
         "die": f"{MW}\nimport os, time, torch.distributed as dist\nif dist.get_rank() == 1:\n    os._exit(3)\n"
-               "time.sleep(60)",
+        "time.sleep(60)",
         "held": f"{MW}\nimport torch.distributed as dist\ndist.get_world_size()",
     },
 }
 #: the kernel's Keras backend per soak strategy (multiworker follows it)
 BACKENDS = {"horovod": "tensorflow", "multiworker": "tensorflow", "jax": "jax", "torch": "torch"}
-EXPECT = {"ok": None, "raise": "RankFailed", "interrupt": "Interrupted", "timeout": "RunTimedOut",
-          "die": "RankDied", "held": "RankDied"}
+EXPECT = {
+    "ok": None,
+    "raise": "RankFailed",
+    "interrupt": "Interrupted",
+    "timeout": "RunTimedOut",
+    "die": "RankDied",
+    "held": "RankDied",
+}
 #: faults mixed in with --faults: a rank dying mid-cell, an engine killed while the framework
 #: starts (held there by kdist's phase barrier); each costs the next run an engine restart
 FAULTS = ("die", "held")
 
 
-def plan(runs: int, kinds=("ok", "raise", "interrupt", "timeout"), faults: bool = False,
-         fault_every: int = 15) -> list[str]:
+def plan(
+    runs: int, kinds=("ok", "raise", "interrupt", "timeout"), faults: bool = False, fault_every: int = 15
+) -> list[str]:
     """A fixed mix: mostly successes, a rank error every 4th, an interrupt every 5th, a timeout
     every 12th (each where the strategy has it); with ``faults``, a fault every ``fault_every``th
     run, the kinds of :data:`FAULTS` in turn."""
@@ -108,8 +113,12 @@ def sample(k: Kernel) -> dict:
     import psutil
 
     proc = psutil.Process(k.pid)
-    return {"procs": len(k.tree()), "fds": proc.num_fds(), "rss_mib": proc.memory_info().rss / 2**20,
-            "shm": len(push_names(k.pid))}  # --push's names left: none
+    return {
+        "procs": len(k.tree()),
+        "fds": proc.num_fds(),
+        "rss_mib": proc.memory_info().rss / 2**20,
+        "shm": len(push_names(k.pid)),
+    }  # --push's names left: none
 
 
 def slope(ys: list[float]) -> float:
@@ -143,8 +152,12 @@ def run_one(k: Kernel, kind: str, cells: dict | None = None, holds=None) -> tupl
         threading.Thread(target=harm, daemon=True).start()
 
     def on_message(msg, res):
-        if kind == "interrupt" and "at" not in asked and msg["header"]["msg_type"] == "stream" \
-                and "kd-go" in msg["content"]["text"]:
+        if (
+            kind == "interrupt"
+            and "at" not in asked
+            and msg["header"]["msg_type"] == "stream"
+            and "kd-go" in msg["content"]["text"]
+        ):
             asked["at"] = time.monotonic()
             k.interrupt()
 
@@ -153,8 +166,16 @@ def run_one(k: Kernel, kind: str, cells: dict | None = None, holds=None) -> tupl
     return outcome, res.seconds
 
 
-def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: float = 64.0,
-         out=sys.stdout, strategy: str = "horovod", faults: bool = False, fault_every: int = 15) -> dict:
+def soak(
+    runs: int = 50,
+    warmup: int = 5,
+    fd_bound: float = 5.0,
+    rss_bound_mib: float = 64.0,
+    out=sys.stdout,
+    strategy: str = "horovod",
+    faults: bool = False,
+    fault_every: int = 15,
+) -> dict:
     """The soak (module doc) for ``strategy``; with ``faults`` the fault runs are mixed in,
     and the counts are judged on the other runs (a fault run's sample lacks the engine that
     died; the next run has a full set again)."""
@@ -174,11 +195,21 @@ def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: 
         start_s = time.monotonic() - t0
         for i, kind in enumerate(plan(runs, tuple(cells), faults, fault_every), 1):
             outcome, seconds = run_one(k, kind, cells, holds)
-            row = {"run": i, "kind": kind, "outcome": outcome, "seconds": round(seconds, 2),
-                   "expected": outcome == (EXPECT[kind] or "ok"), **sample(k)}
+            row = {
+                "run": i,
+                "kind": kind,
+                "outcome": outcome,
+                "seconds": round(seconds, 2),
+                "expected": outcome == (EXPECT[kind] or "ok"),
+                **sample(k),
+            }
             rows.append(row)
-            print(f"{i:>4} {kind:<9} {outcome:<17} {seconds:7.2f} s  procs {row['procs']:>3}  "
-                  f"fds {row['fds']:>4}  rss {row['rss_mib']:8.1f} MiB", file=out, flush=True)
+            print(
+                f"{i:>4} {kind:<9} {outcome:<17} {seconds:7.2f} s  procs {row['procs']:>3}  "
+                f"fds {row['fds']:>4}  rss {row['rss_mib']:8.1f} MiB",
+                file=out,
+                flush=True,
+            )
         pids = k.children()  # recorded before the stop: afterwards they are no longer below the kernel
         pids = set(pids) - kernel_helpers(pids)  # Python's resource tracker ends with the kernel
         k.check("%kdist stop")
@@ -194,33 +225,48 @@ def soak(runs: int = 50, warmup: int = 5, fd_bound: float = 5.0, rss_bound_mib: 
     rss = [r["rss_mib"] for r in after]
     tail = min(10, max(1, n // 2))
     verdict = {
-        "runs": len(rows), "warmup": warmup, "cluster_start_s": round(start_s, 1),
+        "runs": len(rows),
+        "warmup": warmup,
+        "cluster_start_s": round(start_s, 1),
         "unexpected": [r for r in rows if not r["expected"]],
-        "procs_slope_per_run": slope(procs), "procs_first_last": (procs[0], procs[-1]),
-        "fds_slope_per_run": slope(fds), "fds_min_max": (min(fds), max(fds)),
+        "procs_slope_per_run": slope(procs),
+        "procs_first_last": (procs[0], procs[-1]),
+        "fds_slope_per_run": slope(fds),
+        "fds_min_max": (min(fds), max(fds)),
         "rss_growth_mib": statistics.median(rss[-tail:]) - statistics.median(rss[:tail]),
-        "seconds_by_kind": {kind: round(statistics.median([r["seconds"] for r in rows if r["kind"] == kind]), 2)
-                            for kind in sorted({r["kind"] for r in rows})},
-        "left_after_stop": left, "stop_linger_s": round(linger, 1),
+        "seconds_by_kind": {
+            kind: round(statistics.median([r["seconds"] for r in rows if r["kind"] == kind]), 2)
+            for kind in sorted({r["kind"] for r in rows})
+        },
+        "left_after_stop": left,
+        "stop_linger_s": round(linger, 1),
         "shm_names_left": max(r["shm"] for r in rows) if rows else 0,
         "bounds": {"procs_drift": 1.0, "fd_drift": fd_bound, "rss_growth_mib": rss_bound_mib},
     }
-    verdict["flat"] = (abs(verdict["procs_slope_per_run"]) * n < 1.0 and procs[0] == procs[-1]
-                       and abs(verdict["fds_slope_per_run"]) * n < fd_bound
-                       and verdict["rss_growth_mib"] < rss_bound_mib
-                       and not verdict["unexpected"] and not left and not verdict["shm_names_left"])
+    verdict["flat"] = (
+        abs(verdict["procs_slope_per_run"]) * n < 1.0
+        and procs[0] == procs[-1]
+        and abs(verdict["fds_slope_per_run"]) * n < fd_bound
+        and verdict["rss_growth_mib"] < rss_bound_mib
+        and not verdict["unexpected"]
+        and not left
+        and not verdict["shm_names_left"]
+    )
     print(f"\nafter {warmup} warm-up runs, over {n} runs:", file=out)
-    print(f"  processes: slope {verdict['procs_slope_per_run']:+.4f}/run, first {procs[0]}, last {procs[-1]}",
-          file=out)
+    print(f"  processes: slope {verdict['procs_slope_per_run']:+.4f}/run, first {procs[0]}, last {procs[-1]}", file=out)
     print(f"  kernel fds: slope {verdict['fds_slope_per_run']:+.4f}/run, range {min(fds)}..{max(fds)}", file=out)
-    print(f"  kernel RSS: growth {verdict['rss_growth_mib']:+.1f} MiB (median of last {tail} - first {tail})",
-          file=out)
+    print(f"  kernel RSS: growth {verdict['rss_growth_mib']:+.1f} MiB (median of last {tail} - first {tail})", file=out)
     print(f"  median seconds per run: {verdict['seconds_by_kind']}; cluster start {start_s:.1f} s", file=out)
     print(f"  /dev/shm names of --push left after a run: at most {verdict['shm_names_left']}", file=out)
-    print(f"  unexpected outcomes: {len(verdict['unexpected'])}; left after %kdist stop: {left} "
-          f"(waited {linger:.1f} s)", file=out)
-    print(f"verdict: {'FLAT' if verdict['flat'] else 'NOT FLAT'} (bounds: drift < 1 process, "
-          f"< {fd_bound:g} fds over the runs, RSS growth < {rss_bound_mib:g} MiB)", file=out)
+    print(
+        f"  unexpected outcomes: {len(verdict['unexpected'])}; left after %kdist stop: {left} (waited {linger:.1f} s)",
+        file=out,
+    )
+    print(
+        f"verdict: {'FLAT' if verdict['flat'] else 'NOT FLAT'} (bounds: drift < 1 process, "
+        f"< {fd_bound:g} fds over the runs, RSS growth < {rss_bound_mib:g} MiB)",
+        file=out,
+    )
     return {"rows": rows, "verdict": verdict}
 
 
@@ -235,8 +281,15 @@ def main(argv=None) -> int:
     ap.add_argument("--faults", action="store_true", help="mix in faults (see the module doc)")
     ap.add_argument("--fault-every", type=int, default=15)
     args = ap.parse_args(argv)
-    result = soak(args.runs, args.warmup, args.fd_bound, args.rss_bound_mib,
-                  strategy=args.strategy, faults=args.faults, fault_every=args.fault_every)
+    result = soak(
+        args.runs,
+        args.warmup,
+        args.fd_bound,
+        args.rss_bound_mib,
+        strategy=args.strategy,
+        faults=args.faults,
+        fault_every=args.fault_every,
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0 if result["verdict"]["flat"] else 1

@@ -49,8 +49,14 @@ def mlp_step_s() -> float:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64 * 400, 64)).astype("float32")
     y = rng.integers(0, 10, size=(64 * 400,))
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
-                              keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x[:256], y[:256], batch_size=64, verbose=0)
     t0 = time.perf_counter()
@@ -69,7 +75,7 @@ def callback(record):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
     cb.set_model(model)
-    cb.set_params({"epochs": 1, "steps": 10 ** 9})
+    cb.set_params({"epochs": 1, "steps": 10**9})
     cb.on_train_begin()
     return cb
 
@@ -83,12 +89,14 @@ def rows(step_s: float) -> list[dict]:
 
     proc = psutil.Process(os.getpid())
     per_sample = 1 / sampling.SAMPLE_INTERVAL
-    out = [("CPU percent (psutil)", timed(lambda: proc.cpu_percent(None), 200), per_sample),
-           ("resident size (psutil)", timed(proc.memory_info, 200), per_sample),
-           ("proportional set size (smaps)", timed(proc.memory_full_info, 20), 1 / sampling.PSS_EVERY),
-           ("TPU: libtpu's SDK", timed(tpu_probe.libtpu_probe, 200), per_sample),
-           ("TPU: JAX memory_stats()", timed(tpu_probe._jax_tpu_probe, 200), per_sample),
-           ("TPU: TensorFlow", timed(tpu_probe._tensorflow_tpu_probe, 200), per_sample)]
+    out = [
+        ("CPU percent (psutil)", timed(lambda: proc.cpu_percent(None), 200), per_sample),
+        ("resident size (psutil)", timed(proc.memory_info, 200), per_sample),
+        ("proportional set size (smaps)", timed(proc.memory_full_info, 20), 1 / sampling.PSS_EVERY),
+        ("TPU: libtpu's SDK", timed(tpu_probe.libtpu_probe, 200), per_sample),
+        ("TPU: JAX memory_stats()", timed(tpu_probe._jax_tpu_probe, 200), per_sample),
+        ("TPU: TensorFlow", timed(tpu_probe._tensorflow_tpu_probe, 200), per_sample),
+    ]
     sampler = sampling.Sampler(lambda k, r: None)
     out.append(("one whole sample (the above, NVML where a GPU is)", timed(sampler.sample, 50), per_sample))
     cb = callback(RunRecord("default", size=1))
@@ -98,32 +106,59 @@ def rows(step_s: float) -> list[dict]:
         cb.on_train_batch_begin(step[0], logs)
         cb.on_train_batch_end(step[0], logs)
         step[0] += 1
+
     out.append(("per-batch callback (training thread)", timed(batch, 20000), 1 / step_s))
     two = RunRecord("horovod", size=2)
     dash = Dashboard(two, interval=None)
     for r in (0, 1):
         for s in range(1, 1601):
-            two.add("metric", {"rank": r, "epoch": 0, "step": s, "time": s, "kind": "step",
-                               "loss": 1 / s, "accuracy": 0.5, "mae": 0.1, "lr": 0.01})
+            two.add(
+                "metric",
+                {
+                    "rank": r,
+                    "epoch": 0,
+                    "step": s,
+                    "time": s,
+                    "kind": "step",
+                    "loss": 1 / s,
+                    "accuracy": 0.5,
+                    "mae": 0.1,
+                    "lr": 0.01,
+                },
+            )
 
     def update():
-        two.add("metric", {"rank": 0, "epoch": 0, "step": 1601, "time": 1, "kind": "step",
-                           "loss": 0.1, "accuracy": 0.5, "mae": 0.1, "lr": 0.01})
+        two.add(
+            "metric",
+            {
+                "rank": 0,
+                "epoch": 0,
+                "step": 1601,
+                "time": 1,
+                "kind": "step",
+                "loss": 0.1,
+                "accuracy": 0.5,
+                "mae": 0.1,
+                "lr": 0.01,
+            },
+        )
         dash.flush()
+
     out.append(("dashboard update (2 ranks, long curves)", timed(update, 20), 2.0))
     sampler.stop(final=False)
-    return [{"source": name, "us_per_call": s * 1e6, "calls_per_s": rate, "share": s * rate}
-            for name, s, rate in out]
+    return [{"source": name, "us_per_call": s * 1e6, "calls_per_s": rate, "share": s * rate} for name, s, rate in out]
 
 
 def table(result: dict) -> str:
-    lines = [f"telemetry_costs: each source timed alone (P3's MLP step here: "
-             f"{result['step_s'] * 1e3:.2f} ms)",
-             f"{'source':<52} {'us/call':>10} {'calls/s':>9} {'share of a core':>16}"]
+    lines = [
+        f"telemetry_costs: each source timed alone (P3's MLP step here: {result['step_s'] * 1e3:.2f} ms)",
+        f"{'source':<52} {'us/call':>10} {'calls/s':>9} {'share of a core':>16}",
+    ]
     for r in result["rows"]:
-        lines.append(f"{r['source']:<52} {r['us_per_call']:>10.1f} {r['calls_per_s']:>9.2f} "
-                     f"{r['share']:>15.3%}")
-    lines.append(f"{'in all (a whole sample, the PSS read, callback, dashboard)':<52} {'':>10} {'':>9} {result['total']:>15.3%}")
+        lines.append(f"{r['source']:<52} {r['us_per_call']:>10.1f} {r['calls_per_s']:>9.2f} {r['share']:>15.3%}")
+    lines.append(
+        f"{'in all (a whole sample, the PSS read, callback, dashboard)':<52} {'':>10} {'':>9} {result['total']:>15.3%}"
+    )
     return "\n".join(lines)
 
 

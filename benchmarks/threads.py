@@ -47,9 +47,11 @@ def settings(cores: int, np: int) -> list[dict[str, str]]:
 
 
 def label(env: dict[str, str]) -> str:
-    return (f"intra {env.get('TF_NUM_INTRAOP_THREADS', UNSET)}, "
-            f"inter {env.get('TF_NUM_INTEROP_THREADS', UNSET)}, "
-            f"omp {env.get('OMP_NUM_THREADS', UNSET)}")
+    return (
+        f"intra {env.get('TF_NUM_INTRAOP_THREADS', UNSET)}, "
+        f"inter {env.get('TF_NUM_INTEROP_THREADS', UNSET)}, "
+        f"omp {env.get('OMP_NUM_THREADS', UNSET)}"
+    )
 
 
 def main(argv=None) -> dict:
@@ -60,8 +62,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=40)
-    parser.add_argument("--only", help="settings to run, as the table labels them, ';'-separated "
-                        "(e.g. 'intra 1, inter 1, omp unset;intra 1, inter 1, omp 1')")
+    parser.add_argument(
+        "--only",
+        help="settings to run, as the table labels them, ';'-separated "
+        "(e.g. 'intra 1, inter 1, omp unset;intra 1, inter 1, omp 1')",
+    )
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
@@ -74,31 +79,47 @@ def main(argv=None) -> dict:
         candidates = [e for e in candidates if label(e) in wanted]
     out = harness.HOME / "runs"
     out.mkdir()
-    log(f"threads: {len(candidates)} settings x {args.repeats} repeats, {args.np} ranks on "
-        f"{cores} cores, {args.steps} steps each")
+    log(
+        f"threads: {len(candidates)} settings x {args.repeats} repeats, {args.np} ranks on "
+        f"{cores} cores, {args.steps} steps each"
+    )
     harness.horovodrun(40, out, "warm", candidates[0], np=args.np)  # page cache, not measured
     rates: dict[str, list[float]] = {label(e): [] for e in candidates}
     t0 = time.time()
     for i in range(args.repeats):
         shift = (i * len(candidates)) // max(1, args.repeats)
         for env in candidates[shift:] + candidates[:shift]:
-            run = harness.horovodrun(args.steps, out, f"{i}-{len(rates[label(env)])}-"
-                                     + label(env).replace(", ", "_").replace(" ", ""), env, np=args.np)
+            run = harness.horovodrun(
+                args.steps,
+                out,
+                f"{i}-{len(rates[label(env)])}-" + label(env).replace(", ", "_").replace(" ", ""),
+                env,
+                np=args.np,
+            )
             rates[label(env)].append(harness.rate(run, args.warmup))
             log(f"threads: {label(env)}: {rates[label(env)][-1]:.2f} steps/s")
     med = {k: median(v) for k, v in rates.items()}
     best = max(med.values())
     ranked = sorted(med, key=lambda k: -med[k])
-    print(f"threads: {args.np} ranks on {cores} cores, horovodrun -np {args.np} --gloo, "
-          f"{args.repeats} rotating repeats of {args.steps} steps ({time.time() - t0:.0f} s)")
+    print(
+        f"threads: {args.np} ranks on {cores} cores, horovodrun -np {args.np} --gloo, "
+        f"{args.repeats} rotating repeats of {args.steps} steps ({time.time() - t0:.0f} s)"
+    )
     print(f"{'setting':<36} {'steps/s (median; each)':<28} {'/ best':>7}")
     for k in ranked:
         mark = "  <- kdist's default" if k == label(kdist) else ""
         each = ", ".join(fmt(r) for r in rates[k])
         print(f"{k:<36} {(fmt(med[k]) + ' (' + each + ')'):<28} {med[k] / best:>7.3f}{mark}")
-    result = {"machine": harness.machine(), "np": args.np, "cores": cores, "rates": rates,
-              "median": med, "best": ranked[0], "kdist_default": label(kdist),
-              "kdist_vs_best": med.get(label(kdist), float("nan")) / best}
+    result = {
+        "machine": harness.machine(),
+        "np": args.np,
+        "cores": cores,
+        "rates": rates,
+        "median": med,
+        "best": ranked[0],
+        "kdist_default": label(kdist),
+        "kdist_vs_best": med.get(label(kdist), float("nan")) / best,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return result

@@ -63,8 +63,9 @@ def train(hvd, steps: int, out_dir: str, tag: str, started: float | None = None)
     model, optimizer, loss = _model(size)
     model.compile(optimizer=hvd.DistributedOptimizer(optimizer), loss=loss)
     data = _data(rank, _batch())
-    return _fit(model, data, steps, out_dir, tag, started, rank, size,
-                [hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    return _fit(
+        model, data, steps, out_dir, tag, started, rank, size, [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    )
 
 
 def train_multiworker(strategy, steps: int, out_dir: str, tag: str, started: float | None = None) -> dict:
@@ -94,27 +95,29 @@ def _model(size: int):
     import keras
 
     if MODEL == "cnn":  # Horovod's tensorflow2_keras_mnist.py (Keras 3 spelling)
-        model = keras.Sequential([
-            keras.Input((28, 28, 1)),
-            keras.layers.Conv2D(32, [3, 3], activation="relu"),
-            keras.layers.Conv2D(64, [3, 3], activation="relu"),
-            keras.layers.MaxPooling2D(pool_size=(2, 2)),
-            keras.layers.Dropout(0.25),
-            keras.layers.Flatten(),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dropout(0.5),
-            keras.layers.Dense(10, activation="softmax"),
-        ])
-        return (model, keras.optimizers.Adam(0.001 * size),
-                keras.losses.SparseCategoricalCrossentropy())
-    model = keras.Sequential([
-        keras.Input((FEATURES,)),
-        keras.layers.Dense(HIDDEN, activation="relu"),
-        keras.layers.Dense(HIDDEN, activation="relu"),
-        keras.layers.Dense(CLASSES),
-    ])
-    return (model, keras.optimizers.SGD(0.01 * size),
-            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model = keras.Sequential(
+            [
+                keras.Input((28, 28, 1)),
+                keras.layers.Conv2D(32, [3, 3], activation="relu"),
+                keras.layers.Conv2D(64, [3, 3], activation="relu"),
+                keras.layers.MaxPooling2D(pool_size=(2, 2)),
+                keras.layers.Dropout(0.25),
+                keras.layers.Flatten(),
+                keras.layers.Dense(128, activation="relu"),
+                keras.layers.Dropout(0.5),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+        return (model, keras.optimizers.Adam(0.001 * size), keras.losses.SparseCategoricalCrossentropy())
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+    return (model, keras.optimizers.SGD(0.01 * size), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
 def _data(rank: int, batch: int):
@@ -130,19 +133,23 @@ def _data(rank: int, batch: int):
         order = np.random.default_rng(SEED + rank).permutation(len(images))  # each rank its order
         x = (images[order] / 16.0).astype(np.float32)[..., None]
         y = digits.target[order].astype(np.int64)
-        return (tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True)
-                .take(DATA_BATCHES).cache().repeat())
+        return (
+            tf.data.Dataset.from_tensor_slices((x, y))
+            .repeat()
+            .batch(batch, drop_remainder=True)
+            .take(DATA_BATCHES)
+            .cache()
+            .repeat()
+        )
     rng = np.random.default_rng(SEED + rank)  # each rank its own shard
     n = DATA_BATCHES * batch
     x = rng.standard_normal((n, FEATURES), dtype=np.float32)
     w = np.random.default_rng(SEED).standard_normal((FEATURES, CLASSES)).astype(np.float32)
     y = np.argmax(x @ w, axis=1).astype(np.int32)
-    return (tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
-            .cache().repeat())
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).cache().repeat()
 
 
-def _fit(model, data, steps: int, out_dir: str, tag: str, started, rank: int, size: int,
-         callbacks: list) -> dict:
+def _fit(model, data, steps: int, out_dir: str, tag: str, started, rank: int, size: int, callbacks: list) -> dict:
     import keras
 
     ends: list[float] = []
@@ -154,11 +161,18 @@ def _fit(model, data, steps: int, out_dir: str, tag: str, started, rank: int, si
             cpu.append(time.process_time())
 
     t_fit = time.time()
-    history = model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False,
-                        callbacks=[*callbacks, StepTimes()])
+    history = model.fit(
+        data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, StepTimes()]
+    )
     result = {
-        "tag": tag, "rank": rank, "size": size, "pid": os.getpid(), "steps": len(ends),
-        "started": started, "fit_called": t_fit, "step_ends": ends,
+        "tag": tag,
+        "rank": rank,
+        "size": size,
+        "pid": os.getpid(),
+        "steps": len(ends),
+        "started": started,
+        "fit_called": t_fit,
+        "step_ends": ends,
         "step_cpu": cpu,
         "loss": float(history.history["loss"][-1]),
         # equal on every rank when the ranks trained one model (Horovod or the strategy synced them)

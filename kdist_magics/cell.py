@@ -28,13 +28,11 @@ def say_sharing(magics, strategy) -> None:
             say(shared_host(uids, EXPOSED[strategy.exposure], why), warn=True)
 
 
-def execute(magics, strategy, cell: str, spec, record: RunRecord,
-            probe: tuple[int, float | None] | None = None):
+def execute(magics, strategy, cell: str, spec, record: RunRecord, probe: tuple[int, float | None] | None = None):
     """Run ``cell`` with ``strategy``; ``record`` ends "done", or as the failure says."""
     from .strategies import RunContext
 
-    ctx = RunContext(shell=magics.shell, spec=spec, record=record,
-                     options=RunOptions.of(magics), probe=probe)
+    ctx = RunContext(shell=magics.shell, spec=spec, record=record, options=RunOptions.of(magics), probe=probe)
     if strategy.in_kernel:
         record.phase(PHASE_CELL)  # engine strategies name their own phases
     elif not spec.attach:

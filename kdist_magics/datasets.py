@@ -30,8 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["load_digits_split", "build_model", "mnist_like_file", "describe", "gpu_count",
-           "data_position", "shard_files", "npz_shards", "write_npz_shards"]
+__all__ = [
+    "load_digits_split",
+    "build_model",
+    "mnist_like_file",
+    "describe",
+    "gpu_count",
+    "data_position",
+    "shard_files",
+    "npz_shards",
+    "write_npz_shards",
+]
 
 
 def load_digits_split(test_fraction: float = 0.2, seed: int = 0, flat: bool = True):
@@ -70,11 +79,14 @@ def build_model(hidden: int = 32, inputs: int = 64, classes: int = 10, seed: int
     import keras
 
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([
-        keras.Input((inputs,)),
-        keras.layers.Dense(hidden, activation="relu"),
-        keras.layers.Dense(classes),
-    ], name="digits_mlp")
+    return keras.Sequential(
+        [
+            keras.Input((inputs,)),
+            keras.layers.Dense(hidden, activation="relu"),
+            keras.layers.Dense(classes),
+        ],
+        name="digits_mlp",
+    )
 
 
 def mnist_like_file(folder: str | Path = "data", name: str = "digits28.npz") -> Path:
@@ -94,16 +106,19 @@ def mnist_like_file(folder: str | Path = "data", name: str = "digits28.npz") -> 
         return (big * 255).round().astype("uint8")
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, x_train=to28(x_train), y_train=y_train.astype("uint8"),
-                        x_test=to28(x_test), y_test=y_test.astype("uint8"))
+    np.savez_compressed(
+        path, x_train=to28(x_train), y_train=y_train.astype("uint8"), x_test=to28(x_test), y_test=y_test.astype("uint8")
+    )
     return path
 
 
 def describe(x, y) -> str:
     """One line about a data set: how many examples, their shape, the classes."""
     classes = np.unique(y)
-    return (f"{len(x)} examples of shape {tuple(x.shape[1:])}, {x.dtype}, "
-            f"{len(classes)} classes ({classes.min()}..{classes.max()})")
+    return (
+        f"{len(x)} examples of shape {tuple(x.shape[1:])}, {x.dtype}, "
+        f"{len(classes)} classes ({classes.min()}..{classes.max()})"
+    )
 
 
 def gpu_count() -> int:
@@ -131,6 +146,7 @@ def gpu_count() -> int:
 
 
 # -- each rank its own files ----------------------------------------------------------------
+
 
 def data_position() -> tuple[int, int]:
     """``(position, positions)``: which part of the data this process reads, found from what
@@ -263,8 +279,9 @@ def npz_shards(files, batch_size: int, shuffle_seed: int | None = None):
     return NpzShards()
 
 
-def _batch_order(files: list[str], per_file: dict[str, int], batches: int, seed: int | None,
-                 epoch: int) -> list[tuple[str, int]]:
+def _batch_order(
+    files: list[str], per_file: dict[str, int], batches: int, seed: int | None, epoch: int
+) -> list[tuple[str, int]]:
     """The epoch's ``batches`` (file, batch in it): files in order, or shuffled (files, then
     each file's batches) with ``seed`` and ``epoch``; the first ``batches`` of them."""
     rng = np.random.default_rng((seed, epoch)) if seed is not None else None

@@ -30,8 +30,10 @@ class DevicesFixed(StrategyUnavailable):
 
 
 #: how to get a TPU, where users are
-HOW_TO_GET_A_TPU = ("Get a TPU runtime: Colab: Runtime > Change runtime type > TPU; "
-                    "Kaggle: Settings > Accelerator > TPU; Google Cloud: a TPU VM.")
+HOW_TO_GET_A_TPU = (
+    "Get a TPU runtime: Colab: Runtime > Change runtime type > TPU; "
+    "Kaggle: Settings > Accelerator > TPU; Google Cloud: a TPU VM."
+)
 
 
 def no_tpu(looked: str, detail: str = "") -> StrategyUnavailable:
@@ -43,12 +45,16 @@ def no_tpu(looked: str, detail: str = "") -> StrategyUnavailable:
 def no_tensorflow(what: str, backend: str) -> StrategyUnavailable:
     """A TensorFlow path (``what``: "--strategy horovod") asked for where TensorFlow is not
     installed (Colab's TPU runtime has none): one line, naming what to set or install."""
-    fix = ("Keras is on its default backend, tensorflow, too: set KERAS_BACKEND=jax (or torch) "
-           "before importing keras, or pip install tensorflow" if backend == "tensorflow"
-           else "pip install tensorflow, or choose a strategy that runs on Keras' "
-                f"{backend} backend")
-    return StrategyUnavailable(f"{what} needs TensorFlow, which is not installed here (as on "
-                               f"Colab's TPU runtime); {fix}. The cell did not run.")
+    fix = (
+        "Keras is on its default backend, tensorflow, too: set KERAS_BACKEND=jax (or torch) "
+        "before importing keras, or pip install tensorflow"
+        if backend == "tensorflow"
+        else f"pip install tensorflow, or choose a strategy that runs on Keras' {backend} backend"
+    )
+    return StrategyUnavailable(
+        f"{what} needs TensorFlow, which is not installed here (as on "
+        f"Colab's TPU runtime); {fix}. The cell did not run."
+    )
 
 
 def tpu_held(pid: int, command: str, strategy: str = "tpu") -> StrategyUnavailable:
@@ -56,7 +62,8 @@ def tpu_held(pid: int, command: str, strategy: str = "tpu") -> StrategyUnavailab
     return StrategyUnavailable(
         f"--strategy {strategy}: the TPU is held by another process, pid {pid} ({command}): a crashed "
         f"kernel's leftover, or another notebook. libtpu lets one process use it: end that one "
-        f"(kill {pid}, or restart the runtime) and run the cell again. The cell did not run.")
+        f"(kill {pid}, or restart the runtime) and run the cell again. The cell did not run."
+    )
 
 
 def initialize_too_late(call: str, why: str) -> StrategyUnavailable:
@@ -64,14 +71,16 @@ def initialize_too_late(call: str, why: str) -> StrategyUnavailable:
     return StrategyUnavailable(
         f"{call}() must run before JAX starts its backend, and {why}: run it in the first cell "
         f"of a fresh kernel, on its own and without %%kdist (on every host of a multi-host TPU "
-        f"slice), then this cell without that line. The cell did not run.")
+        f"slice), then this cell without that line. The cell did not run."
+    )
 
 
 def initialize_again(call: str) -> StrategyUnavailable:
     """The cell joins a multi-host JAX job this kernel has joined already (JAX allows one)."""
     return StrategyUnavailable(
         f"{call}(): this kernel has joined a JAX job already (jax.distributed.initialize ran), "
-        f"and JAX joins one per process: remove the line from this cell. The cell did not run.")
+        f"and JAX joins one per process: remove the line from this cell. The cell did not run."
+    )
 
 
 class CellFailed(KDistError):
@@ -136,8 +145,11 @@ class RankFailed(CellFailed):
             head += f"\n{self.hint}"
         try:
             # drop ipyparallel's "[1:execute]" header: engine ids are not ranks
-            lines = [ln for ln in err.render_traceback() if not (ln.startswith("[") and
-                     ln.endswith("]") and ":" in ln and ln[1:ln.index(":")].isdigit())]
+            lines = [
+                ln
+                for ln in err.render_traceback()
+                if not (ln.startswith("[") and ln.endswith("]") and ":" in ln and ln[1 : ln.index(":")].isdigit())
+            ]
         except Exception:
             lines = [f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}"]
         return [head, f"--- traceback on rank {first} ---", *lines]
@@ -151,9 +163,11 @@ class RankDied(KDistError):
     def __init__(self, deaths: dict, during: str | None = None, ran: bool = False, owned: bool = True):
         self.deaths = dict(deaths)  # rank -> "was killed by SIGKILL ..."
         what = "; ".join(f"rank {r} {how}" for r, how in sorted(self.deaths.items()))
-        then = ("engines restart with the next %%kdist cell" if owned else
-                "restart the cluster's engines (kdist restarts no cluster it did not start), then run "
-                "the cell again")
+        then = (
+            "engines restart with the next %%kdist cell"
+            if owned
+            else "restart the cluster's engines (kdist restarts no cluster it did not start), then run the cell again"
+        )
         if during:  # outside the cell ("while Horovod started"); ``ran``: after it
             super().__init__(f"{during[0].upper()}{during[1:]}: {what}. {_after(ran)}; {then}.")
         else:
@@ -169,14 +183,18 @@ class ControllerDied(KDistError):
     def __init__(self, how: str, during: str | None = None, ran: bool = False, owned: bool = True):
         self.how = how
         whose = "the ipyparallel controller" if owned else "the cluster's ipyparallel controller"
-        then = ("the next %%kdist cell starts a new cluster" if owned else
-                "start the cluster again (kdist restarts no cluster it did not start), then run the "
-                "cell again")
+        then = (
+            "the next %%kdist cell starts a new cluster"
+            if owned
+            else "start the cluster again (kdist restarts no cluster it did not start), then run the cell again"
+        )
         if during:  # outside the cell ("while Horovod started"); ``ran``: after it
             super().__init__(f"{during[0].upper()}{during[1:]}: {whose} {how}. {_after(ran)}; {then}.")
         else:
-            super().__init__(f"{whose} {how} during the run, so no rank could report any more; "
-                             f"every rank was stopped. {then[0].upper()}{then[1:]}.")
+            super().__init__(
+                f"{whose} {how} during the run, so no rank could report any more; "
+                f"every rank was stopped. {then[0].upper()}{then[1:]}."
+            )
 
 
 def _after(ran: bool) -> str:
@@ -192,8 +210,7 @@ class RunTimedOut(KDistError):
         self.seconds = seconds
         self.busy = list(busy)
         ranks = ", ".join(f"rank {r}" for r in self.busy) or "no rank"
-        super().__init__(f"the run exceeded --timeout {seconds:g} s; still busy: {ranks}. "
-                         f"They were stopped.")
+        super().__init__(f"the run exceeded --timeout {seconds:g} s; still busy: {ranks}. They were stopped.")
 
 
 class ClusterError(KDistError):

@@ -37,11 +37,15 @@ def _fixes() -> dict[str, tuple[str, str]]:
         "pandas": ("pandas (last_run().to_pandas) is not installed", f"{py} -m pip install pandas"),
         "matplotlib": ("matplotlib (last_run().plot) is not installed", f"{py} -m pip install matplotlib"),
         "jax": ("JAX is not installed", f'{py} -m pip install "jax[cpu]"'),
-        "torch": ("PyTorch is not installed",
-                  f"{py} -m pip install torch --index-url https://download.pytorch.org/whl/cpu"),
+        "torch": (
+            "PyTorch is not installed",
+            f"{py} -m pip install torch --index-url https://download.pytorch.org/whl/cpu",
+        ),
         "ray": ("Ray is not installed (--launcher ray)", f"{py} -m pip install 'kdist_magics[ray]'"),
-        "horovod": ("Horovod is not built (its TensorFlow part)",
-                    f"{py} -m kdist_magics.strategies.horovod.build   (6-11 minutes; make lab does it too)"),
+        "horovod": (
+            "Horovod is not built (its TensorFlow part)",
+            f"{py} -m kdist_magics.strategies.horovod.build   (6-11 minutes; make lab does it too)",
+        ),
     }
 
 
@@ -67,13 +71,17 @@ def _backend_problem(name: str) -> tuple[str, str] | None:
     if keras is not None and hasattr(keras, "backend"):
         running = keras.backend.backend()
         if running != name:
-            return (f"Keras already runs on {running} in this kernel, not {name}",
-                    "restart the kernel and run this notebook from the top")
+            return (
+                f"Keras already runs on {running} in this kernel, not {name}",
+                "restart the kernel and run this notebook from the top",
+            )
         return None
     wanted = os.environ.get("KERAS_BACKEND", "tensorflow")
     if wanted != name:
-        return (f"KERAS_BACKEND is {wanted!r}, not {name!r}",
-                f'os.environ["KERAS_BACKEND"] = "{name}" before Keras is imported')
+        return (
+            f"KERAS_BACKEND is {wanted!r}, not {name!r}",
+            f'os.environ["KERAS_BACKEND"] = "{name}" before Keras is imported',
+        )
     return None
 
 

@@ -43,12 +43,13 @@ def render(kind: str) -> str:
             changed = "; ".join(what for what, _ in ex.changes) or "nothing"
             rows.append(f"| {_cell(ex.name)} | {_cell(ex.run_as)} | {_cell(changed)} |")
     else:
-        rows = ["| Code | Runs as | Changed from the original, and why | Checked |",
-                "| --- | --- | --- | --- |"]
+        rows = ["| Code | Runs as | Changed from the original, and why | Checked |", "| --- | --- | --- | --- |"]
         for ex in corpus():
             changed = "; ".join(f"{what} ({why})" for what, why in ex.changes) or "nothing"
-            rows.append(f"| {_cell(ex.name)}, {_cell(ex.source)} | {_cell(ex.run_as)} | "
-                        f"{_cell(changed)} | {_cell(ex.checked)} (`{ex.test}`) |")
+            rows.append(
+                f"| {_cell(ex.name)}, {_cell(ex.source)} | {_cell(ex.run_as)} | "
+                f"{_cell(changed)} | {_cell(ex.checked)} (`{ex.test}`) |"
+            )
     return "\n".join(rows)
 
 

@@ -76,11 +76,19 @@ def main(argv=None) -> int:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
 
     nb = nbformat.read(work / source.name, as_version=4)
-    client = NotebookClient(nb, kernel_name="python3", timeout=args.timeout, startup_timeout=120,
-                            resources={"metadata": {"path": str(work)}})
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=args.timeout,
+        startup_timeout=120,
+        resources={"metadata": {"path": str(work)}},
+    )
     target = OUT / source.name
-    print(f"kdist demo: running {source.relative_to(ROOT) if source.is_relative_to(ROOT) else source} "
-          f"headless (about a minute)...", flush=True)
+    print(
+        f"kdist demo: running {source.relative_to(ROOT) if source.is_relative_to(ROOT) else source} "
+        f"headless (about a minute)...",
+        flush=True,
+    )
     start = time.time()
     failure = None
     try:

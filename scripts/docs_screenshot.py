@@ -21,15 +21,28 @@ ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "docs" / "_build" / "html"
 SHOTS = ROOT / "docs" / "_build" / "screenshots"
 CHROMIUM = os.environ.get("KDIST_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PAGES = ["tutorials/01-quickstart.html", "reference/magics.html"]
 
 
 def shoot(page, rel: str) -> bool:
     outside: list[str] = []
-    page.route("**/*", lambda route: (route.continue_() if route.request.url.startswith("file://")
-                                      else (outside.append(route.request.url), route.abort())))
+    page.route(
+        "**/*",
+        lambda route: (
+            route.continue_()
+            if route.request.url.startswith("file://")
+            else (outside.append(route.request.url), route.abort())
+        ),
+    )
     page.goto((HTML / rel).as_uri(), wait_until="load")
     main = page.locator("main, article").first
     text = main.inner_text() if main.count() else ""
@@ -37,8 +50,10 @@ def shoot(page, rel: str) -> bool:
     name = rel.replace("/", "-").replace(".html", ".png")
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / name), full_page=True)
-    print(f"{rel}: title {page.title()!r}, {len(text)} characters, {dashboards} dashboard "
-          f"view(s), requests outside the build: {outside or 'none'} -> {SHOTS / name}")
+    print(
+        f"{rel}: title {page.title()!r}, {len(text)} characters, {dashboards} dashboard "
+        f"view(s), requests outside the build: {outside or 'none'} -> {SHOTS / name}"
+    )
     return bool(text.strip()) and not outside
 
 

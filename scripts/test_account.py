@@ -29,17 +29,23 @@ def environment(path: Path) -> list[str]:
     if not path.exists():
         return [f"  (no account at {path}: that suite did not run)"]
     acc = json.loads(path.read_text())
-    lines = [f"  pytest wall time {acc['wall_seconds'] / 60:.1f} min; per tier (test time, setup and teardown included):"]
+    lines = [
+        f"  pytest wall time {acc['wall_seconds'] / 60:.1f} min; per tier (test time, setup and teardown included):"
+    ]
     for tier, row in acc["tiers"].items():
         lines.append(f"    {tier:<10} {row['seconds'] / 60:6.1f} min  {row['tests']:4d} tests")
     c = acc["clusters"]
-    lines.append(f"  engine clusters started: {c['started']} ({c['owned']} owned by kdist, "
-                 f"{c['started'] - c['owned']} attached)")
+    lines.append(
+        f"  engine clusters started: {c['started']} ({c['owned']} owned by kdist, {c['started'] - c['owned']} attached)"
+    )
     for test, count in list(c["by_test"].items())[:8]:
         lines.append(f"    {count:3d}  {test}")
     lines.append("  slowest tests:")
     for row in acc["slowest"][:10]:
-        lines.append(f"    {row['seconds']:7.1f} s  {row['test']}" + ("" if row["outcome"] == "passed" else f"  [{row['outcome']}]"))
+        lines.append(
+            f"    {row['seconds']:7.1f} s  {row['test']}"
+            + ("" if row["outcome"] == "passed" else f"  [{row['outcome']}]")
+        )
     return lines
 
 

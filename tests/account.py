@@ -20,8 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 #: a test's tier: the first of these markers it carries; "fast" when it carries none
-TIERS = ("browser", "classic", "notebook", "slurm", "netns", "stacks", "docs", "ray", "long",
-         "engines", "kernel")
+TIERS = ("browser", "classic", "notebook", "slurm", "netns", "stacks", "docs", "ray", "long", "engines", "kernel")
 SLOWEST = 15
 
 
@@ -84,12 +83,15 @@ class Account:
             by_test[c.get("test") or "(outside a test)"] += 1
         return {
             "wall_seconds": round(time.monotonic() - self.started, 1),
-            "tiers": {k: {"seconds": round(v["seconds"], 1), "tests": v["tests"]}
-                      for k, v in sorted(tiers.items(), key=lambda kv: -kv[1]["seconds"])},
+            "tiers": {
+                k: {"seconds": round(v["seconds"], 1), "tests": v["tests"]}
+                for k, v in sorted(tiers.items(), key=lambda kv: -kv[1]["seconds"])
+            },
             "modules": {k: round(v, 1) for k, v in sorted(modules.items(), key=lambda kv: -kv[1])},
-            "slowest": [{"test": k, "seconds": round(v["seconds"], 1), "outcome": v["outcome"]}
-                        for k, v in slowest],
-            "clusters": {"started": len(clusters),
-                         "owned": sum(1 for c in clusters if c.get("owned")),
-                         "by_test": dict(sorted(by_test.items(), key=lambda kv: -kv[1]))},
+            "slowest": [{"test": k, "seconds": round(v["seconds"], 1), "outcome": v["outcome"]} for k, v in slowest],
+            "clusters": {
+                "started": len(clusters),
+                "owned": sum(1 for c in clusters if c.get("owned")),
+                "by_test": dict(sorted(by_test.items(), key=lambda kv: -kv[1])),
+            },
         }

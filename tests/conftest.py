@@ -27,8 +27,7 @@ def pytest_configure(config):
 
     from leftovers import Leftovers
 
-    config.pluginmanager.register(Account(OUTPUT, os.environ.get("KDIST_ACCOUNT", "account")),
-                                  "kdist-account")
+    config.pluginmanager.register(Account(OUTPUT, os.environ.get("KDIST_ACCOUNT", "account")), "kdist-account")
     config.pluginmanager.register(Leftovers(), "kdist-leftovers")  # nothing kdist started is left
 
 
@@ -129,15 +128,13 @@ def user_cluster(tmp_path):
     from kdist_magics.cluster.lifetime import process_tree
 
     cluster_id = f"kdist-user-{int(time.time())}"
-    cluster = ipp.Cluster(n=2, cluster_id=cluster_id, controller_ip="127.0.0.1", log_level=40,
-                          shutdown_atexit=False)
+    cluster = ipp.Cluster(n=2, cluster_id=cluster_id, controller_ip="127.0.0.1", log_level=40, shutdown_atexit=False)
     cluster.start_cluster_sync()
     client = cluster.connect_client_sync()
     client.wait_for_engines(2, timeout=120)
     engine_pids = set(client[:].apply_sync(__import__("os").getpid))
     client.close()
-    roots = {cluster.controller.pid} | {l.pid for es in cluster.engines.values()
-                                        for l in es.launchers.values()}
+    roots = {cluster.controller.pid} | {l.pid for es in cluster.engines.values() for l in es.launchers.values()}
     tree = process_tree(roots)
     try:
         yield cluster_id, engine_pids

@@ -35,16 +35,24 @@ CASE_BOUND = 120.0  # a case whose cell has not ended this long after the fault 
 STOP = "%kdist stop"
 #: the cell each strategy runs: short, and its last line tells the next cell works
 CELLS = {
-    "horovod": ("%%kdist --strategy horovod --np 2 --no-dashboard --pull kd_r\n"
-                "import time; time.sleep(1.5)\nkd_r = hvd.rank()\nhvd.size()"),
-    "multiworker": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"
-                    "import time; time.sleep(1.5)\nkd_r = strategy.cluster_resolver.task_id\n"
-                    "strategy.num_replicas_in_sync"),
-    "jax": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r --push kd_big\n"  # KERAS_BACKEND=jax
-            "import time, jax; time.sleep(1.5)\nkd_r = jax.process_index()\njax.process_count()"),
-    "torch": ("%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"  # KERAS_BACKEND=torch
-              "import time, torch.distributed as dist; time.sleep(1.5)\nkd_r = dist.get_rank()\n"
-              "dist.get_world_size()"),
+    "horovod": (
+        "%%kdist --strategy horovod --np 2 --no-dashboard --pull kd_r\n"
+        "import time; time.sleep(1.5)\nkd_r = hvd.rank()\nhvd.size()"
+    ),
+    "multiworker": (
+        "%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"
+        "import time; time.sleep(1.5)\nkd_r = strategy.cluster_resolver.task_id\n"
+        "strategy.num_replicas_in_sync"
+    ),
+    "jax": (
+        "%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r --push kd_big\n"  # KERAS_BACKEND=jax
+        "import time, jax; time.sleep(1.5)\nkd_r = jax.process_index()\njax.process_count()"
+    ),
+    "torch": (
+        "%%kdist --strategy multiworker --np 2 --no-dashboard --pull kd_r\n"  # KERAS_BACKEND=torch
+        "import time, torch.distributed as dist; time.sleep(1.5)\nkd_r = dist.get_rank()\n"
+        "dist.get_world_size()"
+    ),
 }
 #: the kernel's Keras backend per strategy key (multiworker follows it)
 BACKENDS = {"horovod": "tensorflow", "multiworker": "tensorflow", "jax": "jax", "torch": "torch"}
@@ -55,80 +63,108 @@ FROZEN = "was stopped (SIGSTOP) for 10 s"
 CTRL = "the ipyparallel controller was killed by SIGKILL (killed: out of memory, or kill -9)"
 
 #: Horovod's rank 0 aborted by Gloo after its peer died, while its values came back
-GLOO_ABORT = ("RankDied", "After the cell, while its values came back: ", "rank 0 was killed by SIGABRT",
-              "The cell had run on every rank")
+GLOO_ABORT = (
+    "RankDied",
+    "After the cell, while its values came back: ",
+    "rank 0 was killed by SIGABRT",
+    "The cell had run on every rank",
+)
 
 #: strategy -> (phase, fault) -> what the cell must give: an error's name and words its
 #: message must have, or "ok" (it carries on, with the right result); a list: any one of
 #: those. A rank killed while Horovod is up may take the other with it (Gloo aborts, SIGABRT):
 #: both are named then.
-EXPECTED = {"horovod": {
-    ("controller", "controller-kill"): ("ClusterError", "the controller was killed by SIGKILL"),
-    ("engines", "engine-kill"): ("ClusterError", f"{KILLED} (killed: out of memory, or kill -9) before it registered"),
-    ("engines", "engine-stop"): ("ClusterError", f"{FROZEN}"),
-    ("engines", "controller-kill"): ("ClusterError", "the controller was killed by SIGKILL"),
-    # named where kdist meets it: preparing the engines, or reaching one already unregistered
-    ("setup", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
-    ("init", "engine-kill"): ("RankDied", "While Horovod started: ", f"rank 1 {KILLED}"),
-    ("init", "engine-stop"): ("RankDied", "While Horovod started: ", f"rank 1 {FROZEN}"),
-    ("init", "controller-kill"): ("ControllerDied", f"While Horovod started: {CTRL}. The cell did not run"),
-    ("cell", "engine-kill"): ("RankDied", f"rank 1 {KILLED}"),
-    ("cell", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}"),
-    # rank 0 alone sends the values back; the next cell restarts. Horovod is still up on rank 0
-    # here, and its Gloo loop may abort it (SIGABRT) once rank 1 is gone: then that is named
-    ("pull", "engine-kill"): ["ok", GLOO_ABORT],
-    ("pull", "engine-stop"): "ok",
-    ("pull", "controller-kill"): ("ControllerDied", f"After the cell, while its values came back: {CTRL}. "
-                                                    f"The cell had run on every rank"),
-    ("finishing", "engine-kill"): ["ok", GLOO_ABORT],
-    ("finishing", "engine-stop"): "ok",
-    ("finishing", "controller-kill"): ("ControllerDied", "After the cell, while its values came back"),
-    # %kdist stop itself: it ends what it finds (a stopped engine too), whatever is already gone
-    ("stopping", "engine-stop"): "ok",
-    ("stopping", "controller-kill"): "ok",
-}, "multiworker": {
-    ("setup", "port-taken"): ("KDistError", "creating MultiWorkerMirroredStrategy failed: rank 1"),
-    # its set-up may have finished when the hold ends: then the death is seen as the run begins
-    ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
-    ("cell", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}"),
-    ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
-    ("stopping", "engine-kill"): "ok",
-}, "jax": {  # --pull and the value run on every rank under JAX (saving is a collective there)
-    # rank 0 binds the coordinator's port (chosen free on its engine) in set-up: first, cold
-    # (JAX raises "Failed to start RPC server" there, or crashes: both are named)
-    ("setup", "port-taken"): [("KDistError", "joining jax.distributed failed: rank 0: "),
-                              ("RankDied", "While jax.distributed started: rank 0 was killed by SIGSEGV")],
-    # --push's segment is named in /dev/shm: an engine dies before mapping it (the name goes)
-    ("push", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
-    ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
-    ("init", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}", "The cell did not run"),
-    ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
-    ("pull", "engine-kill"): ("RankDied", "After the cell, while its values came back: ",
-                              f"rank 1 {KILLED}", "The cell had run on every rank"),
-}, "torch": {
-    ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
-    ("init", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}", "The cell did not run"),
-    ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
-    ("pull", "engine-kill"): "ok",  # rank 0 alone sends the values back
-    # no port-taken case: rank 0 opens the store's socket before its port is told to anyone
-}}
+EXPECTED = {
+    "horovod": {
+        ("controller", "controller-kill"): ("ClusterError", "the controller was killed by SIGKILL"),
+        ("engines", "engine-kill"): (
+            "ClusterError",
+            f"{KILLED} (killed: out of memory, or kill -9) before it registered",
+        ),
+        ("engines", "engine-stop"): ("ClusterError", f"{FROZEN}"),
+        ("engines", "controller-kill"): ("ClusterError", "the controller was killed by SIGKILL"),
+        # named where kdist meets it: preparing the engines, or reaching one already unregistered
+        ("setup", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+        ("init", "engine-kill"): ("RankDied", "While Horovod started: ", f"rank 1 {KILLED}"),
+        ("init", "engine-stop"): ("RankDied", "While Horovod started: ", f"rank 1 {FROZEN}"),
+        ("init", "controller-kill"): ("ControllerDied", f"While Horovod started: {CTRL}. The cell did not run"),
+        ("cell", "engine-kill"): ("RankDied", f"rank 1 {KILLED}"),
+        ("cell", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}"),
+        # rank 0 alone sends the values back; the next cell restarts. Horovod is still up on rank 0
+        # here, and its Gloo loop may abort it (SIGABRT) once rank 1 is gone: then that is named
+        ("pull", "engine-kill"): ["ok", GLOO_ABORT],
+        ("pull", "engine-stop"): "ok",
+        ("pull", "controller-kill"): (
+            "ControllerDied",
+            f"After the cell, while its values came back: {CTRL}. The cell had run on every rank",
+        ),
+        ("finishing", "engine-kill"): ["ok", GLOO_ABORT],
+        ("finishing", "engine-stop"): "ok",
+        ("finishing", "controller-kill"): ("ControllerDied", "After the cell, while its values came back"),
+        # %kdist stop itself: it ends what it finds (a stopped engine too), whatever is already gone
+        ("stopping", "engine-stop"): "ok",
+        ("stopping", "controller-kill"): "ok",
+    },
+    "multiworker": {
+        ("setup", "port-taken"): ("KDistError", "creating MultiWorkerMirroredStrategy failed: rank 1"),
+        # its set-up may have finished when the hold ends: then the death is seen as the run begins
+        ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+        ("cell", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}"),
+        ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
+        ("stopping", "engine-kill"): "ok",
+    },
+    "jax": {  # --pull and the value run on every rank under JAX (saving is a collective there)
+        # rank 0 binds the coordinator's port (chosen free on its engine) in set-up: first, cold
+        # (JAX raises "Failed to start RPC server" there, or crashes: both are named)
+        ("setup", "port-taken"): [
+            ("KDistError", "joining jax.distributed failed: rank 0: "),
+            ("RankDied", "While jax.distributed started: rank 0 was killed by SIGSEGV"),
+        ],
+        # --push's segment is named in /dev/shm: an engine dies before mapping it (the name goes)
+        ("push", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+        ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+        ("init", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}", "The cell did not run"),
+        ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
+        ("pull", "engine-kill"): (
+            "RankDied",
+            "After the cell, while its values came back: ",
+            f"rank 1 {KILLED}",
+            "The cell had run on every rank",
+        ),
+    },
+    "torch": {
+        ("init", "engine-kill"): ("RankDied", f"rank 1 {KILLED}", "The cell did not run"),
+        ("init", "engine-stop"): ("RankDied", f"rank 1 {FROZEN}", "The cell did not run"),
+        ("init", "controller-kill"): ("ControllerDied", CTRL, "The cell did not run"),
+        ("pull", "engine-kill"): "ok",  # rank 0 alone sends the values back
+        # no port-taken case: rank 0 opens the store's socket before its port is told to anyone
+    },
+}
 
 #: cases ``make test`` leaves to the tests that already do them (tests/test_horovod_engines.py:
 #: a rank dying, a frozen rank, the controller killed, mid-cell) or to a case of the same code
 #: path (each costs the next cell a restart); the benchmark runs them all
-COVERED_ELSEWHERE = {("horovod", "cell", "engine-kill"), ("horovod", "cell", "engine-stop"),
-                     ("horovod", "cell", "controller-kill"),
-                     # the same wait for a stopped engine as at --pull, ten seconds more CI
-                     ("horovod", "finishing", "engine-stop"),
-                     # the same wait in set-up (waiting.setup_results) as Horovod's at init
-                     ("jax", "init", "engine-stop"), ("torch", "init", "engine-stop")}
+COVERED_ELSEWHERE = {
+    ("horovod", "cell", "engine-kill"),
+    ("horovod", "cell", "engine-stop"),
+    ("horovod", "cell", "controller-kill"),
+    # the same wait for a stopped engine as at --pull, ten seconds more CI
+    ("horovod", "finishing", "engine-stop"),
+    # the same wait in set-up (waiting.setup_results) as Horovod's at init
+    ("jax", "init", "engine-stop"),
+    ("torch", "init", "engine-stop"),
+}
 
 #: (strategy, phase, fault) with the kernel as the victim: nothing may be left 10 s later
-KERNEL_CASES = [("horovod", "controller", "kernel-kill"), ("horovod", "engines", "kernel-kill"),
-                ("horovod", "init", "kernel-kill"), ("horovod", "cell", "kernel-restart"),
-                # the kernel dies with --push's segment named: its cluster's guard removes it
-                ("jax", "push", "kernel-kill"),
-                ("multiworker", "init", "kernel-restart")]
+KERNEL_CASES = [
+    ("horovod", "controller", "kernel-kill"),
+    ("horovod", "engines", "kernel-kill"),
+    ("horovod", "init", "kernel-kill"),
+    ("horovod", "cell", "kernel-restart"),
+    # the kernel dies with --push's segment named: its cluster's guard removes it
+    ("jax", "push", "kernel-kill"),
+    ("multiworker", "init", "kernel-restart"),
+]
 #: kernel cases ``make test`` leaves to the benchmark: a restart is the same for every strategy
 KERNEL_CASES_BENCH_ONLY = {("multiworker", "init", "kernel-restart")}
 
@@ -175,14 +211,21 @@ class Outcome:
     note: str = ""
 
     def row(self) -> str:
-        what = ("the kernel went; its processes followed" if self.fault in KERNEL_FAULTS else
-                "carried on" if self.ok else (self.error or "?"))
+        what = (
+            "the kernel went; its processes followed"
+            if self.fault in KERNEL_FAULTS
+            else "carried on"
+            if self.ok
+            else (self.error or "?")
+        )
         took = f"{self.to_outcome_s:.1f} s" if self.to_outcome_s is not None else "-"
         if self.gone_s is not None:
             took = f"gone in {self.gone_s:.1f} s"
-        return (f"{self.strategy:<11} {self.phase:<10} {self.fault:<15} {took:>13}  "
-                f"next cell {'ok' if self.next_ok else 'FAILED' if self.next_ok is False else '-'}"
-                f"  left {len(self.left)}  {what[:110]}")
+        return (
+            f"{self.strategy:<11} {self.phase:<10} {self.fault:<15} {took:>13}  "
+            f"next cell {'ok' if self.next_ok else 'FAILED' if self.next_ok is False else '-'}"
+            f"  left {len(self.left)}  {what[:110]}"
+        )
 
 
 def new_kernel(tmp: Path, strategy: str = "horovod") -> tuple[Kernel, Holds]:
@@ -212,8 +255,9 @@ def started(k: Kernel) -> set[int]:
     return set(k.tree()) - {k.pid}
 
 
-def run_case(strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None = None,
-             holds: Holds | None = None) -> tuple[Outcome, Kernel | None]:
+def run_case(
+    strategy: str, phase: str, fault: str, tmp: Path, k: Kernel | None = None, holds: Holds | None = None
+) -> tuple[Outcome, Kernel | None]:
     """Run one case; the kernel is returned for reuse (None when the fault ended it).
 
     A kernel handed in must have no hold armed; its engines may be warm (the phases up to
@@ -308,19 +352,25 @@ class Taken:
     """A socket listening on ``(host, port)``, held by a child process that first joins the
     network namespace of holder ``netns`` (or stays on the host's without one)."""
 
-    CODE = ("import socket, sys, time\n"
-            "from kdist_magics.cluster.namespace import enter\n"
-            "if sys.argv[3] != 'None':\n    enter(int(sys.argv[3]))\n"
-            "s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n"
-            "print('listening', flush=True); time.sleep(3600)")
+    CODE = (
+        "import socket, sys, time\n"
+        "from kdist_magics.cluster.namespace import enter\n"
+        "if sys.argv[3] != 'None':\n    enter(int(sys.argv[3]))\n"
+        "s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n"
+        "print('listening', flush=True); time.sleep(3600)"
+    )
 
     def __init__(self, host: str, port: int, netns: int | None):
         import subprocess
         import sys
 
         self.address = (host, port)
-        self.process = subprocess.Popen([sys.executable, "-c", self.CODE, host, str(port), str(netns)],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", self.CODE, host, str(port), str(netns)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = self.process.stdout.readline()
         if line.strip() != "listening":
             self.close()
@@ -386,5 +436,18 @@ def scratch() -> Path:
     return Path(tempfile.mkdtemp(prefix="kdist-faults-"))
 
 
-__all__ = ["FAULTS", "CELLS", "EXPECTED", "KERNEL_CASES", "COVERED_ELSEWHERE", "Holds", "Outcome", "run_case", "run_strategy",
-           "new_kernel", "leftovers", "alive", "scratch"]
+__all__ = [
+    "FAULTS",
+    "CELLS",
+    "EXPECTED",
+    "KERNEL_CASES",
+    "COVERED_ELSEWHERE",
+    "Holds",
+    "Outcome",
+    "run_case",
+    "run_strategy",
+    "new_kernel",
+    "leftovers",
+    "alive",
+    "scratch",
+]

@@ -23,13 +23,18 @@ LOOPBACK = ("127.0.0.1", "::1")
 
 
 #: per-user state that tests, notebooks and benchmarks must never read or write
-STATE_DIRS = (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
-              ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
-              ("MPLCONFIGDIR", "mpl"))
+STATE_DIRS = (
+    ("IPYTHONDIR", "ipython"),
+    ("JUPYTER_CONFIG_DIR", "jupyter-config"),
+    ("JUPYTER_DATA_DIR", "jupyter-data"),
+    ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
+    ("MPLCONFIGDIR", "mpl"),
+)
 
 
-def isolated_env(home: Path | None = None, *, env: dict | None = None,
-                 keras_backend: str | None = "tensorflow", **extra: str) -> dict[str, str]:
+def isolated_env(
+    home: Path | None = None, *, env: dict | None = None, keras_backend: str | None = "tensorflow", **extra: str
+) -> dict[str, str]:
     """``env`` (default: a copy of os.environ) with IPython, Jupyter and matplotlib state in
     fresh folders under ``home`` (default: a new temp folder), never the user's.
 
@@ -69,13 +74,19 @@ class Result:
 
     @property
     def stdout(self) -> str:
-        return "".join(m["content"]["text"] for m in self.messages
-                       if m["header"]["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+        return "".join(
+            m["content"]["text"]
+            for m in self.messages
+            if m["header"]["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+        )
 
     @property
     def stderr(self) -> str:
-        return "".join(m["content"]["text"] for m in self.messages
-                       if m["header"]["msg_type"] == "stream" and m["content"]["name"] == "stderr")
+        return "".join(
+            m["content"]["text"]
+            for m in self.messages
+            if m["header"]["msg_type"] == "stream" and m["content"]["name"] == "stderr"
+        )
 
     @property
     def text(self) -> str:
@@ -120,8 +131,9 @@ def message_text(msg: dict) -> str:
 class Kernel:
     """One IPython kernel (``python3`` = this Python) with kdist loaded."""
 
-    def __init__(self, cwd: str | Path | None = None, env: dict | None = None,
-                 startup_timeout: float = 180, load: bool = True):
+    def __init__(
+        self, cwd: str | Path | None = None, env: dict | None = None, startup_timeout: float = 180, load: bool = True
+    ):
         from jupyter_client import KernelManager
 
         self.env = dict(env or isolated_env())
@@ -138,8 +150,9 @@ class Kernel:
             self.check("%load_ext kdist_magics")
 
     # -- running cells ------------------------------------------------------------------
-    def execute(self, code: str, timeout: float = 300,
-                on_message: Callable[[dict, "Result"], None] | None = None) -> Result:
+    def execute(
+        self, code: str, timeout: float = 300, on_message: Callable[[dict, "Result"], None] | None = None
+    ) -> Result:
         """Run ``code``; wait for its IOPub idle and its reply (``timeout`` s in all)."""
         return self.wait_for(self.send(code), timeout, on_message, code)
 
@@ -153,8 +166,13 @@ class Kernel:
         ipykernel 7.4), where a person's next cell would run."""
         return self.kc.execute(code, store_history=False, stop_on_error=False)
 
-    def wait_for(self, msg_id: str, timeout: float = 300,
-                 on_message: Callable[[dict, "Result"], None] | None = None, code: str = "") -> Result:
+    def wait_for(
+        self,
+        msg_id: str,
+        timeout: float = 300,
+        on_message: Callable[[dict, "Result"], None] | None = None,
+        code: str = "",
+    ) -> Result:
         """The result of the execute request ``msg_id`` sent earlier (see :meth:`execute`)."""
         res = Result(msg_id)
         deadline = time.monotonic() + timeout
@@ -162,8 +180,9 @@ class Kernel:
         while not idle:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"cell did not finish within {timeout} s:\n{code[:300]}\n"
-                                   f"--- so far ---\n{res.text[-2000:]}")
+                raise TimeoutError(
+                    f"cell did not finish within {timeout} s:\n{code[:300]}\n--- so far ---\n{res.text[-2000:]}"
+                )
             try:
                 msg = self.kc.get_iopub_msg(timeout=min(remaining, 1))
             except Exception:
@@ -188,10 +207,8 @@ class Kernel:
         """Run ``code`` and fail loudly if it raised."""
         res = self.execute(code, timeout)
         if not res.ok:
-            raised = ("; ".join(f"{e['ename']}: {e['evalue']}" for e in res.errors)
-                      or f"reply status {res.status!r}")
-            raise AssertionError(f"cell failed ({raised}):\n{code[:400]}\n--- output ---\n"
-                                 f"{res.text[-3000:]}")
+            raised = "; ".join(f"{e['ename']}: {e['evalue']}" for e in res.errors) or f"reply status {res.status!r}"
+            raise AssertionError(f"cell failed ({raised}):\n{code[:400]}\n--- output ---\n{res.text[-3000:]}")
         return res
 
     def eval(self, expression: str, timeout: float = 120):
@@ -201,7 +218,7 @@ class Kernel:
         res = self.check(f"print('@@kd@@' + repr({expression}))", timeout)
         for line in res.stdout.splitlines():
             if line.startswith("@@kd@@"):
-                return ast.literal_eval(line[len("@@kd@@"):])
+                return ast.literal_eval(line[len("@@kd@@") :])
         raise AssertionError(f"no value for {expression!r}: {res.text[-500:]!r}")
 
     # -- processes ------------------------------------------------------------------------
@@ -357,8 +374,7 @@ def by_rank(name, strategy="multiworker"):
 """
 
 
-def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = (),
-                       prefix: tuple[str, ...] = ()) -> dict:
+def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = (), prefix: tuple[str, ...] = ()) -> dict:
     """Run ``body`` after :data:`FRESH_SHELL_PRELUDE` in a new Python (for frameworks that fix
     their devices at start-up); the body fills ``out``, which comes back as a dict (plus
     ``_stdout`` and ``_stderr``). ``prefix``: a command the Python runs under (``setpriv ...``)."""
@@ -369,11 +385,12 @@ def run_in_fresh_shell(body: str, env: dict, unset: tuple[str, ...] = (),
     code = FRESH_SHELL_PRELUDE + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n"
     full_env = {k: v for k, v in os.environ.items() if k not in unset}
     full_env.update(env)
-    proc = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=400, env=full_env)
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=400, env=full_env
+    )
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     result["_stdout"] = proc.stdout
     result["_stderr"] = proc.stderr
     return result
@@ -395,7 +412,7 @@ def _decode(hex_address: str) -> tuple[str, int]:
 
     host, port = hex_address.split(":")
     raw = bytes.fromhex(host)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word: host order
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word: host order
     family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
     return socket.inet_ntop(family, words), int(port, 16)
 
@@ -435,6 +452,5 @@ def listening_sockets(pids) -> list[dict]:
         for inode in (int(link[8:-1]) for link in links if link.startswith("socket:[")):
             for netns, table in tables.items():
                 if inode in table:
-                    found.append({"pid": pid, "address": table[inode][0], "port": table[inode][1],
-                                  "netns": netns})
+                    found.append({"pid": pid, "address": table[inode][0], "port": table[inode][1], "netns": netns})
     return found

@@ -40,7 +40,7 @@ def followed(cmdline: list[str]) -> tuple[int, float] | None:
     Slurm job's guard: ``guard PID STARTED JOB``; an engine on a Slurm node follows nobody
     here: None)."""
     try:
-        rest = cmdline[cmdline.index(started_kind(cmdline)) + 1:]
+        rest = cmdline[cmdline.index(started_kind(cmdline)) + 1 :]
         if rest[:1] == ["guard"]:
             rest = rest[1:]
         while rest and rest[0].startswith("--"):  # --guard alone; --netns N, --nice N, ...
@@ -70,8 +70,13 @@ def kdist_processes(log: str | None, run: str | None = None) -> list[dict]:
         orphan = target is not None and not alive(*target)
         mine = env.get(RUN) == run if run else (log and env.get("KDIST_CLUSTER_LOG") == log) or orphan
         if mine:
-            found.append({"pid": proc.pid, "cmd": " ".join(cmd)[:200],
-                          "test": env.get("PYTEST_CURRENT_TEST", "(no test)").rsplit(" (", 1)[0]})
+            found.append(
+                {
+                    "pid": proc.pid,
+                    "cmd": " ".join(cmd)[:200],
+                    "test": env.get("PYTEST_CURRENT_TEST", "(no test)").rsplit(" (", 1)[0],
+                }
+            )
     return found
 
 

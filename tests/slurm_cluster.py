@@ -45,8 +45,10 @@ def unavailable() -> str | None:
         return why
     missing = [p for p in PROGRAMS if shutil.which(p) is None]
     if missing:
-        return (f"{', '.join(missing)} not installed (Debian: apt-get install slurm-wlm munge; "
-                f"scripts/setup.sh --browser does it as root)")
+        return (
+            f"{', '.join(missing)} not installed (Debian: apt-get install slurm-wlm munge; "
+            f"scripts/setup.sh --browser does it as root)"
+        )
     return None
 
 
@@ -112,23 +114,36 @@ class Slurm:
         key = folder / "munge.key"
         key.write_bytes(os.urandom(128))
         key.chmod(0o400)
-        self._spawn("munged", ["munged", "-F", "--force", f"--socket={folder}/munge.socket",
-                               f"--key-file={key}", f"--pid-file={folder}/munged.pid",
-                               f"--log-file={folder}/munged.log", f"--seed-file={folder}/munge.seed"])
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--socket={folder}/munge.socket",
+                f"--key-file={key}",
+                f"--pid-file={folder}/munged.pid",
+                f"--log-file={folder}/munged.log",
+                f"--seed-file={folder}/munge.seed",
+            ],
+        )
         self._wait(lambda: (folder / "munge.socket").exists(), "munged's socket")
         os.environ["SLURM_CONF"] = str(self.conf)
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
         for node in NODES:
-            script = f'hostname {node} && exec slurmd -D -N {node}'
-            self._spawn(node, ["nsenter", f"--net=/run/netns/{self.hosts.namespaces[node]}",
-                               "unshare", "--uts", "sh", "-c", script])
+            script = f"hostname {node} && exec slurmd -D -N {node}"
+            self._spawn(
+                node,
+                ["nsenter", f"--net=/run/netns/{self.hosts.namespaces[node]}", "unshare", "--uts", "sh", "-c", script],
+            )
         self._wait(lambda: self.idle() == set(NODES), "both nodes idle in sinfo", timeout=60)
         return self
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.folder / f"{name}.out", "w")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            env=dict(os.environ, SLURM_CONF=str(self.conf)))
+        self.procs[name] = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, SLURM_CONF=str(self.conf))
+        )
         log.close()
 
     def _wait(self, ok, what: str, timeout: float = 30) -> None:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from conftest import ROOT
 
-TINY = '''
+TINY = """
 import os, time, pytest
 from types import SimpleNamespace
 from kdist_magics.cluster import launch
@@ -29,7 +29,7 @@ def test_starts_two_clusters():
 @pytest.mark.kernel
 def test_fails():
     assert False
-'''
+"""
 
 
 def test_a_session_writes_tiers_slowest_tests_and_clusters_and_the_script_prints_them(tmp_path):
@@ -38,11 +38,29 @@ def test_a_session_writes_tiers_slowest_tests_and_clusters_and_the_script_prints
         f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
         "def pytest_configure(config):\n"
         "    from pathlib import Path\n    from account import Account\n"
-        "    config.pluginmanager.register(Account(Path('out')), 'kdist-account')\n")
+        "    config.pluginmanager.register(Account(Path('out')), 'kdist-account')\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "KDIST_CLUSTER_LOG"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-p", "no:randomly", "-o", "addopts=", "test_tiny.py"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "-o",
+            "addopts=",
+            "test_tiny.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 1, run.stdout[-2000:]  # one test fails on purpose
     acc = json.loads((tmp_path / "out" / "account.json").read_text())
     assert set(acc["tiers"]) == {"fast", "engines", "kernel"}
@@ -53,9 +71,19 @@ def test_a_session_writes_tiers_slowest_tests_and_clusters_and_the_script_prints
     assert {r["test"]: r["outcome"] for r in acc["slowest"]}["test_tiny.py::test_fails"] == "failed"
 
     (tmp_path / "steps.tsv").write_text("set-up .venv\t180\t0\nsuite in .venv\t1500\t1\n")
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "test_account.py"), "steps.tsv",
-                          "out/account.json", "missing/account.json"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "test_account.py"),
+            "steps.tsv",
+            "out/account.json",
+            "missing/account.json",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "set-up .venv" in out and "3.0 min" in out and "25.0 min  (exit 1)" in out
     assert "engine clusters started: 2 (1 owned by kdist, 1 attached)" in out
     assert "test_tiny.py::test_fails  [failed]" in out

@@ -30,29 +30,68 @@ BIG_DATA = {"names": ["x_train"], "bytes": 5_000_000_000, "samples": 1_200_000}
 
 # name: (hardware, model, data, expected strategy, words the one-line reason must contain)
 CASES = {
-    "cpu laptop": (dict(cpu_cores=2, memory_bytes=8 * GiB), SMALL_MODEL, TINY_DATA, "default",
-                   ["2 cores, no GPU", "12k parameters fits one device", "set-up"]),
-    "1 gpu": (dict(cpu_cores=8, memory_bytes=32 * GiB, gpus=gpus(1)), MID_MODEL, BIG_DATA, "default",
-              ["1 V100 GPU", "25M parameters fits one device"]),
-    "8 gpus": (dict(cpu_cores=64, gpus=gpus(8), horovod=True), MID_MODEL, BIG_DATA, "mirrored",
-               ["8 V100 GPUs", "splits every batch"]),
-    "2 hosts x 4 gpus": (dict(cpu_cores=64, gpus=gpus(4), hosts=2, engines=8, horovod=True), MID_MODEL,
-                         BIG_DATA, "horovod", ["2 hosts x 4 V100 GPUs", "ring-allreduce spans the hosts"]),
-    "tpu v2-8": (dict(cpu_cores=96, tpu="v2-8"), MID_MODEL, BIG_DATA, "tpu",
-                 ["TPU v2-8 (8 cores, 8 GiB each)", "TPUStrategy"]),
-    "tpu v5e-8 (Kaggle)": (dict(cpu_cores=96, tpu="v5litepod-8"), MID_MODEL, BIG_DATA, "tpu",
-                           ["TPU v5e-8 (8 chips, 16 GiB each)", "TPUStrategy replicates the model on every chip"]),
-    "tpu v5e-1 (Colab), tensorflow": (dict(cpu_cores=44, tpu="v5litepod-1"), MID_MODEL, BIG_DATA, "tpu",
-                                      ["TPU v5e-1 (1 chip, 16 GiB each)", "single replica", "no data parallelism"]),
-    "model too big": (dict(cpu_cores=64, gpus=gpus(8), horovod=True), HUGE_MODEL, None, "mirrored",
-                      ["warning", "3B parameters", "45 GiB", "16 GiB", "out-of-memory"]),
+    "cpu laptop": (
+        dict(cpu_cores=2, memory_bytes=8 * GiB),
+        SMALL_MODEL,
+        TINY_DATA,
+        "default",
+        ["2 cores, no GPU", "12k parameters fits one device", "set-up"],
+    ),
+    "1 gpu": (
+        dict(cpu_cores=8, memory_bytes=32 * GiB, gpus=gpus(1)),
+        MID_MODEL,
+        BIG_DATA,
+        "default",
+        ["1 V100 GPU", "25M parameters fits one device"],
+    ),
+    "8 gpus": (
+        dict(cpu_cores=64, gpus=gpus(8), horovod=True),
+        MID_MODEL,
+        BIG_DATA,
+        "mirrored",
+        ["8 V100 GPUs", "splits every batch"],
+    ),
+    "2 hosts x 4 gpus": (
+        dict(cpu_cores=64, gpus=gpus(4), hosts=2, engines=8, horovod=True),
+        MID_MODEL,
+        BIG_DATA,
+        "horovod",
+        ["2 hosts x 4 V100 GPUs", "ring-allreduce spans the hosts"],
+    ),
+    "tpu v2-8": (
+        dict(cpu_cores=96, tpu="v2-8"),
+        MID_MODEL,
+        BIG_DATA,
+        "tpu",
+        ["TPU v2-8 (8 cores, 8 GiB each)", "TPUStrategy"],
+    ),
+    "tpu v5e-8 (Kaggle)": (
+        dict(cpu_cores=96, tpu="v5litepod-8"),
+        MID_MODEL,
+        BIG_DATA,
+        "tpu",
+        ["TPU v5e-8 (8 chips, 16 GiB each)", "TPUStrategy replicates the model on every chip"],
+    ),
+    "tpu v5e-1 (Colab), tensorflow": (
+        dict(cpu_cores=44, tpu="v5litepod-1"),
+        MID_MODEL,
+        BIG_DATA,
+        "tpu",
+        ["TPU v5e-1 (1 chip, 16 GiB each)", "single replica", "no data parallelism"],
+    ),
+    "model too big": (
+        dict(cpu_cores=64, gpus=gpus(8), horovod=True),
+        HUGE_MODEL,
+        None,
+        "mirrored",
+        ["warning", "3B parameters", "45 GiB", "16 GiB", "out-of-memory"],
+    ),
 }
 
 
 def advice_for(hw, model=None, data=None, line="", backend="tensorflow") -> Advice:
     hardware = Hardware.from_dict(hw)
-    return decide(facts_for(hardware, parse_line(line), {}, model=model, data=data,
-                            backend=backend))
+    return decide(facts_for(hardware, parse_line(line), {}, model=model, data=data, backend=backend))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -133,8 +172,9 @@ def test_jax_backend_uses_jax_processes_across_hosts_and_gpus_never_horovod():
     hw, model, data, *_ = CASES["2 hosts x 4 gpus"]
     advice = advice_for(hw, model, data, backend="jax")
     assert advice.strategy == "multiworker"
-    assert any("Keras backend is jax" in r.observation and "one JAX process per engine" in r.consequence
-               for r in advice.rows)
+    assert any(
+        "Keras backend is jax" in r.observation and "one JAX process per engine" in r.consequence for r in advice.rows
+    )
     path = next(r for r in advice.rows if r.criterion == "backend path")
     assert path.observation == "Keras on jax" and "jax.distributed" in path.consequence
     assert advice_for(hw, line="--np 2", backend="jax").strategy == "multiworker"
@@ -187,6 +227,7 @@ def test_html_is_escaped():
 
 # -- inspecting the namespace ------------------------------------------------
 
+
 class FakeWeight:
     def __init__(self, shape, dtype="float32"):
         self.shape, self.dtype = shape, dtype
@@ -210,8 +251,15 @@ def test_model_and_data_from_the_namespace(monkeypatch):
 
     fake = types.SimpleNamespace(Model=Model, backend=types.SimpleNamespace(backend=lambda: "tensorflow"))
     monkeypatch.setitem(sys.modules, "keras", fake)
-    ns = {"small": Model((4, 1), (1,)), "big": Model((100, 100), (100,)), "raw": Unbuilt(),
-          "x": np.zeros((1000, 8), "float32"), "y": np.zeros((1000,), "float32"), "n": 3, "_hidden": Model((9999, 9))}
+    ns = {
+        "small": Model((4, 1), (1,)),
+        "big": Model((100, 100), (100,)),
+        "raw": Unbuilt(),
+        "x": np.zeros((1000, 8), "float32"),
+        "y": np.zeros((1000,), "float32"),
+        "n": 3,
+        "_hidden": Model((9999, 9)),
+    }
     model = facts.inspect_model(ns)
     assert model == {"name": "big", "params": 10_100, "bytes": 40_400}
     data = facts.inspect_data(ns)
@@ -238,6 +286,7 @@ def test_inspection_imports_nothing_heavy():
 
 # -- the magics ---------------------------------------------------------------
 
+
 def test_kdist_advise_shows_the_table(ip, monkeypatch):
     monkeypatch.setenv("KDIST_HARDWARE", json.dumps({"cpu_cores": 64, "gpus": gpus(8), "horovod": True}))
     advice = ip.run_line_magic("kdist", "advise")
@@ -248,6 +297,7 @@ def test_kdist_advise_shows_the_table(ip, monkeypatch):
 
 
 # -- hardware detection -------------------------------------------------------
+
 
 def test_hardware_round_trips_as_json():
     hw = Hardware.from_dict({"cpu_cores": 8, "gpus": gpus(2), "tpu": "v3-8", "hosts": 2})
@@ -287,10 +337,13 @@ def test_no_nvml_means_no_gpus(monkeypatch):
 def test_gpus_through_a_fake_nvml(monkeypatch):
     calls = []
     fake = types.SimpleNamespace(
-        nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
-        nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetName=lambda h: b"NVIDIA A100-SXM4-80GB",
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=80 * GiB))
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=80 * GiB),
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     assert detect_gpus({}) == (GPU("A100-SXM4-80GB", 80 * GiB),) * 2
     assert calls == ["init", "shutdown"]
@@ -298,13 +351,28 @@ def test_gpus_through_a_fake_nvml(monkeypatch):
     assert detect_gpus({"CUDA_VISIBLE_DEVICES": ""}) == ()
 
 
-@pytest.mark.parametrize("env, files, target, kind, found_by", [
-    ({"COLAB_TPU_ADDR": "10.0.0.2:8470"}, [], "grpc://10.0.0.2:8470", "v2-8", "COLAB_TPU_ADDR"),
-    ({"TPU_NAME": "grpc://10.1.2.3:8470", "TPU_ACCELERATOR_TYPE": "v3-8"}, [], "grpc://10.1.2.3:8470", "v3-8", "TPU_NAME"),
-    ({}, ["dev/accel0", "dev/accel1", "dev/accel2", "dev/accel3"], "local", "tpu-8", "/dev/accel0"),
-    ({"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, ["dev/vfio/0", "dev/vfio/vfio"], "local", "v5litepod-8", "/dev/vfio/0"),
-    ({"TPU_NAME": "local"}, [], "local", "tpu", "TPU_NAME"),
-])
+@pytest.mark.parametrize(
+    "env, files, target, kind, found_by",
+    [
+        ({"COLAB_TPU_ADDR": "10.0.0.2:8470"}, [], "grpc://10.0.0.2:8470", "v2-8", "COLAB_TPU_ADDR"),
+        (
+            {"TPU_NAME": "grpc://10.1.2.3:8470", "TPU_ACCELERATOR_TYPE": "v3-8"},
+            [],
+            "grpc://10.1.2.3:8470",
+            "v3-8",
+            "TPU_NAME",
+        ),
+        ({}, ["dev/accel0", "dev/accel1", "dev/accel2", "dev/accel3"], "local", "tpu-8", "/dev/accel0"),
+        (
+            {"TPU_ACCELERATOR_TYPE": "v5litepod-8"},
+            ["dev/vfio/0", "dev/vfio/vfio"],
+            "local",
+            "v5litepod-8",
+            "/dev/vfio/0",
+        ),
+        ({"TPU_NAME": "local"}, [], "local", "tpu", "TPU_NAME"),
+    ],
+)
 def test_tpu_detection(tmp_path, env, files, target, kind, found_by):
     for f in files:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
@@ -319,6 +387,7 @@ def test_no_tpu(tmp_path):
 
 
 # -- auto in a real kernel ----------------------------------------------------
+
 
 @pytest.mark.kernel
 @pytest.mark.timeout(300)
@@ -338,8 +407,12 @@ def test_auto_prints_one_line_and_runs(ip, monkeypatch, capsys):
 def test_engines_of_a_cluster_a_strategy_holds_are_counted(monkeypatch):
     monkeypatch.delenv("KDIST_HARDWARE", raising=False)
     engines = [types.SimpleNamespace(engine_id=i, hostname=h) for i, h in enumerate("aabb")]
-    magics = types.SimpleNamespace(_strategies={
-        "default": object(), "horovod": types.SimpleNamespace(cluster=types.SimpleNamespace(engines=engines))})
+    magics = types.SimpleNamespace(
+        _strategies={
+            "default": object(),
+            "horovod": types.SimpleNamespace(cluster=types.SimpleNamespace(engines=engines)),
+        }
+    )
     hw = advisor.hardware_for(magics)
     assert (hw.engines, hw.hosts) == (4, 2)
     assert advisor.hardware_for(types.SimpleNamespace(_strategies={})).engines == 0
@@ -351,9 +424,12 @@ def test_advise_reads_a_real_keras_model_and_arrays(ip, monkeypatch):
     from conftest import run_cell
 
     monkeypatch.setenv("KDIST_HARDWARE", json.dumps({"cpu_cores": 2, "memory_bytes": 8 * GiB}))
-    run_cell(ip, "import numpy as np, keras\n"
-                 "x = np.zeros((500, 20), 'float32'); y = np.zeros((500, 1), 'float32')\n"
-                 "net = keras.Sequential([keras.Input((20,)), keras.layers.Dense(64), keras.layers.Dense(1)])")
+    run_cell(
+        ip,
+        "import numpy as np, keras\n"
+        "x = np.zeros((500, 20), 'float32'); y = np.zeros((500, 1), 'float32')\n"
+        "net = keras.Sequential([keras.Input((20,)), keras.layers.Dense(64), keras.layers.Dense(1)])",
+    )
     advice = ip.run_line_magic("kdist", "advise")
     params = ip.user_ns["net"].count_params()
     assert params == 20 * 64 + 64 + 64 + 1

@@ -16,13 +16,38 @@ def _feed(rec: RunRecord, ranks: int = 2, epochs: int = 3, steps: int = 4) -> No
         for e in range(epochs):
             for b in range(steps):
                 step = e * steps + b + 1
-                rec.add("metric", {"rank": r, "kind": "step", "epoch": e, "batch": b, "step": step,
-                                   "time": 1000.0 + step, "loss": 10.0 / step + r, "accuracy": 0.1 * e,
-                                   "lr": 0.01, "steps_per_s": 50.0, "samples_per_s": None,
-                                   "step_time": 0.01, "gap_time": 0.001})
-            rec.add("metric", {"rank": r, "kind": "epoch", "epoch": e, "step": (e + 1) * steps,
-                               "time": 1000.0 + (e + 1) * steps, "loss": 1.0 / (e + 1),
-                               "val_loss": 2.0 / (e + 1) + r, "lr": 0.01, "steps_per_s": 50.0})
+                rec.add(
+                    "metric",
+                    {
+                        "rank": r,
+                        "kind": "step",
+                        "epoch": e,
+                        "batch": b,
+                        "step": step,
+                        "time": 1000.0 + step,
+                        "loss": 10.0 / step + r,
+                        "accuracy": 0.1 * e,
+                        "lr": 0.01,
+                        "steps_per_s": 50.0,
+                        "samples_per_s": None,
+                        "step_time": 0.01,
+                        "gap_time": 0.001,
+                    },
+                )
+            rec.add(
+                "metric",
+                {
+                    "rank": r,
+                    "kind": "epoch",
+                    "epoch": e,
+                    "step": (e + 1) * steps,
+                    "time": 1000.0 + (e + 1) * steps,
+                    "loss": 1.0 / (e + 1),
+                    "val_loss": 2.0 / (e + 1) + r,
+                    "lr": 0.01,
+                    "steps_per_s": 50.0,
+                },
+            )
 
 
 def test_crc32c_is_the_castagnoli_checksum():
@@ -33,7 +58,8 @@ def test_crc32c_is_the_castagnoli_checksum():
 def test_tensorboard_reads_every_rank_step_and_epoch_metric(tmp_path):
     event_accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator",
-        reason="TensorBoard (the test extra) reads the files back")
+        reason="TensorBoard (the test extra) reads the files back",
+    )
     rec = RunRecord("horovod", size=2)
     rec.add("metric", {"rank": 0, "kind": "step", "epoch": 0, "step": 0, "loss": 99.0})  # before
     events = tb.attach(rec, str(tmp_path / "tb"))
@@ -50,8 +76,7 @@ def test_tensorboard_reads_every_rank_step_and_epoch_metric(tmp_path):
         want = [(0, 99.0)] * (r == 0) + [(s, 10.0 / s + r) for s in range(1, 13)]
         assert [(e.step, e.value) for e in loss] == [(s, pytest.approx(v)) for s, v in want]
         val = acc.Scalars("epoch_val_loss")
-        assert [(e.step, e.value) for e in val] == [
-            (4 * (e + 1), pytest.approx(2.0 / (e + 1) + r)) for e in range(3)]
+        assert [(e.step, e.value) for e in val] == [(4 * (e + 1), pytest.approx(2.0 / (e + 1) + r)) for e in range(3)]
         assert loss[-1].wall_time == pytest.approx(1012.0)
 
 

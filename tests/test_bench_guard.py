@@ -14,12 +14,17 @@ import run_all  # noqa: E402
 
 
 def test_a_goal_met_before_and_missed_now_says_regressed():
-    recorded = {"P1": {"value": 1.02, "date": "5 Dec 2026"}, "P8": {"value": 0.7, "date": "1 Dec"},
-                "P11": {"value": 0.8, "date": "5 Dec 2026"}}
+    recorded = {
+        "P1": {"value": 1.02, "date": "5 Dec 2026"},
+        "P8": {"value": 0.7, "date": "1 Dec"},
+        "P11": {"value": 0.8, "date": "5 Dec 2026"},
+    }
     values = {key: None for key in run_all.GOALS}
     values.update({"P1": 0.95, "P8": 0.65, "P11": 0.9, "P7 multiworker": 0.98})
-    lines = {line.split(" (")[0].rsplit(" ", 1)[0] if "not measured" not in line else line.split(" not")[0]: line
-             for line in run_all.judged(values, recorded)}
+    lines = {
+        line.split(" (")[0].rsplit(" ", 1)[0] if "not measured" not in line else line.split(" not")[0]: line
+        for line in run_all.judged(values, recorded)
+    }
     assert lines["P1"] == "P1 0.950 (goal >= 0.99; recorded 1.020 on 5 Dec 2026) REGRESSED: met before"
     assert lines["P8"].endswith(" not met") and "REGRESSED" not in lines["P8"]  # missed before too
     assert lines["P11"] == "P11 0.900 (goal <= 1.5; recorded 0.800 on 5 Dec 2026)"

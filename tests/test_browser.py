@@ -50,11 +50,11 @@ CELLS = {
     "mirrored": "%%kdist --strategy mirrored --devices 2\n" + TRAIN,
     # synchronised Horovod training on each rank's own data; rank 1 spends 60 ms more outside
     # each step: the straggler the dashboard must mark (rank 0 waits for it in the allreduce)
-    "horovod": "%%kdist --strategy horovod --np 2\n" + TRAIN.replace(
-        "time.sleep(0.04)", "time.sleep(0.04 + 0.06 * hvd.rank())").replace(
-        "default_rng(0)", "default_rng(hvd.rank())").replace(
-        "optimizer=keras.optimizers.SGD(0.01)", "optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))").replace(
-        "callbacks=[Pace()]", "callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Pace()]"),
+    "horovod": "%%kdist --strategy horovod --np 2\n"
+    + TRAIN.replace("time.sleep(0.04)", "time.sleep(0.04 + 0.06 * hvd.rank())")
+    .replace("default_rng(0)", "default_rng(hvd.rank())")
+    .replace("optimizer=keras.optimizers.SGD(0.01)", "optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))")
+    .replace("callbacks=[Pace()]", "callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Pace()]"),
 }
 RANKS = {"default": 1, "mirrored": 2, "horovod": 2}
 
@@ -74,13 +74,14 @@ def _get(url: str, timeout: float = 5.0) -> bytes:
 
 def _notebook(source: str) -> dict:
     def cell(src):
-        return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                "source": src}
+        return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": src}
 
-    return {"cells": [cell("%load_ext kdist_magics"), cell(source), cell("%kdist stop")],
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                        "language": "python"}},
-            "nbformat": 4, "nbformat_minor": 5}
+    return {
+        "cells": [cell("%load_ext kdist_magics"), cell(source), cell("%kdist stop")],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 @contextlib.contextmanager
@@ -91,8 +92,7 @@ def served(name: str, command):
     from kernel_driver import isolated_env
 
     home = Path(tempfile.mkdtemp(prefix=f"kdist-{name}-"))
-    env = isolated_env(home, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
-                       PYTHONUNBUFFERED="1")
+    env = isolated_env(home, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", PYTHONUNBUFFERED="1")
     root = home / "notebooks"
     root.mkdir()
     port, token = free_port("127.0.0.1"), secrets.token_hex(16)
@@ -100,8 +100,7 @@ def served(name: str, command):
     cmd = command(port, token, home, root)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and CI often run as root
-    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 180
@@ -112,16 +111,23 @@ def served(name: str, command):
             except OSError:
                 if proc.poll() is not None or time.time() > deadline:
                     log.flush()
-                    raise RuntimeError(f"{name} did not start:\n"
-                                       + (home / "server.log").read_text(errors="replace")[-3000:])
+                    raise RuntimeError(
+                        f"{name} did not start:\n" + (home / "server.log").read_text(errors="replace")[-3000:]
+                    )
                 time.sleep(0.5)
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as pw:
             browser = chromium.launch(pw)
             try:
-                yield {"base": base, "token": token, "root": root, "browser": browser,
-                       "log": home / "server.log", "data_dir": env["JUPYTER_DATA_DIR"]}
+                yield {
+                    "base": base,
+                    "token": token,
+                    "root": root,
+                    "browser": browser,
+                    "log": home / "server.log",
+                    "data_dir": env["JUPYTER_DATA_DIR"],
+                }
             finally:
                 browser.close()
     finally:
@@ -145,11 +151,21 @@ def lab():
     pytest.importorskip("jupyterlab", reason="jupyterlab is in the test extra")
 
     def command(port, token, home, root):
-        return [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-                f"--port={port}", "--port-retries=0", f"--IdentityProvider.token={token}",
-                f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
-                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-                "--LabApp.news_url=None", "--LabApp.extension_manager=readonly"]
+        return [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--port={port}",
+            "--port-retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            f"--LabApp.workspaces_dir={home / 'workspaces'}",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--LabApp.news_url=None",
+            "--LabApp.extension_manager=readonly",
+        ]
 
     with served("JupyterLab", command) as server:
         yield server
@@ -158,8 +174,10 @@ def lab():
 def _shutdown_kernels(lab) -> None:
     req = urllib.request.Request(f"{lab['base']}/api/kernels?token={lab['token']}")
     for k in json.loads(_get(req.full_url)):
-        urllib.request.urlopen(urllib.request.Request(
-            f"{lab['base']}/api/kernels/{k['id']}?token={lab['token']}", method="DELETE"), timeout=30)
+        urllib.request.urlopen(
+            urllib.request.Request(f"{lab['base']}/api/kernels/{k['id']}?token={lab['token']}", method="DELETE"),
+            timeout=30,
+        )
 
 
 def _points(dash) -> int:
@@ -186,11 +204,13 @@ def check_curves(page, dash) -> dict:
     pointer): read its ticks, flip the log axis and smoothing, hover. Returns what was seen."""
     box = dash.locator(".kdist-chart-loss")
     svg = box.locator("svg.kdist-chart")
-    seen = {"yticks": box.locator(".kdist-ytick").all_inner_texts(),
-            "xticks": box.locator(".kdist-xtick").all_inner_texts(),
-            "lines": box.locator("polyline.kdist-line").count(),
-            "val_points": box.locator("circle.kdist-val").count(),
-            "scale": svg.get_attribute("data-scale")}
+    seen = {
+        "yticks": box.locator(".kdist-ytick").all_inner_texts(),
+        "xticks": box.locator(".kdist-xtick").all_inner_texts(),
+        "lines": box.locator("polyline.kdist-line").count(),
+        "val_points": box.locator("circle.kdist-val").count(),
+        "scale": svg.get_attribute("data-scale"),
+    }
     box.locator(".kdist-log").click()  # the label toggles its checkbox
     seen["scale_after_click"] = box.locator("svg.kdist-chart").get_attribute("data-scale")
     box.locator(".kdist-log").click()
@@ -236,8 +256,7 @@ def assert_phases_and_devices(dash, ranks: int) -> None:
 
 
 #: a cell's input prompt once it is queued or has run: "[*]:" or "[1]:"
-_STARTED = ("() => [...document.querySelectorAll('.jp-InputPrompt')]"
-            ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))")
+_STARTED = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))"
 
 
 def _run_all_cells(page, tries: int = 3) -> None:
@@ -270,7 +289,9 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
     console = page.console
     try:
         dash = page.locator(".kdist-dashboard").first
-        dash.wait_for(timeout=int(os.environ.get("KDIST_BROWSER_WAIT_S", "300")) * 1000)  # the widget rendered in the cell's output
+        dash.wait_for(
+            timeout=int(os.environ.get("KDIST_BROWSER_WAIT_S", "300")) * 1000
+        )  # the widget rendered in the cell's output
         # while training runs, the curves gain points (the kernel's main thread is busy
         # for in-kernel strategies: updates come from the dashboard's background thread)
         deadline = time.time() + 400
@@ -291,8 +312,7 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
             if first is not None and n > first:
                 break
             time.sleep(0.3)
-        assert first is not None, (f"no curve points while running (status {status!r}); "
-                                   f"console: {console[-10:]}")
+        assert first is not None, f"no curve points while running (status {status!r}); console: {console[-10:]}"
         second = _points(dash)
         assert second > first, f"curves did not grow while running: {first} -> {second}"
         assert dash.get_attribute("data-status") == "running"
@@ -316,20 +336,24 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
         # the phases, on screen and in order: first engines starting (this kernel's first
         # horovod cell) with their count, then set-up, the cell, training, finishing
         phases = dash.locator(".kdist-phases").inner_text()
-        expected = (["starting 2 engines", "setting up Horovod", "running the cell", "training",
-                     "finishing"] if strategy == "horovod" else ["running the cell", "training"])
+        expected = (
+            ["starting 2 engines", "setting up Horovod", "running the cell", "training", "finishing"]
+            if strategy == "horovod"
+            else ["running the cell", "training"]
+        )
         where = [phases.find(name) for name in expected]
         assert -1 not in where and where == sorted(where), phases
         if strategy == "horovod":
-            assert any(t.startswith("starting 2 engines (") and "registered)" in t
-                       for t in bar_texts), bar_texts[:20]
+            assert any(t.startswith("starting 2 engines (") and "registered)" in t for t in bar_texts), bar_texts[:20]
         # a machine without GPU or TPU says so, not an NVML error
         if not Path("/proc/driver/nvidia/gpus").exists():
             notes = dash.locator(".kdist-rank .kdist-note").all_inner_texts()
             assert notes == ["accelerator: CPU only"] * RANKS[strategy], notes
         # stragglers: horovod's rank 1 lags (see CELLS), the others are one process
-        slow = [dash.locator(f".kdist-rank[data-rank='{r}'] .kdist-badge.kdist-straggler").count()
-                for r in range(RANKS[strategy])]
+        slow = [
+            dash.locator(f".kdist-rank[data-rank='{r}'] .kdist-badge.kdist-straggler").count()
+            for r in range(RANKS[strategy])
+        ]
         notes = dash.locator(".kdist-straggler-note").all_inner_texts()
         if strategy == "horovod":
             assert slow == [0, 1] and len(notes) == 1 and "rank 1: steps" in notes[0], (slow, notes)
@@ -345,8 +369,13 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
         legend = dash.locator(".kdist-split-legend").inner_text()
         if strategy == "horovod":
             assert len(split) == 2, split
-            assert all(t.startswith("compute ") and " · communication " in t
-                       and " · wait for slower ranks " in t and " · rest " in t for t in split), split
+            assert all(
+                t.startswith("compute ")
+                and " · communication " in t
+                and " · wait for slower ranks " in t
+                and " · rest " in t
+                for t in split
+            ), split
             assert dash.locator(".kdist-split .kdist-split-seg").count() == 4 * len(split)
             assert dash.locator(".kdist-split-wait").count() == 2
             assert "the all-reduce, timed on every rank" in legend, legend
@@ -361,8 +390,9 @@ def test_live_dashboard_in_jupyterlab(lab, strategy, test_output):
         page.screenshot(path=str(test_output / f"dashboard-{strategy}-page.png"), full_page=True)
         # the last cell (%kdist stop) ran: the kernel is free again
         page.wait_for_function(
-            "() => [...document.querySelectorAll('.jp-InputArea-prompt')]"
-            ".some(e => e.textContent.includes('[3]'))", timeout=120_000)
+            "() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(e => e.textContent.includes('[3]'))",
+            timeout=120_000,
+        )
     finally:
         try:  # what the page looked like at the end, pass or fail
             page.screenshot(path=str(test_output / f"dashboard-{strategy}-last.png"), full_page=True)
@@ -378,7 +408,8 @@ FAILING = TRAIN.replace(
     "    def on_epoch_end(self, epoch, logs=None):\n"
     "        if epoch == 1:\n"
     "            raise ValueError('bad batch in epoch 2')\n"
-    "history = model.fit(").replace("callbacks=[Pace()]", "callbacks=[Pace(), Boom()]")
+    "history = model.fit(",
+).replace("callbacks=[Pace()]", "callbacks=[Pace(), Boom()]")
 
 
 @pytest.mark.timeout(600)
@@ -422,7 +453,9 @@ def test_dashboard_in_notebook7(lab, test_output):
         # Notebook 7 shows the kernel state as the title of its kernel status icon
         page.wait_for_function(
             "() => [...document.querySelectorAll('[title]')].some(e => /Kernel (is )?Idle/i.test(e.title)"
-            " || /idle/i.test(e.getAttribute('data-status') || ''))", timeout=180_000)
+            " || /idle/i.test(e.getAttribute('data-status') || ''))",
+            timeout=180_000,
+        )
         _run_all_cells(page)
         page.wait_for_selector(".kdist-dashboard[data-status='done']", timeout=400_000)
         dash = page.locator(".kdist-dashboard").first

@@ -16,8 +16,7 @@ import time
 import pytest
 
 import chromium
-from test_browser import (TRAIN, _notebook, assert_phases_and_devices,
-                          assert_readable_curves, check_curves, served)
+from test_browser import TRAIN, _notebook, assert_phases_and_devices, assert_readable_curves, check_curves, served
 
 pytestmark = [pytest.mark.classic, pytest.mark.slow]
 
@@ -27,8 +26,10 @@ def _classic_notebook_or_skip():
     notebook = pytest.importorskip("notebook", reason="the classic Notebook is Colab's front end")
     ipywidgets = pytest.importorskip("ipywidgets")
     if not notebook.__version__.startswith("6.") or not ipywidgets.__version__.startswith("7."):
-        pytest.skip(f"this test is for Notebook 6 with ipywidgets 7 (Colab's); here Notebook "
-                    f"{notebook.__version__}, ipywidgets {ipywidgets.__version__}")
+        pytest.skip(
+            f"this test is for Notebook 6 with ipywidgets 7 (Colab's); here Notebook "
+            f"{notebook.__version__}, ipywidgets {ipywidgets.__version__}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +37,17 @@ def classic():
     _classic_notebook_or_skip()
 
     def command(port, token, home, root):
-        return [sys.executable, "-m", "notebook", "--no-browser", "--NotebookApp.ip=127.0.0.1",
-                f"--port={port}", "--port-retries=0", f"--NotebookApp.token={token}",
-                f"--NotebookApp.notebook_dir={root}"]
+        return [
+            sys.executable,
+            "-m",
+            "notebook",
+            "--no-browser",
+            "--NotebookApp.ip=127.0.0.1",
+            f"--port={port}",
+            "--port-retries=0",
+            f"--NotebookApp.token={token}",
+            f"--NotebookApp.notebook_dir={root}",
+        ]
 
     # the classic server asks to confirm a first ^C: a second one ends it
     with served("Notebook", command) as server:
@@ -62,16 +71,21 @@ def classic_run(classic, test_output):
     page.on("console", lambda m: seen["console"].append(f"{m.type}: {m.text}"))
     try:
         page.goto(f"{classic['base']}/notebooks/{name}?token={classic['token']}", timeout=120_000)
-        page.wait_for_function("() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel"
-                               " && Jupyter.notebook.kernel.is_connected()", timeout=180_000)
+        page.wait_for_function(
+            "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel"
+            " && Jupyter.notebook.kernel.is_connected()",
+            timeout=180_000,
+        )
         # widgetsnbextension restores the kernel's existing widgets once the page has connected
         # (with ipywidgets 7.7.1 by its fallback, one comm at a time) and clears what it
         # restores into: a widget made by a cell run before that finished vanished when the
         # cell ended (jupyter-widgets/ipywidgets#3770; seen here with a plain Label as well).
         # A person opens the notebook and then runs it; so does this test.
         deadline = time.time() + 60
-        while not any("fetching individual model state" in c or "update_states" in c
-                      for c in seen["console"]) and time.time() < deadline:
+        while (
+            not any("fetching individual model state" in c or "update_states" in c for c in seen["console"])
+            and time.time() < deadline
+        ):
             time.sleep(0.25)
         time.sleep(3)
         page.evaluate("() => Jupyter.notebook.execute_cells([0, 1])")  # load_ext, training
@@ -85,8 +99,15 @@ def classic_run(classic, test_output):
                 break
             if page.locator(".kdist-dashboard[data-status='failed']").count():
                 break
-            n = max((int(v or 0) for v in page.locator(".kdist-dashboard").evaluate_all(
-                "els => els.map(e => e.getAttribute('data-points'))")), default=0)
+            n = max(
+                (
+                    int(v or 0)
+                    for v in page.locator(".kdist-dashboard").evaluate_all(
+                        "els => els.map(e => e.getAttribute('data-points'))"
+                    )
+                ),
+                default=0,
+            )
             if n > 0 and seen["first"] is None:
                 seen["first"] = n
                 page.screenshot(path=str(test_output / "dashboard-classic-running.png"))
@@ -107,8 +128,10 @@ def classic_run(classic, test_output):
             seen["phases_and_devices"] = None
         except AssertionError as exc:
             seen["phases_and_devices"] = exc
-        seen["outputs"] = page.evaluate("() => Jupyter.notebook.get_cell(1).output_area.outputs.map("
-                                        "o => [o.output_type, Object.keys(o.data || {})])")
+        seen["outputs"] = page.evaluate(
+            "() => Jupyter.notebook.get_cell(1).output_area.outputs.map("
+            "o => [o.output_type, Object.keys(o.data || {})])"
+        )
         page.evaluate("() => Jupyter.notebook.execute_cells([2])")  # %kdist stop
         page.wait_for_function("() => Jupyter.notebook.get_cell(2).input_prompt_number === 3", timeout=120_000)
         time.sleep(2)

@@ -33,11 +33,18 @@ def test_exit_status_words():
 
 
 def test_engine_module_imports_without_tensorflow():
-    out = subprocess.run([sys.executable, "-c",
-                          "import kdist_magics.rank.lifecycle, kdist_magics.cluster.cluster, "
-                          "kdist_magics.strategies.engines.strategy; "
-                          + python_without("tensorflow", "keras", "horovod", "ipyparallel")],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import kdist_magics.rank.lifecycle, kdist_magics.cluster.cluster, "
+            "kdist_magics.strategies.engines.strategy; "
+            + python_without("tensorflow", "keras", "horovod", "ipyparallel"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -79,8 +86,7 @@ def _batch(rank, seq, rows):
 def test_feed_rows_reach_the_record_once_in_order_and_gaps_are_counted():
     record = RunRecord("horovod", size=2)
     sup = RunSupervisor(record)
-    sup.feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1, "loss": 2.0}],
-                              ["progress", {"epochs": 3}]]))
+    sup.feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1, "loss": 2.0}], ["progress", {"epochs": 3}]]))
     sup.feed(1, _batch(1, 1, [["metric", {"rank": 1, "step": 1}]]))
     sup.feed(0, _batch(0, 1, [["metric", {"rank": 0, "step": 1}]]))  # duplicate
     sup.feed(0, _batch(0, 2, [["sample", {"rank": 0, "cpu": 50.0}]]))
@@ -228,8 +234,10 @@ def _sleeper():
     """A process that sleeps a minute, as an engine would, SIGINT ending it, whatever this one
     inherited (a suite started as a background job runs with SIGINT ignored, and so would its
     children); returned once it runs its code, so no signal meets an interpreter still starting."""
-    code = ("import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "print('up', flush=True); time.sleep(60)")
+    code = (
+        "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "print('up', flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "up\n"
     return proc
@@ -265,11 +273,13 @@ def test_dead_engine_is_detected_with_its_exit_status():
 def test_a_process_being_killed_reads_as_exiting(tmp_path):
     """SIGKILL pending, or the kernel's PF_EXITING flag: the process is ending, though its
     status still reads running (a large engine takes a moment to be torn down)."""
+
     def proc(pid, flags, shdpnd="0000000000000000", sigpnd="0000000000000000"):
         d = tmp_path / str(pid)
         d.mkdir()
         (d / "stat").write_text(f"{pid} (python3 (engine)) R 1 2 3 4 5 {flags} 0 0\n")
         (d / "status").write_text(f"Name:\tpython3\nSigPnd:\t{sigpnd}\nShdPnd:\t{shdpnd}\n")
+
     proc(1, 0x400000)
     proc(2, 0x400004)  # PF_EXITING
     proc(3, 0x400000, shdpnd="0000000000000100")  # SIGKILL (9) pending for the process
@@ -309,8 +319,7 @@ def test_attached_cluster_is_never_killed_and_remote_engines_are_signalled_throu
         c = EngineCluster(2, cluster_id="theirs")
         assert c.attached and not c.owned
         c.client = _FakeClient([0, 1])
-        c.engines = [EngineInfo(0, proc.pid, __import__("socket").gethostname()),
-                     EngineInfo(1, 999999, "elsewhere")]
+        c.engines = [EngineInfo(0, proc.pid, __import__("socket").gethostname()), EngineInfo(1, 999999, "elsewhere")]
         c.kill()  # interrupts, never SIGKILL, on somebody else's cluster
         assert proc.wait(timeout=10) != -signal.SIGKILL
         assert c.client.signals == [(signal.SIGINT, [1])]
@@ -343,8 +352,9 @@ class _FakeEngineCluster:
     def give_up(self):
         pass
 
-    def __init__(self, n, cluster_id=None, profile=None, ip="127.0.0.1", controller_nice=0, private=False,
-                 preload=(), threads=0):
+    def __init__(
+        self, n, cluster_id=None, profile=None, ip="127.0.0.1", controller_nice=0, private=False, preload=(), threads=0
+    ):
         self.n, self.cluster_id, self.profile, self.ip = n, cluster_id, profile, ip
         self.preload, self.threads = preload, threads
         self.controller_nice, self.private = controller_nice, private
@@ -531,15 +541,21 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
         "seen = (os.environ['KDIST_PRELOADED'].replace(' ', '_'), os.environ['TF_NUM_INTRAOP_THREADS'],\n"
         "        os.environ['TF_NUM_INTEROP_THREADS'])\n"
         "open(sys.argv[1], 'w').write(f'{child.pid} {sys.argv[2]} {seen[0]} {seen[1]} {seen[2]} {\"wave\" in sys.modules}')\n"
-        "time.sleep(120)\n")
+        "time.sleep(120)\n"
+    )
     kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     procs = [kernel]
     try:
-        cmd = command("kd_follow_probe", kernel.pid, psutil.Process(kernel.pid).create_time(),
-                      preload=("wave",), threads=1, ranks=lifecycle.cpu_count() + 1)
+        cmd = command(
+            "kd_follow_probe",
+            kernel.pid,
+            psutil.Process(kernel.pid).create_time(),
+            preload=("wave",),
+            threads=1,
+            ranks=lifecycle.cpu_count() + 1,
+        )
         assert cmd[1:3] == ["-m", "kdist_magics.cluster.follow"] and cmd[-1] == "kd_follow_probe"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
-               "CUDA_VISIBLE_DEVICES": ""}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "CUDA_VISIBLE_DEVICES": ""}
         out = tmp_path / "child.txt"
         follower = subprocess.Popen(cmd + [str(out), "argv-kept"], env=env)
         procs.append(follower)
@@ -566,16 +582,18 @@ def test_a_following_process_and_its_children_end_when_the_followed_one_does(tmp
                 p.wait(timeout=10)
 
 
-FORKER = ("import multiprocessing as mp, os, sys, time\n"
-          "def child():\n"
-          "    time.sleep(120)\n"
-          "if __name__ == '__main__':\n"
-          "    kids = [mp.get_context('fork').Process(target=child, daemon=True) for _ in range(2)]\n"
-          "    for kid in kids:\n"
-          "        kid.start()\n"
-          "    open(sys.argv[1], 'w').write(' '.join(str(kid.pid) for kid in kids))\n"
-          "    time.sleep(1 if sys.argv[2] == 'exits' else 120)\n"
-          "    os._exit(0)  # no atexit: multiprocessing does not end its daemonic children\n")
+FORKER = (
+    "import multiprocessing as mp, os, sys, time\n"
+    "def child():\n"
+    "    time.sleep(120)\n"
+    "if __name__ == '__main__':\n"
+    "    kids = [mp.get_context('fork').Process(target=child, daemon=True) for _ in range(2)]\n"
+    "    for kid in kids:\n"
+    "        kid.start()\n"
+    "    open(sys.argv[1], 'w').write(' '.join(str(kid.pid) for kid in kids))\n"
+    "    time.sleep(1 if sys.argv[2] == 'exits' else 120)\n"
+    "    os._exit(0)  # no atexit: multiprocessing does not end its daemonic children\n"
+)
 
 
 @pytest.mark.parametrize("ended", ["killed", "exits"])
@@ -595,8 +613,7 @@ def test_what_a_following_process_forked_ends_with_it_however_it_ends(tmp_path, 
     out = tmp_path / "kids.txt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     # as ipyparallel's launchers start the controller: a session of its own
-    follower = subprocess.Popen(command("kd_forker") + [str(out), ended], env=env,
-                                start_new_session=True)
+    follower = subprocess.Popen(command("kd_forker") + [str(out), ended], env=env, start_new_session=True)
     kids = []
     try:
         deadline = time.monotonic() + 60
@@ -621,8 +638,11 @@ def test_thread_variables_share_the_cores_and_give_ranks_that_outnumber_them_two
     monkeypatch.setattr(lifecycle, "cpu_count", lambda: 4)
     assert lifecycle.threads_per_rank(2) == 2 and lifecycle.threads_per_rank(8) == 1
     assert lifecycle.threads_per_rank(8, chosen=3) == 3  # KDist.threads_per_rank wins
-    assert lifecycle.thread_env(2, 2) == {"TF_NUM_INTRAOP_THREADS": "2", "OMP_NUM_THREADS": "2",
-                                       "TF_NUM_INTEROP_THREADS": "2"}
+    assert lifecycle.thread_env(2, 2) == {
+        "TF_NUM_INTRAOP_THREADS": "2",
+        "OMP_NUM_THREADS": "2",
+        "TF_NUM_INTEROP_THREADS": "2",
+    }
     assert lifecycle.thread_env(4)["TF_NUM_INTEROP_THREADS"] == "2"  # at most 2
     assert lifecycle.thread_env(1, 4)["TF_NUM_INTEROP_THREADS"] == "1"  # a core each: one
     assert lifecycle.thread_env(1, 8)["TF_NUM_INTEROP_THREADS"] == "2"  # ranks outnumber cores: two
@@ -641,14 +661,21 @@ def test_a_run_sets_the_thread_rule_for_the_ranks_on_its_host(monkeypatch):
 
 
 def test_preload_imports_after_the_thread_variables_and_leaves_gpus_and_failures_to_the_run():
-    code = ("import os, sys\nfrom kdist_magics.cluster.follow import preload\n"
-            "said = preload(['wave', 'kd_no_such_module', 'json'], 2)\n"
-            "print(said, '|', os.environ.get('TF_NUM_INTRAOP_THREADS'), os.environ.get('TF_NUM_INTEROP_THREADS'),"
-            " 'wave' in sys.modules)")
+    code = (
+        "import os, sys\nfrom kdist_magics.cluster.follow import preload\n"
+        "said = preload(['wave', 'kd_no_such_module', 'json'], 2)\n"
+        "print(said, '|', os.environ.get('TF_NUM_INTRAOP_THREADS'), os.environ.get('TF_NUM_INTEROP_THREADS'),"
+        " 'wave' in sys.modules)"
+    )
 
     def run(gpus):
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus}).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus},
+        ).stdout.strip()
 
     # a failing import stops the preload there and says why; the run imports again and names it
     assert run("") == "kd_no_such_module failed: ModuleNotFoundError: No module named 'kd_no_such_module' | 2 2 True"
@@ -664,13 +691,20 @@ def test_an_owned_cluster_preloads_its_framework_and_beats_its_heart_often():
     assert cluster.threads == max(1, lifecycle.cpu_count() // 4)  # the run's rule
     assert EngineCluster(4, preload=("tensorflow",), threads=3).threads == 3
     cmd = _following(preload=cluster.preload, threads=2, ranks=4).LocalEngineSetLauncher.engine_cmd
-    assert cmd[cmd.index("--preload") + 1:cmd.index("--preload") + 6] == ["tensorflow", "--threads", "2",
-                                                                          "--ranks", "4"]
+    assert cmd[cmd.index("--preload") + 1 : cmd.index("--preload") + 6] == [
+        "tensorflow",
+        "--threads",
+        "2",
+        "--ranks",
+        "4",
+    ]
     assert "--preload" not in _following().LocalEngineSetLauncher.engine_cmd
     # ipyparallel counts an engine registered at the first beat after its heart answered: a beat
     # each 0.25 s; an engine is dropped after the same 30 s of silence as ipyparallel's default
-    assert heartbeat_args() == [f"--HeartMonitor.period={HEARTBEAT_MS}",
-                                f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
+    assert heartbeat_args() == [
+        f"--HeartMonitor.period={HEARTBEAT_MS}",
+        f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+    ]
     assert HEARTBEAT_MS * HEARTBEAT_MISSES == 30_000
 
 
@@ -753,9 +787,18 @@ def test_the_guard_removes_the_push_names_of_a_kernel_that_died_and_of_its_own_p
         for name in names:
             open(name, "wb").close()
         started = psutil.Process(kernel.pid).create_time()
-        guard = subprocess.Popen([sys.executable, "-m", "kdist_magics.cluster.follow", "--guard",
-                                  str(kernel.pid), repr(started), str(engine.pid)],
-                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+        guard = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kdist_magics.cluster.follow",
+                "--guard",
+                str(kernel.pid),
+                repr(started),
+                str(engine.pid),
+            ],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         time.sleep(0.5)  # the guard waits on the kernel's pidfd
         kernel.kill()
         guard.wait(timeout=30)
@@ -778,19 +821,20 @@ def test_stop_ends_the_controller_and_what_it_forked_by_pid_even_where_ipyparall
     and the child it forked end by pid all the same."""
     import psutil
 
-    code = ("import os, signal, time\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "if os.fork() == 0:\n"
-            "    time.sleep(60); os._exit(0)\n"
-            "print('up', flush=True); time.sleep(60)\n")
+    code = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60); os._exit(0)\n"
+        "print('up', flush=True); time.sleep(60)\n"
+    )
     controller = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert controller.stdout.readline() == "up\n"
     forked = [p.pid for p in psutil.Process(controller.pid).children()]
     assert len(forked) == 1
     _stop_owned_cluster_of(controller.pid)
     assert controller.wait(timeout=10) is not None
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                   for p in forked)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in forked)
 
 
 @pytest.mark.timeout(60)
@@ -802,16 +846,19 @@ def test_stop_ends_what_the_controller_forked_after_its_tree_was_read():
     makes it): stop ends that group. Here the controller forks its child on SIGTERM itself."""
     import psutil
 
-    code = ("import os, signal, sys, time\n"
-            "def forks(*_):\n"
-            "    if os.fork() == 0:\n"
-            "        time.sleep(60); os._exit(0)\n"
-            "    open(sys.argv[1], 'w').close(); os._exit(1)\n"
-            "signal.signal(signal.SIGTERM, forks)\n"
-            "print('up', flush=True); time.sleep(60)\n")
+    code = (
+        "import os, signal, sys, time\n"
+        "def forks(*_):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60); os._exit(0)\n"
+        "    open(sys.argv[1], 'w').close(); os._exit(1)\n"
+        "signal.signal(signal.SIGTERM, forks)\n"
+        "print('up', flush=True); time.sleep(60)\n"
+    )
     marker = f"/tmp/kdist-forked-{os.getpid()}"
-    controller = subprocess.Popen([sys.executable, "-c", code, marker], stdout=subprocess.PIPE,
-                                  text=True, start_new_session=True)
+    controller = subprocess.Popen(
+        [sys.executable, "-c", code, marker], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         assert controller.stdout.readline() == "up\n"
         _stop_owned_cluster_of(controller.pid)

@@ -53,7 +53,7 @@ def test_device_put_takes_keras_variables_only_while_a_cell_runs():
     assert jax.device_put is original
 
 
-LOCATIONS_RANK = '''
+LOCATIONS_RANK = """
 import sys
 rank, port = int(sys.argv[1]), sys.argv[2]
 import jax
@@ -68,7 +68,7 @@ before = jax.config.jax_traceback_in_locations_limit
 with locations_alike():
     exec(compile(cell, f"/tmp/ipykernel_{rank}/cell.py", "exec"))
 print("total", total, "limit back", jax.config.jax_traceback_in_locations_limit == before)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -86,8 +86,16 @@ def test_one_cell_compiles_to_one_program_on_every_jax_process(tmp_path):
     script.write_text(LOCATIONS_RANK)
     port = str(free_port("127.0.0.1"))
     env = {**__import__("os").environ, "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for r in (0, 1)
+    ]
     outs = []
     try:
         for p in procs:

@@ -19,19 +19,52 @@ pytestmark = pytest.mark.notf  # also in .venv-colab-tpu: no TensorFlow (tests/R
 
 
 def feed(rec, rank, steps, t0=1000.0, total=None, loss0=1.0, **extra):
-    rec.add("progress", {"rank": rank, "epochs": 2, "steps_per_epoch": (total or steps) // 2,
-                         "total_steps": total or steps, "fit_started": t0, "step": 0, "time": t0})
+    rec.add(
+        "progress",
+        {
+            "rank": rank,
+            "epochs": 2,
+            "steps_per_epoch": (total or steps) // 2,
+            "total_steps": total or steps,
+            "fit_started": t0,
+            "step": 0,
+            "time": t0,
+        },
+    )
     for s in range(1, steps + 1):
-        rec.add("metric", {"rank": rank, "epoch": 0, "step": s, "time": t0 + s, "kind": "step",
-                           "loss": loss0 / s, "accuracy": s / steps, "lr": 0.01,
-                           "steps_per_s": 1.0, "samples_per_s": 32.0, **extra})
+        rec.add(
+            "metric",
+            {
+                "rank": rank,
+                "epoch": 0,
+                "step": s,
+                "time": t0 + s,
+                "kind": "step",
+                "loss": loss0 / s,
+                "accuracy": s / steps,
+                "lr": 0.01,
+                "steps_per_s": 1.0,
+                "samples_per_s": 32.0,
+                **extra,
+            },
+        )
         rec.add("progress", {"rank": rank, "step": s, "time": t0 + s, "fit_started": t0})
 
 
 def sample(rank, **extra):
-    row = {"rank": rank, "time": 1.0, "pid": 100 + rank, "host": "h", "cpu_percent": 50.0,
-           "cpu_count": 2, "rss_bytes": 2**20, "pss_bytes": 2**19, "gpus": [], "accelerator": None,
-           "accelerator_note": "not available: NVML sees no GPU"}
+    row = {
+        "rank": rank,
+        "time": 1.0,
+        "pid": 100 + rank,
+        "host": "h",
+        "cpu_percent": 50.0,
+        "cpu_count": 2,
+        "rss_bytes": 2**20,
+        "pss_bytes": 2**19,
+        "gpus": [],
+        "accelerator": None,
+        "accelerator_note": "not available: NVML sees no GPU",
+    }
     row.update(extra)
     return row
 
@@ -45,8 +78,10 @@ def test_snapshot_has_ranks_curves_progress_and_eta():
     feed(rec, 0, 10, total=40, **timings)
     feed(rec, 1, 10, total=40, loss0=2.0, **timings)
     rec.add("sample", sample(0))
-    rec.add("sample", sample(1, gpus=[{"index": 1, "name": "G", "util_percent": 80.0,
-                                       "mem_used_bytes": 1, "mem_total_bytes": 4}]))
+    rec.add(
+        "sample",
+        sample(1, gpus=[{"index": 1, "name": "G", "util_percent": 80.0, "mem_used_bytes": 1, "mem_total_bytes": 4}]),
+    )
     state, curves = dash.snapshot()
     json.dumps(state), json.dumps(curves)
     assert [r["rank"] for r in state["ranks"]] == [0, 1]
@@ -183,9 +218,20 @@ def test_a_sharded_run_shows_its_mesh_in_the_widget_and_the_static_view():
 
 def _timed_steps(rec, rank, step_s, gap_s, n=12):
     for s in range(1, n + 1):
-        rec.add("metric", {"rank": rank, "epoch": 0, "step": s, "time": 1000.0 + s, "kind": "step",
-                           "loss": 1.0 / s, "steps_per_s": 1 / (step_s + gap_s),
-                           "step_time": step_s, "gap_time": gap_s})
+        rec.add(
+            "metric",
+            {
+                "rank": rank,
+                "epoch": 0,
+                "step": s,
+                "time": 1000.0 + s,
+                "kind": "step",
+                "loss": 1.0 / s,
+                "steps_per_s": 1 / (step_s + gap_s),
+                "step_time": step_s,
+                "gap_time": gap_s,
+            },
+        )
 
 
 def test_each_ranks_step_split_is_a_bar_live_and_in_the_static_view_and_a_probe_splits_it():
@@ -196,8 +242,7 @@ def test_each_ranks_step_split_is_a_bar_live_and_in_the_static_view_and_a_probe_
     _timed_steps(rec, 0, 0.030, 0.002)
     _timed_steps(rec, 1, 0.040, 0.010)  # rank 1: a slow input pipeline (the rest)
     state, _ = dash.snapshot()
-    assert [r["split"] for r in state["ranks"]] == [{"in_step": 0.03, "rest": 0.002},
-                                                   {"in_step": 0.04, "rest": 0.01}]
+    assert [r["split"] for r in state["ranks"]] == [{"in_step": 0.03, "rest": 0.002}, {"in_step": 0.04, "rest": 0.01}]
     assert "inside the step" in state["split_legend"]
     assert "the collective is not separable live here" in state["split_legend"]
     page = dash.html()
@@ -226,12 +271,21 @@ def test_a_timed_collective_shows_communication_and_the_wait_for_slower_ranks_in
     dash = Dashboard(rec, interval=None)
     for r, (step_s, collective_s) in enumerate([(0.019, 0.009), (0.019, 0.003)]):
         for step in range(1, 6):
-            rec.add("metric", {"rank": r, "kind": "step", "step": step, "time": float(step),
-                               "loss": 1.0, "step_time": step_s, "gap_time": 0.002,
-                               "collective_time": collective_s})
+            rec.add(
+                "metric",
+                {
+                    "rank": r,
+                    "kind": "step",
+                    "step": step,
+                    "time": float(step),
+                    "loss": 1.0,
+                    "step_time": step_s,
+                    "gap_time": 0.002,
+                    "collective_time": collective_s,
+                },
+            )
     state, _ = dash.snapshot()
-    assert state["ranks"][0]["split"] == {"compute": 0.01, "communication": 0.003, "wait": 0.006,
-                                          "rest": 0.002}
+    assert state["ranks"][0]["split"] == {"compute": 0.01, "communication": 0.003, "wait": 0.006, "rest": 0.002}
     assert state["ranks"][1]["split"]["wait"] == 0.0
     assert "the all-reduce, timed on every rank" in state["split_legend"]
     page = dash.html()
@@ -256,8 +310,7 @@ def test_in_kernel_replicas_share_the_process_sample():
     rec.set_rank(0, state="running", device="GPU:0")
     rec.set_rank(1, state="running", device="GPU:1")
     dash = Dashboard(rec, interval=None)
-    gpus = [{"index": i, "util_percent": 10.0 * (i + 1), "mem_used_bytes": 1,
-             "mem_total_bytes": 2} for i in range(2)]
+    gpus = [{"index": i, "util_percent": 10.0 * (i + 1), "mem_used_bytes": 1, "mem_total_bytes": 2} for i in range(2)]
     rec.add("sample", sample(0, gpus=gpus, accelerator="gpu"))
     state, _ = dash.snapshot()
     r0, r1 = state["ranks"]
@@ -309,8 +362,7 @@ def test_the_finished_view_carries_the_widgets_script_and_its_final_state():
     state, curves = dash.snapshot()
     state["elapsed"] = float("nan")  # JSON.parse takes no NaN: it travels as null
     view = finished_view(state, curves)
-    data = re.search(r'<script type="application/json" class="kdist-data">(.*?)</script>',
-                     view, re.S).group(1)
+    data = re.search(r'<script type="application/json" class="kdist-data">(.*?)</script>', view, re.S).group(1)
     assert "</" not in data and json.loads(data)["state"]["error"].startswith("ValueError: </script>")
     assert json.loads(data)["state"]["elapsed"] is None
     assert json.loads(data)["curves"] == json.loads(json.dumps(curves))
@@ -388,6 +440,7 @@ def test_no_dashboard_and_no_telemetry(ip, monkeypatch):
 
 # -- two Horovod ranks (engines tier) ----------------------------------------------------------
 
+
 def _strategy_ready(name: str) -> str | None:
     from kdist_magics.strategies import REGISTRY
 
@@ -436,7 +489,8 @@ def test_two_rank_horovod_run_fills_metrics_and_samples_for_both_ranks(ip):
         # every row a rank sent arrives, the last ones too (2 epochs x 16 steps)
         assert len(epochs) == 2 and last_step == 32, (
             f"rank {rank}: {len(epochs)} epoch rows, last step {last_step}: the rows a rank "
-            f"sends in its last moments did not reach the record")
+            f"sends in its last moments did not reach the record"
+        )
         assert isinstance(epochs[-1]["loss"], float)
     assert {s["rank"] for s in rec.samples} == {0, 1}
     assert all(s["rss_bytes"] > 0 for s in rec.samples)
@@ -448,6 +502,7 @@ def test_two_rank_horovod_run_fills_metrics_and_samples_for_both_ranks(ip):
 
 # -- a saved notebook keeps a static picture (notebook tier) ---------------------------------
 
+
 def test_an_elastic_run_that_lost_a_rank_shows_the_world_size_and_the_lost_rank():
     rec = RunRecord("horovod", size=4)
     dash = Dashboard(rec, interval=None)
@@ -457,8 +512,9 @@ def test_an_elastic_run_that_lost_a_rank_shows_the_world_size_and_the_lost_rank(
     rec.finish("done")
     state = dash.snapshot()[0]
     assert state["world_size"] == 3 and state["size"] == 4
-    assert state["resize_note"] == ("elastic: world size 4 \u2192 3, rank 1 lost; the others "
-                                    "went on from the last commit")
+    assert state["resize_note"] == (
+        "elastic: world size 4 \u2192 3, rank 1 lost; the others went on from the last commit"
+    )
     assert [r["state"] for r in state["ranks"]][1] == "lost"  # finish() leaves it lost
     assert state["resize_note"] in _unescape(dash.html())
     assert "world size 4 \u2192 3 (lost rank 1)" in rec.summary()
@@ -483,14 +539,12 @@ def test_before_training_the_dashboard_says_which_phase_the_run_is_in():
     rec.phase_detail("1 of 2 registered")
     now[0] = 1003.5
     state = dash.snapshot()[0]
-    assert state["phase"] == {"name": "starting 2 engines", "detail": "1 of 2 registered",
-                              "elapsed": 3.5}
+    assert state["phase"] == {"name": "starting 2 engines", "detail": "1 of 2 registered", "elapsed": 3.5}
     assert state["phases"] == [["starting 2 engines", 3.5]]
     rec.phase("setting up Horovod")
     rec.finish("done")
     state = dash.snapshot()[0]
-    assert state["phase"] is None and [n for n, _ in state["phases"]] == [
-        "starting 2 engines", "setting up Horovod"]
+    assert state["phase"] is None and [n for n, _ in state["phases"]] == ["starting 2 engines", "setting up Horovod"]
     assert "starting 2 engines" in dash.html()
     js = (Path(kdist_magics.__file__).parent / "watch" / "static" / "dashboard.js").read_text()
     assert "st.phase" in js and "st.phases" in js and "registered" not in js  # words from Python
@@ -506,10 +560,14 @@ def test_a_sharded_run_shows_what_each_device_holds():
     rec.mesh = (1, 2)
     dash = Dashboard(rec, interval=None)
     assert dash.snapshot()[0]["layout_note"] == ""  # no model yet
-    rec.layout_table = LayoutTable((1, 2), rows=[
-        {"variable": "d1/kernel", "shape": [512, 512], "spec": "(-, model)", "bytes_per_device": 512 * 256 * 4},
-        {"variable": "d1/bias", "shape": [512], "spec": "replicated", "bytes_per_device": 512 * 4}],
-        optimizer_bytes=2 * (512 * 256 * 4 + 512 * 4))
+    rec.layout_table = LayoutTable(
+        (1, 2),
+        rows=[
+            {"variable": "d1/kernel", "shape": [512, 512], "spec": "(-, model)", "bytes_per_device": 512 * 256 * 4},
+            {"variable": "d1/bias", "shape": [512], "spec": "replicated", "bytes_per_device": 512 * 4},
+        ],
+        optimizer_bytes=2 * (512 * 256 * 4 + 512 * 4),
+    )
     rec.finish("done")
     state = dash.snapshot()[0]
     assert state["layout_note"] == rec.layout_table.per_device_words()
@@ -528,8 +586,11 @@ def _displayed(monkeypatch) -> list:
         def update(self, obj, raw=False):
             displayed.append(("update", obj))
 
-    monkeypatch.setattr(IPython.display, "display",
-                        lambda obj, raw=False, display_id=None: displayed.append(("display", obj)) or Handle())
+    monkeypatch.setattr(
+        IPython.display,
+        "display",
+        lambda obj, raw=False, display_id=None: displayed.append(("display", obj)) or Handle(),
+    )
     return displayed
 
 
@@ -596,8 +657,7 @@ def test_the_chart_says_what_a_training_point_is(monkeypatch):
 @pytest.mark.notebook
 @pytest.mark.browser
 @pytest.mark.timeout(600)
-def test_an_executed_notebook_exported_to_html_shows_the_finished_dashboard_offline(
-        tmp_path, test_output):
+def test_an_executed_notebook_exported_to_html_shows_the_finished_dashboard_offline(tmp_path, test_output):
     """A handout as a teacher makes one: ``jupyter nbconvert --execute``, then ``--to html``,
     the page opened in Chromium with the network cut. The finished run's output holds no
     widget (nbclient saves the closed widget's state, which nothing shows), and the page draws
@@ -615,14 +675,21 @@ def test_an_executed_notebook_exported_to_html_shows_the_finished_dashboard_offl
     from playwright.sync_api import sync_playwright
 
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext kdist_magics"),
-                nbformat.v4.new_code_cell("%%kdist --strategy default\n" + PACED)]
+    nb.cells = [
+        nbformat.v4.new_code_cell("%load_ext kdist_magics"),
+        nbformat.v4.new_code_cell("%%kdist --strategy default\n" + PACED),
+    ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "fresh.ipynb")
 
     def convert(*args: str) -> None:
-        done = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=400)
+        done = subprocess.run(
+            [sys.executable, "-m", "jupyter", "nbconvert", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
 
     convert("--to", "notebook", "--execute", "--output", "saved", "fresh.ipynb")
@@ -668,9 +735,17 @@ def test_an_executed_notebook_exported_to_html_shows_the_finished_dashboard_offl
             browser.close()
 
 
-TPU_CHIPS = [{"index": i, "name": f"TPU chip {i}", "source": "libtpu monitoring SDK",
-              "duty_cycle_percent": 87.5 + i, "mem_used_bytes": 3 * 2 ** 30,
-              "mem_total_bytes": 16 * 2 ** 30} for i in range(2)]
+TPU_CHIPS = [
+    {
+        "index": i,
+        "name": f"TPU chip {i}",
+        "source": "libtpu monitoring SDK",
+        "duty_cycle_percent": 87.5 + i,
+        "mem_used_bytes": 3 * 2**30,
+        "mem_total_bytes": 16 * 2**30,
+    }
+    for i in range(2)
+]
 
 
 def _tpu_run():
@@ -709,19 +784,23 @@ def test_the_live_view_draws_each_tpu_chips_bars_and_names_their_source():
     from playwright.sync_api import sync_playwright
 
     state, curves = _tpu_run().snapshot()
-    page_html = ('<div id="el"></div><script type="module">\n'
-                 'import dashboard from "/dashboard.js";\n'
-                 f"const state = {json.dumps(state)}, curves = {json.dumps(json.dumps(curves))};\n"
-                 'const model = {get: k => k === "state" ? state : curves, on() {}, off() {}};\n'
-                 'dashboard.render({model, el: document.getElementById("el")});\n'
-                 'window.kdistDrawn = true;\n</script>')
+    page_html = (
+        '<div id="el"></div><script type="module">\n'
+        'import dashboard from "/dashboard.js";\n'
+        f"const state = {json.dumps(state)}, curves = {json.dumps(json.dumps(curves))};\n"
+        'const model = {get: k => k === "state" ? state : curves, on() {}, off() {}};\n'
+        'dashboard.render({model, el: document.getElementById("el")});\n'
+        "window.kdistDrawn = true;\n</script>"
+    )
     with sync_playwright() as pw:
         browser = chromium.launch(pw)
         try:
             page = browser.new_page()
             page.route("http://kdist.test/", lambda r: r.fulfill(body=page_html, content_type="text/html"))
-            page.route("http://kdist.test/dashboard.js", lambda r: r.fulfill(
-                body=(STATIC / "dashboard.js").read_text(), content_type="text/javascript"))
+            page.route(
+                "http://kdist.test/dashboard.js",
+                lambda r: r.fulfill(body=(STATIC / "dashboard.js").read_text(), content_type="text/javascript"),
+            )
             page.goto("http://kdist.test/")
             page.wait_for_function("window.kdistDrawn === true", timeout=30_000)
             text = page.inner_text("#el")

@@ -16,11 +16,23 @@ from kdist_magics.watch import axes
 from kdist_magics.watch.offline import STATIC
 
 NODE = shutil.which("node")
-pytestmark = pytest.mark.skipif(NODE is None, reason="Node.js is not installed: the module's "
-                                "helpers are checked in the browser tests only")
+pytestmark = pytest.mark.skipif(
+    NODE is None, reason="Node.js is not installed: the module's helpers are checked in the browser tests only"
+)
 
-RANGES = [(0.16, 10.0), (0.0, 1.0), (-3.0, 7.5), (2.0, 2.0), (1.0, 200.0), (0.5, 0.9),
-          (1e-6, 10.0), (0.0012, 0.0049), (123456.0, 987654.0), (1.0, 1.0001), (-0.02, -0.01)]
+RANGES = [
+    (0.16, 10.0),
+    (0.0, 1.0),
+    (-3.0, 7.5),
+    (2.0, 2.0),
+    (1.0, 200.0),
+    (0.5, 0.9),
+    (1e-6, 10.0),
+    (0.0012, 0.0049),
+    (123456.0, 987654.0),
+    (1.0, 1.0001),
+    (-0.02, -0.01),
+]
 POSITIVE = [r for r in RANGES if r[0] > 0]
 LABELS = [0.0, 1500.0, 0.25, 2e5, 1e-4, 0.001, 12.5, -0.3, 1234.5, 3.0]
 SERIES = [[10.0, 0.16], [1.0, 2.0, 3.0], [-1.0, 100.0], [0.5, 4.0, 1.0, 0.2], [5.0]]
@@ -29,8 +41,9 @@ SERIES = [[10.0, 0.16], [1.0, 2.0, 3.0], [-1.0, 100.0], [0.5, 4.0, 1.0, 0.2], [5
 def _js(expr: str):
     module = (STATIC / "dashboard.js").as_uri()
     script = f'import * as d from "{module}";\nconsole.log(JSON.stringify({expr}));'
-    out = subprocess.run([NODE, "--input-type=module", "-e", script], capture_output=True,
-                         text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [NODE, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -62,11 +75,16 @@ def test_log_choice_smoothing_and_labels_match_python():
 
 
 def test_the_title_names_the_mesh_of_a_sharded_run():
-    states = [{"strategy": "sharded", "mesh": "1x4", "size": 4},
-              {"strategy": "horovod", "size": 3, "world_size": 4},
-              {"strategy": "default", "size": 1, "mesh": None}]
+    states = [
+        {"strategy": "sharded", "mesh": "1x4", "size": 4},
+        {"strategy": "horovod", "size": 3, "world_size": 4},
+        {"strategy": "default", "size": 1, "mesh": None},
+    ]
     assert _js(f"{json.dumps(states)}.map(s => d.titleText(s))") == [
-        "kdist · sharded, mesh 1x4 · 4 ranks", "kdist · horovod · 4 of 3 ranks", "kdist · default · 1 rank"]
+        "kdist · sharded, mesh 1x4 · 4 ranks",
+        "kdist · horovod · 4 of 3 ranks",
+        "kdist · default · 1 rank",
+    ]
 
 
 def test_rates_read_as_numbers_not_exponents():

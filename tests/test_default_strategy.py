@@ -104,7 +104,8 @@ def test_observe_runs_sees_every_new_record_and_its_rows(ip):
     """The public hook for tools and tests: each run's record before it starts, rows as they land."""
     seen, rows = [], []
     stop = kdist_magics._extension.observe_runs(
-        lambda record: (seen.append(record), record.subscribe(lambda kind, row: rows.append(kind))))
+        lambda record: (seen.append(record), record.subscribe(lambda kind, row: rows.append(kind)))
+    )
     try:
         ip.run_cell_magic("kdist", "--strategy default --no-dashboard", TRAIN)
     finally:

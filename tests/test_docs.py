@@ -134,7 +134,7 @@ def test_every_kdist_line_in_the_docs_and_notebooks_parses():
             if PLACEHOLDER.search(line):
                 continue
             try:
-                parse_line(line, _configured(text[:match.start()]))
+                parse_line(line, _configured(text[: match.start()]))
             except UsageError as exc:
                 pytest.fail(f"{path} shows %%kdist {line}, which the magic refuses: {exc}")
             checked += 1
@@ -145,8 +145,11 @@ def test_every_setting_the_docs_and_messages_name_exists():
     from kdist_magics.magics import KDist
 
     sources = _written_docs() + sorted((ROOT / "kdist_magics").rglob("*.py"))
-    named = {name: path.relative_to(ROOT) for path in sources
-             for name in re.findall(r"\bKDist\.([A-Za-z_]\w*)", path.read_text(encoding="utf-8"))}
+    named = {
+        name: path.relative_to(ROOT)
+        for path in sources
+        for name in re.findall(r"\bKDist\.([A-Za-z_]\w*)", path.read_text(encoding="utf-8"))
+    }
     unknown = {name: str(path) for name, path in named.items() if not hasattr(KDist, name)}
     assert not unknown, f"KDist settings named but not defined: {unknown}"
     assert len(named) >= 10
@@ -161,8 +164,22 @@ def _page_text(path: Path) -> str:
 def built_docs(test_output):
     pytest.importorskip("sphinx", reason="the docs extra (Sphinx, myst-nb) is not installed here")
     out = test_output / "docs"
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-n", "-q", "-E",
-           "-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sphinx",
+        "-b",
+        "html",
+        "-W",
+        "--keep-going",
+        "-n",
+        "-q",
+        "-E",
+        "-d",
+        str(out / "doctrees"),
+        str(DOCS),
+        str(out / "html"),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"the docs build failed or warned:\n{done.stderr[-6000:]}"
     return out / "html"
@@ -225,8 +242,11 @@ def test_the_tutorials_show_their_dashboards_in_a_browser(built_docs):
     from playwright import sync_api
     from kdist_sources import _same_cells, executed_dir
 
-    shown = [p.stem for p in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
-             if (executed_dir(ROOT) / p.name).is_file() and _same_cells(executed_dir(ROOT) / p.name, p)]
+    shown = [
+        p.stem
+        for p in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+        if (executed_dir(ROOT) / p.name).is_file() and _same_cells(executed_dir(ROOT) / p.name, p)
+    ]
     if not shown:
         pytest.skip("no executed notebooks to show: make test runs the notebook tier before the docs")
     seen = {}
@@ -291,8 +311,12 @@ def test_every_guide_page_is_in_exactly_one_toctree_of_the_guide():
     guide = ROOT / "docs" / "guide"
     index = (guide / "index.md").read_text()
     trees = re.findall(r"```\{toctree\}\n(.*?)```", index, re.S)
-    listed = Counter(line.strip() for tree in trees for line in tree.splitlines()
-                     if line.strip() and not line.strip().startswith(":"))
+    listed = Counter(
+        line.strip()
+        for tree in trees
+        for line in tree.splitlines()
+        if line.strip() and not line.strip().startswith(":")
+    )
     pages = {p.stem for p in guide.glob("*.md")} - {"index"}
     assert "*" not in listed and set(listed) == pages, (sorted(listed), sorted(pages))
     assert all(n == 1 for n in listed.values()), listed

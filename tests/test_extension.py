@@ -46,8 +46,19 @@ def test_bad_config_value_is_refused(ip):
 
 def test_help_lists_every_option(ip):
     doc = ip.find_cell_magic("kdist").__doc__
-    for option in ("--strategy", "--np", "--devices", "--timeout", "--push", "--pull", "--out",
-                   "--no-dashboard", "--cluster-id", "--profile", "--checkpoint"):
+    for option in (
+        "--strategy",
+        "--np",
+        "--devices",
+        "--timeout",
+        "--push",
+        "--pull",
+        "--out",
+        "--no-dashboard",
+        "--cluster-id",
+        "--profile",
+        "--checkpoint",
+    ):
         assert option in doc, option
 
 
@@ -105,8 +116,7 @@ def test_a_changed_keras_backend_gets_new_engines_in_one_line(ip, monkeypatch, c
 
     backend = {"now": "tensorflow"}
     monkeypatch.setattr(backends, "keras_backend", lambda env=None: backend["now"])
-    monkeypatch.setattr(strategies_pkg, "create",
-                        lambda name: made.append(Made(backend["now"])) or made[-1])
+    monkeypatch.setattr(strategies_pkg, "create", lambda name: made.append(Made(backend["now"])) or made[-1])
     ext = kdist_magics._extension
     ext._strategies.pop("multiworker", None)
     first = ext.strategy_object("multiworker")

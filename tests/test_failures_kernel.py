@@ -15,7 +15,10 @@ import re
 
 import pytest
 
-pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
+pytest.importorskip(
+    "horovod.tensorflow",
+    reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)",
+)
 pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
 pytest.importorskip("jupyter_client", reason="jupyter_client drives the kernel")
 psutil = pytest.importorskip("psutil", reason="processes and sockets are counted with psutil")
@@ -65,9 +68,20 @@ def engine_pids(k):
 
 
 # -- 5. bad input: nothing starts ---------------------------------------------------------
-BAD_LINES = ["--np 0", "--np two", "--timeout -1", "--timeout 0", "--strategy nope",
-             "--out everyone", "--push 1x", "--pull a,,class", "--bogus", "--strategy mirrored --np 2",
-             "--strategy horovod --devices 2", "--np 2 'unbalanced"]
+BAD_LINES = [
+    "--np 0",
+    "--np two",
+    "--timeout -1",
+    "--timeout 0",
+    "--strategy nope",
+    "--out everyone",
+    "--push 1x",
+    "--pull a,,class",
+    "--bogus",
+    "--strategy mirrored --np 2",
+    "--strategy horovod --devices 2",
+    "--np 2 'unbalanced",
+]
 
 
 def test_bad_options_are_one_short_usage_error_and_start_nothing(tmp_path):
@@ -87,8 +101,7 @@ def test_bad_options_are_one_short_usage_error_and_start_nothing(tmp_path):
             assert set(k.children()) <= before, (line, k.children())  # no controller, no engines
         assert k.eval("'kd_ran' in globals()") is False
         # an in-kernel strategy's failing cell: the user's own traceback, as one error output
-        res = k.execute("%%kdist --strategy default --no-dashboard\ndef f():\n    return 1 / 0\nf()",
-                        timeout=240)
+        res = k.execute("%%kdist --strategy default --no-dashboard\ndef f():\n    return 1 / 0\nf()", timeout=240)
         err = one_error(res)
         assert err["ename"] == "ZeroDivisionError" and "return 1 / 0" in res.text, err
         assert res.reply["content"]["status"] == "error"
@@ -114,8 +127,10 @@ def test_every_listening_socket_of_the_kernel_tree_is_loopback_during_a_run(kern
     t = threading.Thread(target=sample, daemon=True)
     t.start()
     try:
-        kern.check(f"{HVD}\nimport time, tensorflow as tf, horovod.tensorflow as hcore\n"
-                   "for _ in range(5):\n    hcore.allreduce(tf.ones(2)); time.sleep(0.3)")
+        kern.check(
+            f"{HVD}\nimport time, tensorflow as tf, horovod.tensorflow as hcore\n"
+            "for _ in range(5):\n    hcore.allreduce(tf.ones(2)); time.sleep(0.3)"
+        )
     finally:
         stop.set()
         t.join()
@@ -138,9 +153,11 @@ def test_no_output_ever_contains_the_cluster_key(kern):
 # -- 1. a rank raises ----------------------------------------------------------------------
 def test_a_rank_raising_is_one_error_naming_rank_type_message_and_its_traceback(kern):
     pids = engine_pids(kern)
-    res = kern.execute(f"{HVD}\nimport time\nkd_progress = 'started'\n"
-                       "def load_shard(r):\n    if r == 1:\n        raise ValueError('bad data on one rank')\n"
-                       "load_shard(hvd.rank())\ntime.sleep(120)")
+    res = kern.execute(
+        f"{HVD}\nimport time\nkd_progress = 'started'\n"
+        "def load_shard(r):\n    if r == 1:\n        raise ValueError('bad data on one rank')\n"
+        "load_shard(hvd.rank())\ntime.sleep(120)"
+    )
     err = one_error(res)
     assert err["ename"] == "RankFailed"
     tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err["traceback"]))
@@ -194,8 +211,9 @@ def test_pull_of_a_missing_name_is_clear_and_engines_keep_state(kern):
 # -- 3. a rank hangs ---------------------------------------------------------------------
 def test_timeout_names_the_busy_rank_and_engines_stay_usable(kern):
     pids = engine_pids(kern)
-    res = kern.execute(f"{HVD} --timeout 5\nimport time\nkd_t = 'in'\n"
-                       "time.sleep(600 if hvd.rank() == 0 else 0)", timeout=240)
+    res = kern.execute(
+        f"{HVD} --timeout 5\nimport time\nkd_t = 'in'\ntime.sleep(600 if hvd.rank() == 0 else 0)", timeout=240
+    )
     err = one_error(res)
     assert err["ename"] == "RunTimedOut" and "still busy: rank 0" in err["evalue"], err
     assert "rank 1" not in err["evalue"]
@@ -245,8 +263,7 @@ def test_kernel_interrupt_stops_all_ranks_keeps_history_and_checkpoint(kern, tmp
             kern.interrupt()  # the notebook's Stop button
 
     try:
-        res = kern.execute(f"{HVD} --checkpoint {tmp_path}\n{INTERRUPTED_FIT}", timeout=300,
-                           on_message=on_message)
+        res = kern.execute(f"{HVD} --checkpoint {tmp_path}\n{INTERRUPTED_FIT}", timeout=300, on_message=on_message)
     finally:
         kern.check("%config KDist.stop_grace = 5.0")
     assert "at" in asked, res.text[-2000:]
@@ -272,8 +289,9 @@ def test_stop_during_kdist_run_stops_every_rank_of_the_script(kern, tmp_path):
             asked["at"] = True
             kern.interrupt()
 
-    res = kern.execute(f"%kdist run --strategy horovod --np 2 --no-dashboard {script}", timeout=300,
-                       on_message=on_message)
+    res = kern.execute(
+        f"%kdist run --strategy horovod --np 2 --no-dashboard {script}", timeout=300, on_message=on_message
+    )
     assert "at" in asked, res.text[-2000:]
     assert_interrupted(kern, res, epochs=1)
     assert kern.check(f"{HVD}\nhvd.size()").value() == "2"  # the next cell runs

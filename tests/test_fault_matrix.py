@@ -32,8 +32,13 @@ def matches(out: fm.Outcome, expected) -> bool:
     if expected == "ok":
         return out.ok
     name, *words = expected
-    return (not out.ok and out.error is not None and out.error.startswith(f"{name}: ")
-            and all(w in out.error for w in words) and out.lines == 1)  # no kdist traceback
+    return (
+        not out.ok
+        and out.error is not None
+        and out.error.startswith(f"{name}: ")
+        and all(w in out.error for w in words)
+        and out.lines == 1
+    )  # no kdist traceback
 
 
 def check(out: fm.Outcome, expected) -> None:
@@ -94,17 +99,20 @@ def test_a_kernel_that_dies_or_restarts_at_any_phase_leaves_nothing(strategy, ph
             k.cleanup()
 
 
-THEIRS = ("import kdist_magics, ipyparallel as ipp\ntheirs = ipp.Cluster(n=2, cluster_id='theirs', "
-          "controller_ip='127.0.0.1', log_level=40)\ntheirs.start_cluster_sync()\n"
-          "theirs.connect_client_sync().wait_for_engines(2, timeout=120, interactive=False)")
+THEIRS = (
+    "import kdist_magics, ipyparallel as ipp\ntheirs = ipp.Cluster(n=2, cluster_id='theirs', "
+    "controller_ip='127.0.0.1', log_level=40)\ntheirs.start_cluster_sync()\n"
+    "theirs.connect_client_sync().wait_for_engines(2, timeout=120, interactive=False)"
+)
 #: the user mends their cluster: what is left of it stopped (an engine set whose engines died
 #: with their controller raises as it stops), the connection files a killed controller left
 #: removed (new engines would read them and fail: what ``ipcluster clean`` does), a new one
 #: started under the same id
-RESTART_THEIRS = ("import glob, os\ntry:\n    theirs.stop_cluster_sync()\nexcept Exception as e:\n"
-                  "    print('stop:', repr(e)[:200])\nfor f in glob.glob(os.path.join(theirs.profile_dir, "
-                  "'security', 'ipcontroller-theirs-*.json')):\n    os.remove(f)\n"
-                  + THEIRS.split("\n", 1)[1])
+RESTART_THEIRS = (
+    "import glob, os\ntry:\n    theirs.stop_cluster_sync()\nexcept Exception as e:\n"
+    "    print('stop:', repr(e)[:200])\nfor f in glob.glob(os.path.join(theirs.profile_dir, "
+    "'security', 'ipcontroller-theirs-*.json')):\n    os.remove(f)\n" + THEIRS.split("\n", 1)[1]
+)
 
 
 @pytest.mark.horovod
@@ -165,8 +173,9 @@ def test_faults_on_an_attached_cluster_never_end_its_engines(tmp_path):
         pids = engines()
         err = faulted("setup", lambda facts: os.kill(facts["engines"][-1], signal.SIGKILL))
         assert err.get("ename") == "RankDied", err
-        assert err["evalue"].startswith(f"While the engines were prepared: rank 1 has ended (pid {pids[-1]}; "
-                                        f"kdist did not start it"), err["evalue"]
+        assert err["evalue"].startswith(
+            f"While the engines were prepared: rank 1 has ended (pid {pids[-1]}; kdist did not start it"
+        ), err["evalue"]
         assert "The cell did not run" in err["evalue"]
         assert "restart the cluster's engines (kdist restarts no cluster it did not start)" in err["evalue"]
         assert psutil.pid_exists(pids[0])  # the other engine is theirs: left running
@@ -219,17 +228,22 @@ def test_a_controller_ended_while_it_forks_its_schedulers_takes_them_along(momen
     from kdist_magics.cluster.follow import command
     from kernel_driver import wait_gone
 
-    cmd = command("ipyparallel.controller") + [f"--profile-dir={tmp_path / 'profile'}",
-                                               "--ip=127.0.0.1", "--cluster-id=kdleak"]
-    controller = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, cwd=tmp_path)
+    cmd = command("ipyparallel.controller") + [
+        f"--profile-dir={tmp_path / 'profile'}",
+        "--ip=127.0.0.1",
+        "--cluster-id=kdleak",
+    ]
+    controller = subprocess.Popen(
+        cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path
+    )
 
     def group() -> list[int]:
         found = []
         for proc in psutil.process_iter(["pid", "status"]):
             try:
-                if (os.getpgid(proc.pid) == controller.pid
-                        and proc.info["status"] != psutil.STATUS_ZOMBIE):  # killed, not reaped
+                if (
+                    os.getpgid(proc.pid) == controller.pid and proc.info["status"] != psutil.STATUS_ZOMBIE
+                ):  # killed, not reaped
                     found.append(proc.pid)
             except OSError:
                 pass

@@ -35,8 +35,9 @@ def test_each_position_gets_as_many_files_in_name_order_and_the_rest_is_said(par
     first, second = shard_files(pattern, 0, 2), shard_files(pattern, 1, 2)
     assert [p.rsplit("-", 1)[1] for p in first] == ["00000.npz", "00002.npz"]
     assert [p.rsplit("-", 1)[1] for p in second] == ["00001.npz", "00003.npz"]
-    assert capsys.readouterr().out == ("kdist: 5 files over 2 ranks: leaving out the last 1 so "
-                                       "every rank reads as many\n")  # once: rank 0 says it
+    assert capsys.readouterr().out == (
+        "kdist: 5 files over 2 ranks: leaving out the last 1 so every rank reads as many\n"
+    )  # once: rank 0 says it
     assert shard_files(paths, 0, 1) == sorted(map(str, paths))  # a list works as a pattern does
     with pytest.raises(ValueError, match=r"^5 files matching .* for 8 data positions: give every rank"):
         shard_files(pattern, 0, 8)
@@ -51,8 +52,9 @@ def test_the_position_comes_from_what_runs_the_process(monkeypatch):
     cluster = {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}))
     assert data_position() == (2, 3)
-    group = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,
-                                  get_rank=lambda: 1, get_world_size=lambda: 4)
+    group = types.SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 1, get_world_size=lambda: 4
+    )
     monkeypatch.setitem(sys.modules, "torch.distributed", group)
     assert data_position() == (1, 4)
     hvd = types.SimpleNamespace(is_initialized=lambda: True, rank=lambda: 3, size=lambda: 8)
@@ -65,8 +67,7 @@ def test_every_rank_makes_as_many_batches_as_the_smallest_part_gives(tmp_path, m
     rng = np.random.default_rng(0)
     sizes = [300, 100, 250, 120]  # batches of 64 in each file: 4, 1, 3, 1
     for i, n in enumerate(sizes):
-        np.savez(tmp_path / f"part-{i:05d}.npz", x=rng.normal(size=(n, 3)).astype("float32"),
-                 y=np.full(n, i))
+        np.savez(tmp_path / f"part-{i:05d}.npz", x=rng.normal(size=(n, 3)).astype("float32"), y=np.full(n, i))
     seen = []
     for position in (0, 1):  # position 0 reads files 0 and 2 (7 batches), 1 files 1 and 3 (2)
         monkeypatch.setattr(datasets, "data_position", lambda p=position: (p, 2))
@@ -119,21 +120,27 @@ def _identical(a, b):
 @pytest.mark.horovod
 @pytest.mark.timeout(600)
 def test_horovod_ranks_read_their_own_files_and_train_in_sync(tmp_path):
-    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test "
-                                                      "builds it into .venv)")
+    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv)")
     from conftest import run_in_fresh_shell
 
     _write(tmp_path)
-    cell = CELL.replace("FOLDER", repr(str(tmp_path))).replace(
-        "OPTIMIZER", "hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))").replace(
-        "model.fit(ds, epochs=2, verbose=0)",
-        "model.fit(ds, epochs=2, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])")
-    out = run_in_fresh_shell(f"""
+    cell = (
+        CELL.replace("FOLDER", repr(str(tmp_path)))
+        .replace("OPTIMIZER", "hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))")
+        .replace(
+            "model.fit(ds, epochs=2, verbose=0)",
+            "model.fit(ds, epochs=2, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])",
+        )
+    )
+    out = run_in_fresh_shell(
+        f"""
 _, err = attempt("--strategy horovod --np 2 --no-dashboard", {cell!r})
 out["err"] = repr(err)
 out["files"], out["weights"] = by_rank("kd_files", "horovod"), by_rank("kd_weights", "horovod")
 ip.run_line_magic("kdist", "stop")
-""", {"KERAS_BACKEND": "tensorflow"})
+""",
+        {"KERAS_BACKEND": "tensorflow"},
+    )
     assert out["err"] == "None", out["_stdout"][-3000:]
     assert out["files"] == [["part-00000.npz", "part-00002.npz"], ["part-00001.npz", "part-00003.npz"]]
     assert _identical(*out["weights"])
@@ -151,9 +158,12 @@ def test_jax_processes_read_their_own_files_and_sharded_ones_on_one_position_rea
     folder = tempfile.mkdtemp()
     _write(folder)
     cell = CELL.replace("FOLDER", repr(folder)).replace("OPTIMIZER", "keras.optimizers.SGD(0.01)")
-    sharded = cell.replace("kd_weights = [w.tolist() for w in model.get_weights()[:2]]\n",
-                           "kd_loss = model.history.history['loss'] if model.history else None\n")
-    out = run_in_fresh_shell(f"""
+    sharded = cell.replace(
+        "kd_weights = [w.tolist() for w in model.get_weights()[:2]]\n",
+        "kd_loss = model.history.history['loss'] if model.history else None\n",
+    )
+    out = run_in_fresh_shell(
+        f"""
 _, err = attempt("--strategy multiworker --np 2 --no-dashboard", {cell!r})
 out["err"] = repr(err)
 out["files"], out["weights"] = by_rank("kd_files"), by_rank("kd_weights")
@@ -163,7 +173,9 @@ s = kdist_magics._extension._strategies["sharded"].engines
 ranks = s.ranks(s.cluster, None)
 out["sharded files"] = [v for _, v in sorted(zip(ranks, s.cluster.view().pull("kd_files", block=True)))]
 ip.run_line_magic("kdist", "stop")
-""", {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
+""",
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+    )
     assert out["err"] == "None", out["_stdout"][-3000:]
     assert out["files"] == [["part-00000.npz", "part-00002.npz"], ["part-00001.npz", "part-00003.npz"]]
     assert _identical(*out["weights"])

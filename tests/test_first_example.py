@@ -23,7 +23,7 @@ FENCE = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 
 def front_blocks(text: str) -> list[str]:
     """The python code blocks before the page's first ``## `` heading."""
-    head = text[:text.index("\n## ")] if "\n## " in text else text
+    head = text[: text.index("\n## ")] if "\n## " in text else text
     return [m.group(1) for m in FENCE.finditer(head)]
 
 
@@ -100,14 +100,18 @@ def test_readme_horovod_example_trains_on_two_ranks():
     if importlib.util.find_spec("horovod") is None:
         pytest.skip("Horovod is not built in this environment (python -m kdist_magics.strategies.horovod.build)")
     blocks = FIRST[:2] + HOROVOD[:-1]  # the data, then the Horovod cell; stop after the check
-    check = ("out['weights'] = [[w.tolist() for w in v] for v in "
-             "by_rank_weights()]; ip.run_line_magic('kdist', 'stop')")
-    body = RUN_BLOCKS + """
+    check = "out['weights'] = [[w.tolist() for w in v] for v in by_rank_weights()]; ip.run_line_magic('kdist', 'stop')"
+    body = (
+        RUN_BLOCKS
+        + """
 def by_rank_weights():
     ip.run_cell_magic("kdist", "--strategy horovod --np 2 --no-dashboard --out none",
                       "kd_w = model.get_weights()")
     return by_rank("kd_w", "horovod")
-""" + check + "\n"
+"""
+        + check
+        + "\n"
+    )
     out = run_in_fresh_shell(body, _env(blocks))
     assert out["failed"] == [], out["_stdout"][-3000:]
     assert (out["strategy"], out["status"], out["ranks"]) == ("horovod", "done", [0, 1])

@@ -22,13 +22,13 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
 @pytest.mark.timeout(900)
 def test_gpu_check_runs_through_on_the_cpu():
     pytest.importorskip("jax", reason="the GPU check is Keras on JAX (make test installs it)")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True,
-                          timeout=800)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=800)
     out = proc.stdout
     assert "dry run on the CPU" in out, out + proc.stderr[-2000:]
     # the telemetry check saw the CPU (no NVML rows), so it fails: the GPU condition is real
-    assert re.search(r"^FAIL telemetry \+ mirrored on JAX .*platform cpu, 0 NVML rows.*notes \['CPU only'\]",
-                     out, re.M), out
+    assert re.search(
+        r"^FAIL telemetry \+ mirrored on JAX .*platform cpu, 0 NVML rows.*notes \['CPU only'\]", out, re.M
+    ), out
     backends = ["jax"] + (["torch"] if importlib.util.find_spec("torch") else [])
     for backend in backends:
         line = next(l for l in out.splitlines() if l.startswith(("PASS", "FAIL")) and f"{backend} multiworker" in l)

@@ -63,8 +63,10 @@ def test_no_tensorflow_is_one_clear_line(tmp_path, capsys):
     no_tf.chmod(0o755)
     assert hb.main(["--python", str(no_tf), "--check"]) == 2
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["kdist horovod: cannot build Horovod: TensorFlow is not importable here; "
-                   "install it first (pip install 'kdist_magics[tensorflow-cpu]')"]
+    assert out == [
+        "kdist horovod: cannot build Horovod: TensorFlow is not importable here; "
+        "install it first (pip install 'kdist_magics[tensorflow-cpu]')"
+    ]
 
 
 def test_without_horovod_the_strategy_says_how_in_one_line(monkeypatch):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
+pytest.importorskip(
+    "horovod.tensorflow",
+    reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)",
+)
 pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
 
 import kdist_magics  # noqa: E402
@@ -70,8 +73,7 @@ def eip(shell):
 
 def test_a_rank_lost_mid_epoch_the_others_go_on_from_the_last_commit(eip, capsys):
     eip.user_ns["KILLED"] = 1
-    out = eip.run_cell_magic("kdist", "--strategy horovod --np 4 --min-np 2 --push KILLED",
-                             ELASTIC_CELL)
+    out = eip.run_cell_magic("kdist", "--strategy horovod --np 4 --min-np 2 --push KILLED", ELASTIC_CELL)
     printed = capsys.readouterr().out
     # re-formed once, as 3 ranks, at the commit of (epoch 1, batch 2), whose weights came back
     # (CommitStateCallback runs before UpdateBatchStateCallback: the saved batch is 1)
@@ -90,9 +92,12 @@ def test_a_rank_lost_mid_epoch_the_others_go_on_from_the_last_commit(eip, capsys
     # host (on 2 cores: one intra-op thread each and two inter-op, as they outnumber the cores)
     from kdist_magics.rank.lifecycle import thread_env, threads_per_rank
 
-    threads = eip.run_cell_magic("kdist", "--strategy horovod --np 4",
-                                 "import os\n(hvd.size(), {k: os.environ[k] for k in ('TF_NUM_INTRAOP_THREADS',"
-                                 " 'TF_NUM_INTEROP_THREADS', 'OMP_NUM_THREADS')})")
+    threads = eip.run_cell_magic(
+        "kdist",
+        "--strategy horovod --np 4",
+        "import os\n(hvd.size(), {k: os.environ[k] for k in ('TF_NUM_INTRAOP_THREADS',"
+        " 'TF_NUM_INTEROP_THREADS', 'OMP_NUM_THREADS')})",
+    )
     assert threads == (4, thread_env(threads_per_rank(4), 4))
     assert "restarting the engines (ranks were lost in the previous run)" in capsys.readouterr().out
 
@@ -127,24 +132,27 @@ def test_horovods_keras_examples_run_with_kdist_run(eip, tmp_path, monkeypatch):
     assert loss[-1] < loss[0] and all(r["history"]["loss"] == pytest.approx(loss) for r in ranks), loss
     assert ranks[0]["restored_matches"] and ranks[0]["hvd_module"] == "kdist_magics.keras_horovod"
 
-    eip.run_line_magic("kdist", "run --strategy horovod --np 4 --min-np 2 --no-dashboard "
-                                "hvd_keras_mnist_elastic.py")
-    out = eip.run_cell_magic("kdist", "--strategy horovod --np 4 --min-np 2 --no-dashboard", """
+    eip.run_line_magic("kdist", "run --strategy horovod --np 4 --min-np 2 --no-dashboard hvd_keras_mnist_elastic.py")
+    out = eip.run_cell_magic(
+        "kdist",
+        "--strategy horovod --np 4 --min-np 2 --no-dashboard",
+        """
 import numpy as np
 every = hvd.allgather_object(np.concatenate([w.ravel() for w in model.get_weights()]))
 {"spread": float(max(np.abs(w - every[0]).max() for w in every)), "size": hvd.size(),
  "loss": model.history.history["loss"], "epoch": state.epoch}
-""")
+""",
+    )
     assert (out["size"], out["spread"], out["epoch"]) == (4, 0.0, 3), out
     assert out["loss"][-1] < out["loss"][0], out["loss"]  # three epochs of the elastic fit
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*.keras")) == [
-        f"checkpoint-{e}.keras" for e in (1, 2, 3)]  # rank 0's checkpoints, one per epoch
+        f"checkpoint-{e}.keras" for e in (1, 2, 3)
+    ]  # rank 0's checkpoints, one per epoch
 
 
 def test_losing_rank_0_makes_the_next_rank_the_new_rank_0(eip):
     eip.user_ns["KILLED"] = 0
-    out = eip.run_cell_magic("kdist", "--strategy horovod --np 4 --min-np 3 --push KILLED",
-                             ELASTIC_CELL)
+    out = eip.run_cell_magic("kdist", "--strategy horovod --np 4 --min-np 3 --push KILLED", ELASTIC_CELL)
     assert (out["size"], out["ranks"], out["spread"]) == (3, 3, 0.0)  # rank 1's value, as rank 0
     assert kdist_magics.last_run().ranks[0].state == "lost"
 
@@ -152,8 +160,7 @@ def test_losing_rank_0_makes_the_next_rank_the_new_rank_0(eip):
 def test_fewer_ranks_left_than_min_np_stops_the_run(eip, capsys):
     eip.user_ns["KILLED"] = 2
     with pytest.raises(RankDied) as info:
-        eip.run_cell_magic("kdist", "--strategy horovod --np 4 --min-np 4 --push KILLED",
-                           ELASTIC_CELL)
+        eip.run_cell_magic("kdist", "--strategy horovod --np 4 --min-np 4 --push KILLED", ELASTIC_CELL)
     assert list(info.value.deaths) == [2] and "SIGKILL" in info.value.deaths[2]
     assert "only 3 ranks left, fewer than --min-np 4" in capsys.readouterr().err
     assert eip.run_cell_magic("kdist", "--strategy horovod --np 4", "hvd.size()") == 4
@@ -202,8 +209,7 @@ def test_an_engine_registering_mid_run_joins_at_the_next_commit(eip, capsys):
     import subprocess
     import sys
 
-    theirs = ipp.Cluster(n=2, cluster_id=f"grow-{os.getpid()}", controller_ip="127.0.0.1",
-                         log_level=40)
+    theirs = ipp.Cluster(n=2, cluster_id=f"grow-{os.getpid()}", controller_ip="127.0.0.1", log_level=40)
     theirs.start_cluster_sync()
     stop = threading.Event()
     extra: list[subprocess.Popen] = []
@@ -216,9 +222,17 @@ def test_an_engine_registering_mid_run_joins_at_the_next_commit(eip, capsys):
             while not stop.is_set():
                 rec = kdist_magics.last_run()
                 if rec is not None and rec.strategy == "horovod" and rec.metrics:
-                    extra.append(subprocess.Popen(
-                        [sys.executable, "-m", "ipyparallel.engine",
-                         f"--cluster-id={theirs.cluster_id}", "--log-level=40"]))
+                    extra.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "ipyparallel.engine",
+                                f"--cluster-id={theirs.cluster_id}",
+                                "--log-level=40",
+                            ]
+                        )
+                    )
                     return
                 time.sleep(0.2)
 
@@ -226,8 +240,8 @@ def test_an_engine_registering_mid_run_joins_at_the_next_commit(eip, capsys):
         adder.start()
         eip.user_ns["EPOCHS"] = 8
         out = eip.run_cell_magic(
-            "kdist", f"--strategy horovod --np 2 --max-np 3 --cluster-id {theirs.cluster_id} "
-                     "--push EPOCHS", GROW_CELL)
+            "kdist", f"--strategy horovod --np 2 --max-np 3 --cluster-id {theirs.cluster_id} --push EPOCHS", GROW_CELL
+        )
         adder.join(timeout=60)
         printed = capsys.readouterr().out
         assert (out["size"], out["ranks"], out["epoch"]) == (3, 3, 8)
@@ -240,8 +254,10 @@ def test_an_engine_registering_mid_run_joins_at_the_next_commit(eip, capsys):
         assert "world size 2 \u2192 3 (rank 2 joined)" in rec.summary()
         assert "rank 2 joins the run at its next commit" in printed
         # the next cell uses the cluster as asked (2 ranks), the third engine idle
-        assert eip.run_cell_magic("kdist", f"--strategy horovod --np 2 --cluster-id "
-                                           f"{theirs.cluster_id}", "hvd.size()") == 2
+        assert (
+            eip.run_cell_magic("kdist", f"--strategy horovod --np 2 --cluster-id {theirs.cluster_id}", "hvd.size()")
+            == 2
+        )
         eip.run_line_magic("kdist", "stop")
     finally:
         stop.set()

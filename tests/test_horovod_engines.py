@@ -16,7 +16,10 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
+pytest.importorskip(
+    "horovod.tensorflow",
+    reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)",
+)
 pytest.importorskip("ipyparallel", reason="ipyparallel is a core dependency")
 
 import kdist_magics  # noqa: E402
@@ -64,11 +67,15 @@ def hip(shell):
 def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip, capsys):
     import psutil
 
-    kdist(hip, "", "import os\nkd_seen = (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())\n"
-                   "kd_threads = os.environ.get('TF_NUM_INTRAOP_THREADS')\n"
-                   "kd_preloaded = os.environ.get('KDIST_PRELOADED')\n"
-                   "import horovod.tensorflow.keras as hk\n"
-                   "kd_binding = (hvd.__name__, hk is hvd)")
+    kdist(
+        hip,
+        "",
+        "import os\nkd_seen = (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())\n"
+        "kd_threads = os.environ.get('TF_NUM_INTRAOP_THREADS')\n"
+        "kd_preloaded = os.environ.get('KDIST_PRELOADED')\n"
+        "import horovod.tensorflow.keras as hk\n"
+        "kd_binding = (hvd.__name__, hk is hvd)",
+    )
     assert engine_values("kd_seen") == [(0, 2, 0, 2), (1, 2, 1, 2)]
     # under Keras 3, `hvd` and `import horovod.tensorflow.keras` are kdist's binding
     assert engine_values("kd_binding") == [("kdist_magics.keras_horovod", True)] * 2
@@ -92,19 +99,24 @@ def test_engines_are_ranks_with_warm_namespaces_threads_and_loopback_sockets(hip
     listening = []
     for pid in strategy().cluster._process_tree_pids():
         try:
-            listening += [c.laddr.ip for c in net_connections(psutil.Process(pid), "inet")
-                          if c.status == psutil.CONN_LISTEN]
+            listening += [
+                c.laddr.ip for c in net_connections(psutil.Process(pid), "inet") if c.status == psutil.CONN_LISTEN
+            ]
         except psutil.Error:
             pass
     assert all(ip in ("127.0.0.1", "::1") for ip in listening), listening
     assert listening or strategy().cluster.namespace is not None
     # and so does every socket of the ranks while Horovod (Gloo) is initialised and talking
-    kdist(hip, "", "import psutil, tensorflow as tf, horovod.tensorflow as hcore\n"
-                   "from kdist_magics.cluster.compat_psutil import net_connections\n"
-                   "hcore.allreduce(tf.ones(2))\n"
-                   "kd_listen = [c.laddr.ip for c in net_connections(psutil.Process(), 'inet')\n"
-                   "             if c.status == psutil.CONN_LISTEN]\n"
-                   "kd_peers = [c.raddr.ip for c in net_connections(psutil.Process(), 'inet') if c.raddr]")
+    kdist(
+        hip,
+        "",
+        "import psutil, tensorflow as tf, horovod.tensorflow as hcore\n"
+        "from kdist_magics.cluster.compat_psutil import net_connections\n"
+        "hcore.allreduce(tf.ones(2))\n"
+        "kd_listen = [c.laddr.ip for c in net_connections(psutil.Process(), 'inet')\n"
+        "             if c.status == psutil.CONN_LISTEN]\n"
+        "kd_peers = [c.raddr.ip for c in net_connections(psutil.Process(), 'inet') if c.raddr]",
+    )
     for listen, peers in zip(engine_values("kd_listen"), engine_values("kd_peers")):
         assert all(ip in ("127.0.0.1", "::1") for ip in listen + peers), (listen, peers)
 
@@ -245,15 +257,17 @@ def test_a_slowed_rank_is_marked_as_the_straggler_and_a_balanced_run_has_none(hi
     assert split[0]["communication_s"] == split[1]["communication_s"] < split[0]["wait_s"] / 2, split
     # --tensorboard: the kernel wrote both ranks' rows, as TensorBoard reads them
     assert f"%tensorboard --logdir {tmp_path}/tb" in capsys.readouterr().out
-    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
-                                      reason="TensorBoard (the test extra) reads the files back")
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="TensorBoard (the test extra) reads the files back",
+    )
     for r in (0, 1):
         acc = accumulator.EventAccumulator(str(tmp_path / "tb" / f"rank{r}"))
         acc.Reload()
-        want = [(row["step"], row["loss"]) for row in rec.metrics
-                if row["rank"] == r and row["kind"] == "step"]
+        want = [(row["step"], row["loss"]) for row in rec.metrics if row["rank"] == r and row["kind"] == "step"]
         assert [(e.step, e.value) for e in acc.Scalars("loss")] == [
-            (s, pytest.approx(v, rel=1e-6)) for s, v in want] and len(want) >= 3
+            (s, pytest.approx(v, rel=1e-6)) for s, v in want
+        ] and len(want) >= 3
         assert [e.step for e in acc.Scalars("epoch_loss")] == [64]
     hip.user_ns.update(SLOW=0.0, BATCH=4, EPOCHS=3)
     kdist(hip, "--push SLOW,BATCH,EPOCHS", STRAGGLER_CELL)
@@ -376,7 +390,11 @@ def test_horovod_keras_mnist_example_cell(hip, tmp_path, capsys):
     assert rec.status == "done"
     # what the run did, in order (the engines were warm: no start-up phase)
     assert [p["name"] for p in rec.phases] == [
-        "setting up Horovod (TensorFlow import, hvd.init)", "running the cell", "training", "finishing"]
+        "setting up Horovod (TensorFlow import, hvd.init)",
+        "running the cell",
+        "training",
+        "finishing",
+    ]
     # every rank ends with identical weights (a silently drifting binding fails here)
     kdist(hip, "", "kd_weights = [v.numpy() for v in mnist_model.weights]")
     w0, w1 = engine_values("kd_weights")
@@ -400,8 +418,7 @@ def test_horovod_keras_mnist_example_cell(hip, tmp_path, capsys):
     probe = (images[:16, ..., None] / 255.0).astype("float32")
     hip.user_ns["PROBE"] = probe
     kdist(hip, "--push PROBE", "kd_pred = mnist_model.predict(PROBE, verbose=0)")
-    np.testing.assert_allclose(model.predict(probe, verbose=0), engine_values("kd_pred")[0],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict(probe, verbose=0), engine_values("kd_pred")[0], rtol=1e-5, atol=1e-6)
     kernel = model.layers[0].get_weights()[0].copy()
     model.fit(probe, labels[:16], epochs=2, verbose=0)  # it keeps training in the notebook
     assert not np.array_equal(kernel, model.layers[0].get_weights()[0])
@@ -410,17 +427,23 @@ def test_horovod_keras_mnist_example_cell(hip, tmp_path, capsys):
     hip.user_ns["EPOCHS"] = 1
     kdist(hip, "--push EPOCHS --pull history", MNIST_CELL)
     assert cluster_pids() == pids and len(hip.user_ns["history"].history["loss"]) == 1
-    print(f"second cell: engines ready for the cell in {sum(strategy().last_timing.values()):.2f} s",
-          file=__import__("sys").stderr)
+    print(
+        f"second cell: engines ready for the cell in {sum(strategy().last_timing.values()):.2f} s",
+        file=__import__("sys").stderr,
+    )
 
 
 # -- failures -----------------------------------------------------------------------------
 def test_a_rank_raising_names_the_rank_and_stops_the_others(hip):
     pids = cluster_pids()
     with pytest.raises(RankFailed) as info:
-        kdist(hip, "", "import time\nkd_progress = 'started'\n"
-                       "if hvd.rank() == 1:\n    raise ValueError('bad data on one rank')\n"
-                       "time.sleep(120)")
+        kdist(
+            hip,
+            "",
+            "import time\nkd_progress = 'started'\n"
+            "if hvd.rank() == 1:\n    raise ValueError('bad data on one rank')\n"
+            "time.sleep(120)",
+        )
     err = info.value
     assert set(err.failures) == {1} and err.stopped == [0]
     assert "rank 1" in str(err) and "ValueError" in str(err) and "bad data on one rank" in str(err)
@@ -436,9 +459,13 @@ def test_a_rank_raising_names_the_rank_and_stops_the_others(hip):
 def test_a_rank_raising_while_the_other_waits_in_a_collective(hip):
     pids = cluster_pids()
     with pytest.raises(RankFailed) as info:
-        kdist(hip, "", "import tensorflow as tf, horovod.tensorflow as hcore\n"
-                       "if hvd.rank() == 1:\n    raise RuntimeError('no data')\n"
-                       "hcore.allreduce(tf.ones(3))")
+        kdist(
+            hip,
+            "",
+            "import tensorflow as tf, horovod.tensorflow as hcore\n"
+            "if hvd.rank() == 1:\n    raise RuntimeError('no data')\n"
+            "hcore.allreduce(tf.ones(3))",
+        )
     assert set(info.value.failures) == {1} and info.value.stopped == [0]
     assert kdist_magics.last_run().ranks[0].state == "stopped"
     # rank 0 never returns from allreduce by itself and ignores SIGINT there: kdist ends
@@ -476,10 +503,14 @@ def test_a_rank_failing_mid_fit_releases_the_other_from_its_compiled_step(hip):
 def test_helpers_run_below_the_ranks_and_the_cell_at_normal_priority(hip):
     import psutil
 
-    kdist(hip, "", "import os, threading\n"
-                   "kd_nice = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)"
-                   " for t in threading.enumerate()}\n"
-                   "kd_main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())")
+    kdist(
+        hip,
+        "",
+        "import os, threading\n"
+        "kd_nice = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)"
+        " for t in threading.enumerate()}\n"
+        "kd_main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())",
+    )
     me = os.getpriority(os.PRIO_PROCESS, 0)
     for nice, main in zip(engine_values("kd_nice"), engine_values("kd_main")):
         assert main == me  # the cell, and the framework's threads it starts, keep the priority
@@ -487,8 +518,9 @@ def test_helpers_run_below_the_ranks_and_the_cell_at_normal_priority(hip):
     cluster = strategy().cluster
     engines = set(cluster_pids())
     helpers = [p for p in cluster._process_tree_pids() if p not in engines]
-    controller = [psutil.Process(p) for p in helpers
-                  if "ipyparallel.controller" in " ".join(psutil.Process(p).cmdline())]
+    controller = [
+        psutil.Process(p) for p in helpers if "ipyparallel.controller" in " ".join(psutil.Process(p).cmdline())
+    ]
     assert controller and all(p.nice() == min(19, me + 10) for p in controller)
 
 
@@ -501,8 +533,7 @@ def test_kdist_start_warms_engines_in_the_background_for_the_first_cell(hip, cap
     capsys.readouterr()
     hip.run_line_magic("kdist", "start --strategy horovod --np 2")
     out = capsys.readouterr().out
-    assert "starting 2 horovod engines in the background and importing tensorflow, " \
-           "horovod.tensorflow there" in out
+    assert "starting 2 horovod engines in the background and importing tensorflow, horovod.tensorflow there" in out
     warming = strategy().warming
     assert warming is not None and warming.busy  # the line magic returned at once
     hip.run_line_magic("kdist", "status")
@@ -513,7 +544,9 @@ def test_kdist_start_warms_engines_in_the_background_for_the_first_cell(hip, cap
     # the engines hold the framework already, imported after kdist's thread variables
     strategy().cluster.view().execute(
         "import os, sys\nkd_warm = ('tensorflow' in sys.modules, 'horovod.tensorflow' in sys.modules,"
-        " os.environ.get('TF_NUM_INTRAOP_THREADS'))", block=True)
+        " os.environ.get('TF_NUM_INTRAOP_THREADS'))",
+        block=True,
+    )
     cpus = len(os.sched_getaffinity(0))
     assert engine_values("kd_warm") == [(True, True, str(max(1, cpus // 2)))] * 2
     pids = cluster_pids()
@@ -538,18 +571,23 @@ def test_timeout_reports_busy_ranks_and_leaves_engines_usable(hip):
 
 def test_interrupt_stops_all_ranks_and_keeps_the_checkpoint(hip, tmp_path):
     hip.user_ns["X"] = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
-    cell = ("import keras, numpy as np\n"
-            "model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])\n"
-            "model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss='mse')\n"
-            "model.fit(X, X.sum(1), batch_size=8, epochs=10000, verbose=0,\n"
-            "          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])\n")
+    cell = (
+        "import keras, numpy as np\n"
+        "model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])\n"
+        "model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss='mse')\n"
+        "model.fit(X, X.sum(1), batch_size=8, epochs=10000, verbose=0,\n"
+        "          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])\n"
+    )
     stop = threading.Event()
 
     def interrupt_after_two_epochs():
         while not stop.is_set():
             rec = kdist_magics.last_run()
-            if rec is not None and rec.status == "running" and \
-                    sum(1 for m in list(rec.metrics) if m.get("kind") == "epoch" and m["rank"] == 0) >= 2:
+            if (
+                rec is not None
+                and rec.status == "running"
+                and sum(1 for m in list(rec.metrics) if m.get("kind") == "epoch" and m["rank"] == 0) >= 2
+            ):
                 os.kill(os.getpid(), signal.SIGINT)  # what the notebook's Stop button does
                 return
             time.sleep(0.1)
@@ -589,8 +627,12 @@ def test_a_dying_rank_is_reported_with_its_exit_status_and_engines_restart(hip):
     assert kdist(hip, "", "(hvd.rank(), hvd.size())") == (0, 2)  # restarted automatically
     assert not cluster_pids() & old
     phases = kdist_magics.last_run().phases  # the restart is the run's first phase, counted
-    assert [p["name"] for p in phases] == ["starting 2 engines", "setting up Horovod (TensorFlow "
-                                           "import, hvd.init)", "running the cell", "finishing"]
+    assert [p["name"] for p in phases] == [
+        "starting 2 engines",
+        "setting up Horovod (TensorFlow import, hvd.init)",
+        "running the cell",
+        "finishing",
+    ]
     assert phases[0]["detail"] == "2 of 2 registered"
 
 
@@ -614,8 +656,9 @@ def test_a_frozen_rank_is_ended_after_ten_seconds_and_named(hip):
     with pytest.raises(RankDied) as info:
         kdist(hip, "", FROZEN_CELL)
     took = time.monotonic() - t0
-    assert info.value.deaths == {1: f"was stopped (SIGSTOP) for {FROZEN_AFTER:.0f} s while its "
-                                    f"peers waited for it; kdist ended it"}
+    assert info.value.deaths == {
+        1: f"was stopped (SIGSTOP) for {FROZEN_AFTER:.0f} s while its peers waited for it; kdist ended it"
+    }
     assert FROZEN_AFTER <= took < FROZEN_AFTER + 50  # bounded, not for ever
     assert kdist(hip, "", "(hvd.rank(), hvd.size())") == (0, 2)  # the next cell works
     assert not cluster_pids() & old
@@ -651,8 +694,7 @@ def test_a_framework_import_failing_on_one_engine_is_named_at_once_and_the_next_
     """hvd.init() fails on rank 1 (its import breaks); rank 0 waits for it in the rendezvous:
     the error comes as soon as rank 1 fails, not at the set-up's 120 s bound."""
     cl = strategy().cluster
-    cl.client[cl.engines[1].engine_id].execute(
-        "import sys\nsys.modules['horovod.tensorflow'] = None", block=True)
+    cl.client[cl.engines[1].engine_id].execute("import sys\nsys.modules['horovod.tensorflow'] = None", block=True)
     t0 = time.monotonic()
     with pytest.raises(KDistError) as info:
         kdist(hip, "", "pass")
@@ -708,13 +750,17 @@ def test_kernel_exit_leaves_no_engine_processes(tmp_path):
 
     import psutil
 
-    out = subprocess.run([sys.executable, "-c", KERNEL_EXITS], capture_output=True, text=True,
-                         timeout=240, env={**os.environ, "IPYTHONDIR": str(tmp_path)})
+    out = subprocess.run(
+        [sys.executable, "-c", KERNEL_EXITS],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "IPYTHONDIR": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     facts = json.loads(out.stdout.strip().splitlines()[-1])
     assert facts["value"] == 2 and len(facts["pids"]) >= 3  # controller, 2 engines (+ nannies)
-    left = [p for p in facts["pids"] if psutil.pid_exists(p)
-            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    left = [p for p in facts["pids"] if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"still running after the kernel exited: {left}"
 
 
@@ -738,8 +784,9 @@ kd_weights = [w.tolist() for w in model.get_weights()]
 """
     try:
         for n in (1, 2):
-            shell.run_cell_magic("kdist", f"--strategy horovod --np {n} --no-dashboard --timeout 90 "
-                                          f"--cluster-id kd-pasts", cell)
+            shell.run_cell_magic(
+                "kdist", f"--strategy horovod --np {n} --no-dashboard --timeout 90 --cluster-id kd-pasts", cell
+            )
         weights = theirs.connect_client_sync()[:].pull("kd_weights", block=True)
         assert weights[0] == weights[1]
     finally:

@@ -114,8 +114,10 @@ def test_timeout_and_checkpoint_under_mirrored(tmp_path):
         kern.check(f"{line}\nkd_next = strategy.num_replicas_in_sync")  # the next cell works
         assert kern.eval("kd_next") == 2
         kern.check(f"{line} --checkpoint {tmp_path / 'ck'}\n{FIT_2_EPOCHS}")
-        same = kern.eval(f"all((a == b).all() for a, b in zip(keras.saving.load_model("
-                         f"{str(tmp_path / 'ck' / 'last.keras')!r}).get_weights(), model.get_weights()))")
+        same = kern.eval(
+            f"all((a == b).all() for a, b in zip(keras.saving.load_model("
+            f"{str(tmp_path / 'ck' / 'last.keras')!r}).get_weights(), model.get_weights()))"
+        )
         assert same is True, "the checkpoint is not the model after its last epoch"
     finally:
         kern.shutdown()
@@ -132,7 +134,8 @@ def test_timeout_and_checkpoint_under_sharded(tmp_path):
     from conftest import run_in_fresh_shell
 
     folder = tmp_path / "ck"
-    r = run_in_fresh_shell(f"""
+    r = run_in_fresh_shell(
+        f"""
         import numpy as np, keras
         line = "-s sharded --devices 2 --mesh 1,2 --no-dashboard --no-telemetry"
         value, err = attempt(line + " --timeout 2", {LOOP_20_S!r})
@@ -141,10 +144,16 @@ def test_timeout_and_checkpoint_under_sharded(tmp_path):
         out["devices"] = len(ip.user_ns["strategy"].devices)  # of the 4 JAX has
         value, err = attempt(line + " --checkpoint {folder}", {FIT_2_EPOCHS!r})
         assert err is None, repr(err)
-        saved = keras.saving.load_model("{folder / 'last.keras'}").get_weights()
+        saved = keras.saving.load_model("{folder / "last.keras"}").get_weights()
         out["same"] = all(np.array_equal(a, b) for a, b in zip(saved, ip.user_ns["model"].get_weights()))
-    """, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    """,
+        dict(
+            KERAS_BACKEND="jax",
+            JAX_PLATFORMS="cpu",
+            TF_CPP_MIN_LOG_LEVEL="2",
+            XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        ),
+    )
     assert r["devices"] == 2  # --devices 2
     assert r["error"] == "KernelRunTimedOut" and "--timeout 2 s" in r["said"], r["said"]
     assert r["reached"] < 39 and r["status"] == "timeout"

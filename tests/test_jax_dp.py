@@ -15,11 +15,12 @@ pytestmark = pytest.mark.notf  # also in .venv-colab-tpu: no TensorFlow (tests/R
 
 
 def run_script(body: str, **env) -> dict:
-    return run_in_fresh_shell(body, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
-                                         TF_CPP_MIN_LOG_LEVEL="2", **env), unset=("XLA_FLAGS",))
+    return run_in_fresh_shell(
+        body, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", **env), unset=("XLA_FLAGS",)
+    )
 
 
-TRAIN = '''
+TRAIN = """
 import numpy as np, keras, jax
 shardings = []  # (devices, per-device shape) of the batch entering the model, every traced step
 class Probe(keras.layers.Layer):
@@ -33,14 +34,14 @@ y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
 model = keras.Sequential([keras.Input((4,)), Probe(), keras.layers.Dense(1)])
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
 history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
-'''
+"""
 
-ODD = '''
+ODD = """
 shardings.clear()
 odd = model.fit(x[:63], y[:63], batch_size=33, epochs=1, verbose=0, validation_split=0.25)
 score = model.evaluate(x[:63], y[:63], batch_size=33, verbose=0)
 pred = model.predict(x[:63], verbose=0)
-'''
+"""
 
 
 @pytest.mark.quick
@@ -48,7 +49,8 @@ pred = model.predict(x[:63], verbose=0)
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_data_parallel_over_forced_host_devices():
-    r = run_script(f"""
+    r = run_script(
+        f"""
         import keras
         before = [keras.Model.fit, keras.Model.evaluate, keras.Model.predict]
         value, err = attempt("-s mirrored --devices 2 --no-dashboard", {TRAIN!r})
@@ -97,7 +99,9 @@ def test_data_parallel_over_forced_host_devices():
                              "model.compile('sgd', 'mse')\\nmodel.fit(x, y, batch_size=16, epochs=2, verbose=0)")
         saved = keras.saving.load_model(folder + "/last.keras").get_weights()
         out["checkpoint"] = all((a == b).all() for a, b in zip(saved, ns["model"].get_weights()))
-    """, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    """,
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    )
     kind, replicas, dist = r["strategy"]
     assert (kind, replicas, dist) == ("DataParallelStrategy", 2, "DataParallel")
     # every batch of 16 entered the model split over both devices, 8 rows each
@@ -169,10 +173,27 @@ def test_divisible_batches_with_a_fake_model_class(monkeypatch):
     calls = []
 
     class Model:
-        def fit(self, x=None, y=None, batch_size=None, epochs=1, validation_split=0.0,
-                validation_data=None, sample_weight=None, validation_batch_size=None, steps_per_epoch=None):
-            calls.append(("fit", len(x), batch_size, validation_data and len(validation_data[0]),
-                          None if sample_weight is None else len(sample_weight)))
+        def fit(
+            self,
+            x=None,
+            y=None,
+            batch_size=None,
+            epochs=1,
+            validation_split=0.0,
+            validation_data=None,
+            sample_weight=None,
+            validation_batch_size=None,
+            steps_per_epoch=None,
+        ):
+            calls.append(
+                (
+                    "fit",
+                    len(x),
+                    batch_size,
+                    validation_data and len(validation_data[0]),
+                    None if sample_weight is None else len(sample_weight),
+                )
+            )
 
         def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, steps=None):
             calls.append(("evaluate", len(x), batch_size))
@@ -192,12 +213,17 @@ def test_divisible_batches_with_a_fake_model_class(monkeypatch):
     with divisible_batches(4, say=said.append):
         m = Model()
         m.fit(x, x, 6, sample_weight=np.ones(10))
-        m.fit(x[:8], x[:8], batch_size=8)                      # already fine: untouched
-        m.fit(x20, x20, validation_split=0.3)                  # 14 + 6 rows -> 12 + 4
+        m.fit(x[:8], x[:8], batch_size=8)  # already fine: untouched
+        m.fit(x20, x20, validation_split=0.3)  # 14 + 6 rows -> 12 + 4
         m.evaluate(x, x)
         p = m.predict(x, batch_size=3)
-    assert calls == [("fit", 8, 4, None, 8), ("fit", 8, 8, None, None), ("fit", 12, 32, 4, None),
-                     ("evaluate", 8, 32), ("predict", 12, 4)]
+    assert calls == [
+        ("fit", 8, 4, None, 8),
+        ("fit", 8, 8, None, None),
+        ("fit", 12, 32, 4, None),
+        ("evaluate", 8, 32),
+        ("predict", 12, 4),
+    ]
     assert p.shape == (10, 1) and (p[:, 0] == np.arange(10) * 2).all()
     assert "kdist: batch_size 6 does not split over 4 devices; using 4 (1 per device)" in said
     assert (Model.fit, Model.evaluate, Model.predict) == before

@@ -24,6 +24,7 @@ N = 2
 
 try:
     import horovod  # noqa: F401  (the package only; horovod.tensorflow imports TF)
+
     HAVE_HOROVOD = True
 except ImportError:
     HAVE_HOROVOD = False
@@ -33,10 +34,17 @@ needs_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="Horovod is not inst
 
 def rank_env(horovod_env: dict[str, str], **extra: str) -> dict[str, str]:
     """A rank subprocess's environment: its HOROVOD_* variables, one thread, Keras 3 on TF."""
-    env = {**os.environ, **horovod_env, "TF_NUM_INTRAOP_THREADS": "1",
-           "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1", **extra,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        **horovod_env,
+        "TF_NUM_INTRAOP_THREADS": "1",
+        "TF_NUM_INTEROP_THREADS": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "KERAS_BACKEND": "tensorflow",
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("TF_USE_LEGACY_KERAS", None)
     return env
 
@@ -54,9 +62,15 @@ def run_ranks(script: Path, args: list[str], outdir: Path, timeout: float = 150)
                 env = rank_env(rdv.env(i))
                 log = open(outdir / f"rank{i}.log", "w+")
                 logs.append(log)
-                procs.append(subprocess.Popen([sys.executable, str(script), *args, str(outdir)],
-                                              env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              cwd=str(outdir)))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(script), *args, str(outdir)],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=str(outdir),
+                    )
+                )
             failed = []
             for i, p in enumerate(procs):
                 try:
@@ -92,20 +106,19 @@ def load(outdir: Path, scenario: str):
 
 
 def keys(arrays, prefix):
-    return sorted((k for k in arrays if k.startswith(prefix) and k[len(prefix):].isdigit()),
-                  key=lambda k: int(k[len(prefix):]))
+    return sorted(
+        (k for k in arrays if k.startswith(prefix) and k[len(prefix) :].isdigit()), key=lambda k: int(k[len(prefix) :])
+    )
 
 
 def assert_same(ranks, prefix, **tol):
     for k in keys(ranks[0][0], prefix):
         for r in range(1, N):
-            np.testing.assert_allclose(ranks[r][0][k], ranks[0][0][k], err_msg=f"{k}, rank {r}",
-                                       **tol)
+            np.testing.assert_allclose(ranks[r][0][k], ranks[0][0][k], err_msg=f"{k}, rank {r}", **tol)
 
 
 def max_diff(ranks, prefix):
-    return max(float(np.max(np.abs(ranks[1][0][k] - ranks[0][0][k])))
-               for k in keys(ranks[0][0], prefix))
+    return max(float(np.max(np.abs(ranks[1][0][k] - ranks[0][0][k]))) for k in keys(ranks[0][0], prefix))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,16 +240,16 @@ def test_partial_distributed_optimizer_keeps_local_layers_gradients_local(tmp_pa
             }
             for name, expected in want.items():
                 assert info[f"{name}_class"] == "SGD"
-                np.testing.assert_allclose(a[f"{name}_{j}"], expected, rtol=1e-4, atol=1e-6,
-                                           err_msg=f"{name} variable {j} rank {r}")
+                np.testing.assert_allclose(
+                    a[f"{name}_{j}"], expected, rtol=1e-4, atol=1e-6, err_msg=f"{name} variable {j} rank {r}"
+                )
     # the local layer really differs between ranks; the shared ones do not
     last = n_vars - 1
     assert np.abs(ranks[0][0][f"binding_{last}"] - ranks[1][0][f"binding_{last}"]).max() > 1e-6
     np.testing.assert_allclose(ranks[0][0]["binding_0"], ranks[1][0]["binding_0"], atol=1e-6)
 
 
-def run_elastic_ranks(script: Path, args: list[str], outdir: Path, n: int,
-                      timeout: float = 200) -> dict[int, int]:
+def run_elastic_ranks(script: Path, args: list[str], outdir: Path, n: int, timeout: float = 200) -> dict[int, int]:
     """Start ``n`` elastic ranks; when one dies, re-form the job without it (as kdist's
     kernel does). Returns each rank's exit code. Every child is killed by PID at the end."""
     import time
@@ -250,9 +263,15 @@ def run_elastic_ranks(script: Path, args: list[str], outdir: Path, n: int,
             for i in range(n):
                 env = rank_env(rdv.env(i), HOROVOD_GLOO_TIMEOUT_SECONDS="8")
                 with open(outdir / f"rank{i}.log", "w") as log:
-                    procs.append(subprocess.Popen([sys.executable, str(script), *args, str(outdir)],
-                                                  env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  cwd=str(outdir)))
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, str(script), *args, str(outdir)],
+                            env=env,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            cwd=str(outdir),
+                        )
+                    )
             lost: set[int] = set()
             deadline = time.monotonic() + timeout
             while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -286,7 +305,8 @@ def test_elastic_state_restores_the_last_commit_on_the_ranks_left(tmp_path):
         # (CommitStateCallback runs before UpdateBatchStateCallback there: batch 1 is saved)
         assert (info["size"], info["rank"]) == (2, {0: 0, 2: 1}[first])
         assert [(x["size"], x["rank"], x["epoch"], x["batch"]) for x in info["resets"]] == [
-            (2, {0: 0, 2: 1}[first], 1, 1)]
+            (2, {0: 0, 2: 1}[first], 1, 1)
+        ]
         # the weights after the reset are the committed ones, exactly
         for got, want in zip(info["resets"][0]["weights"], info["commit"]):
             np.testing.assert_array_equal(np.array(got, "float32"), np.array(want, "float32"))
@@ -307,9 +327,9 @@ def test_stock_horovod_keras_does_not_sync_under_keras3(tmp_path):
     run_ranks(WORKERS / "keras_hvd_worker.py", ["stock"], tmp_path)
     ranks = load(tmp_path, "stock")
     assert ranks[0][1]["module"] == "horovod.tensorflow.keras"
-    assert max_diff(ranks, "init") == 0.0      # same start
+    assert max_diff(ranks, "init") == 0.0  # same start
     assert all(info["loss"][-1] < info["loss"][0] for _, info in ranks)  # each rank trained
-    assert max_diff(ranks, "w") > 1e-3          # ... but not together
+    assert max_diff(ranks, "w") > 1e-3  # ... but not together
 
 
 @needs_horovod
@@ -341,22 +361,20 @@ def test_backward_passes_per_step_and_fp16_compression(tmp_path):
         w0 = a0[f"w0_{j}"]
         total = sum(f[j] for f in first)
         expected = {
-            "sum": w0 - lr * total,                   # op=Sum, grouped by variable lists
-            "predivide": w0 - lr * total / size,      # Average; predivide cancels out
-            "eager": w0 - lr * total / size,          # custom loop, eager apply_gradients
-            "tffunc": w0 - lr * total / size,         # custom loop inside a tf.function
+            "sum": w0 - lr * total,  # op=Sum, grouped by variable lists
+            "predivide": w0 - lr * total / size,  # Average; predivide cancels out
+            "eager": w0 - lr * total / size,  # custom loop, eager apply_gradients
+            "tffunc": w0 - lr * total / size,  # custom loop inside a tf.function
         }
         for name, want in expected.items():
             for a, _ in ranks:
-                np.testing.assert_allclose(a[f"{name}{j}"], want, rtol=1e-4, atol=1e-6,
-                                           err_msg=f"{name}{j}")
+                np.testing.assert_allclose(a[f"{name}{j}"], want, rtol=1e-4, atol=1e-6, err_msg=f"{name}{j}")
         for r, (a, _) in enumerate(ranks):
             if j == n_vars - 1:  # registered local: own gradient / size, not allreduced
                 want = w0 - lr * first[r][j] / size
             else:
                 want = w0 - lr * total / size
-            np.testing.assert_allclose(a[f"local{j}"], want, rtol=1e-4, atol=1e-6,
-                                       err_msg=f"local{j} rank {r}")
+            np.testing.assert_allclose(a[f"local{j}"], want, rtol=1e-4, atol=1e-6, err_msg=f"local{j} rank {r}")
     assert max_diff(ranks, "local") > 1e-6  # the local bias really differs between ranks
 
     # Embedding gradients are IndexedSlices; the ranks stay equal through the allgather path
@@ -377,8 +395,8 @@ def write_mnist_like(path: Path) -> None:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    images = np.kron(digits.images, np.ones((3, 3)))              # 24x24
-    images = np.pad(images, ((0, 0), (2, 2), (2, 2)))              # 28x28
+    images = np.kron(digits.images, np.ones((3, 3)))  # 24x24
+    images = np.pad(images, ((0, 0), (2, 2), (2, 2)))  # 28x28
     images = np.round(images * (255.0 / 16.0)).astype(np.uint8)
     labels = digits.target.astype(np.uint8)
     np.savez(path, x_train=images, y_train=labels, x_test=images[:100], y_test=labels[:100])
@@ -415,11 +433,14 @@ def test_horovods_keras_mnist_example_runs_with_only_keras3_edits(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # install(): one process, no rendezvous
-INSTALL_CHECK = r"""
+INSTALL_CHECK = (
+    r"""
 import os, sys
 os.environ["KERAS_BACKEND"] = "tensorflow"
 import kdist_magics.keras_horovod as kh
-""" + python_without("tensorflow", "keras", "horovod") + r"""
+"""
+    + python_without("tensorflow", "keras", "horovod")
+    + r"""
 order = sys.argv[1]
 if order == "parent-first":
     import horovod.tensorflow
@@ -452,6 +473,7 @@ import horovod.tensorflow
 assert horovod.tensorflow.keras is back
 print("OK", order)
 """
+)
 
 
 @needs_horovod
@@ -459,12 +481,17 @@ print("OK", order)
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("order", ["install-first", "parent-first"])
 def test_install_resolves_horovod_keras_imports_to_the_binding(order):
-    env = {**os.environ, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     for k in [k for k in env if k.startswith("HOROVOD_")] + ["TF_USE_LEGACY_KERAS"]:
         env.pop(k, None)
-    out = subprocess.run([sys.executable, "-c", INSTALL_CHECK, order], capture_output=True,
-                         text=True, timeout=170, env=env, cwd=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", INSTALL_CHECK, order],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env=env,
+        cwd=str(ROOT),
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     assert f"OK {order}" in out.stdout
 
@@ -599,12 +626,12 @@ print("API OK")
 @pytest.mark.horovod
 @pytest.mark.timeout(180)
 def test_api_surface_errors_callbacks_and_keras_files_on_one_rank():
-    env = {**os.environ, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     for k in [k for k in env if k.startswith("HOROVOD_")] + ["TF_USE_LEGACY_KERAS"]:
         env.pop(k, None)
-    out = subprocess.run([sys.executable, "-c", API_CHECK], capture_output=True, text=True,
-                         timeout=170, env=env, cwd=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", API_CHECK], capture_output=True, text=True, timeout=170, env=env, cwd=str(ROOT)
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     assert "API OK" in out.stdout
 
@@ -614,15 +641,17 @@ def test_api_surface_errors_callbacks_and_keras_files_on_one_rank():
 @pytest.mark.timeout(180)
 def test_other_keras_backends_get_a_clear_error():
     pytest.importorskip("jax", reason="JAX is the other Keras backend installed here")
-    code = ("import keras, kdist_magics.keras_horovod as hvd\n"
-            "assert keras.backend.backend() == 'jax'\n"
-            "try:\n    hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))\n"
-            "except RuntimeError as err:\n    assert 'KERAS_BACKEND=tensorflow' in str(err), err\n"
-            "    print('refused')\n")
-    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=170, env=env, cwd=str(ROOT))
+    code = (
+        "import keras, kdist_magics.keras_horovod as hvd\n"
+        "assert keras.backend.backend() == 'jax'\n"
+        "try:\n    hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))\n"
+        "except RuntimeError as err:\n    assert 'KERAS_BACKEND=tensorflow' in str(err), err\n"
+        "    print('refused')\n"
+    )
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=170, env=env, cwd=str(ROOT)
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "refused" in out.stdout
 
@@ -650,9 +679,10 @@ def test_install_does_nothing_when_keras2_is_active(monkeypatch):
 
 
 def test_importing_the_binding_loads_no_framework():
-    code = ("import kdist_magics.keras_horovod as hvd; "
-            "assert callable(hvd.DistributedOptimizer) and hvd.Compression.fp16; "
-            + python_without("tensorflow", "keras", "horovod"))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=str(ROOT))
+    code = (
+        "import kdist_magics.keras_horovod as hvd; "
+        "assert callable(hvd.DistributedOptimizer) and hvd.Compression.fp16; "
+        + python_without("tensorflow", "keras", "horovod")
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr[-2000:]

@@ -27,9 +27,16 @@ WORKER = Path(__file__).parent / "workers" / "keras_mwms_worker.py"
 def run_workers(fix: bool, n: int = 2, timeout: float = 300) -> list[dict]:
     """Start ``n`` workers, wait for all, return each one's RESULT/ERROR line as a dict."""
     ports = ",".join(map(str, free_ports(n)))
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), ports, "1" if fix else "0"],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(i), ports, "1" if fix else "0"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(n)
+    ]
     out = []
     try:
         for p in procs:
@@ -109,13 +116,19 @@ out["restored"] = (trainer.reduce_per_replica is logs
                    and not keras_mwms.active())
 print("RESULT " + json.dumps(out))
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stderr[-3000:]
     out = json.loads(lines[-1][7:])
-    assert out == {"needed": True, "on": True, "patched": True, "nested": True,
-                   "still_patched": True, "fit": [1, 1], "restored": True}
+    assert out == {
+        "needed": True,
+        "on": True,
+        "patched": True,
+        "nested": True,
+        "still_patched": True,
+        "fit": [1, 1],
+        "restored": True,
+    }
 
 
 def test_version_parsing_and_the_issue_link():

@@ -51,10 +51,13 @@ def local_mnist(n=4096, seed=0):
   return (x, y), (x[:0], y[:0])
 '''
 
-MNIST_SETUP = '''import os
+MNIST_SETUP = (
+    """import os
 import tensorflow as tf
 import numpy as np
-''' + LOCAL_MNIST + '''
+"""
+    + LOCAL_MNIST
+    + """
 def mnist_dataset(batch_size):
   (x_train, y_train), _ = local_mnist()
   # The `x` arrays are in uint8 and have values in the [0, 255] range.
@@ -79,9 +82,10 @@ def build_and_compile_cnn_model():
       optimizer=tf.keras.optimizers.SGD(learning_rate=0.001),
       metrics=['accuracy'])
   return model
-'''
+"""
+)
 
-TF_TUTORIAL = '''import os
+TF_TUTORIAL = """import os
 import json
 
 import tensorflow as tf
@@ -137,7 +141,7 @@ multi_worker_model.save(write_model_path)
 
 if not _is_chief(task_type, task_id):
   tf.io.gfile.rmtree(os.path.dirname(write_model_path))
-'''
+"""
 
 
 def tf_tutorial(model_path: str) -> str:
@@ -145,8 +149,9 @@ def tf_tutorial(model_path: str) -> str:
 
 
 #: the tutorial's section "Fault tolerance": the same worker code, its fit with BackupAndRestore
-TF_TUTORIAL_BACKUP = TF_TUTORIAL.split("multi_worker_model.fit(", 1)[0] + \
-    """# Multi-worker training with `MultiWorkerMirroredStrategy` and `BackupAndRestore`
+TF_TUTORIAL_BACKUP = (
+    TF_TUTORIAL.split("multi_worker_model.fit(", 1)[0]
+    + """# Multi-worker training with `MultiWorkerMirroredStrategy` and `BackupAndRestore`
 callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=BACKUP_DIR)]
 with strategy.scope():
   multi_worker_model = mnist_setup.build_and_compile_cnn_model()
@@ -155,6 +160,7 @@ multi_worker_model.fit(multi_worker_dataset,
                        steps_per_epoch=10,
                        callbacks=callbacks)
 """
+)
 
 
 def tf_tutorial_backup(backup_dir: str, extra_callback: str = "") -> str:
@@ -162,10 +168,13 @@ def tf_tutorial_backup(backup_dir: str, extra_callback: str = "") -> str:
     after the tutorial's own callbacks (the test's fault, or its record of the epochs)."""
     code = TF_TUTORIAL_BACKUP.replace("BACKUP_DIR", repr(backup_dir))
     if extra_callback:
-        code = code.replace("callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=",
-                            extra_callback + "\ncallbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=")
-        code = code.replace("backup_dir=" + repr(backup_dir) + ")]",
-                            "backup_dir=" + repr(backup_dir) + "), kd_callback]")
+        code = code.replace(
+            "callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=",
+            extra_callback + "\ncallbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=",
+        )
+        code = code.replace(
+            "backup_dir=" + repr(backup_dir) + ")]", "backup_dir=" + repr(backup_dir) + "), kd_callback]"
+        )
     return code
 
 
@@ -226,8 +235,18 @@ if __name__ == "__main__":
     seen_argv = list(sys.argv)
 '''
 
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+LAUNCHER_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 # -- fast tier -------------------------------------------------------------------------------
@@ -313,10 +332,8 @@ def test_start_processes_in_a_run_calls_fn_as_this_ranks_process():
         raise AssertionError("a rank of a run starts no process")
 
     seen = []
-    start = _in_this_rank("torch.multiprocessing.start_processes()", start_processes,
-                          local=1, here=2, world=4, hosts=2)
-    assert start(lambda i, a, b: seen.append((i, a, b)), args=(7, 8), nprocs=2,
-                 start_method="fork") is None
+    start = _in_this_rank("torch.multiprocessing.start_processes()", start_processes, local=1, here=2, world=4, hosts=2)
+    assert start(lambda i, a, b: seen.append((i, a, b)), args=(7, 8), nprocs=2, start_method="fork") is None
     assert start(lambda i: seen.append(i), (), 2, False).join() is True  # join=False: a context
     assert seen == [(1, 7, 8), 1]
     with pytest.raises(LauncherMismatch) as info:
@@ -337,11 +354,18 @@ def test_patched_restores_attributes():
 
 def test_run_line_splits_kdist_options_from_the_script_and_its_arguments():
     assert split_line("--np 2 --no-dashboard train.py --epochs 3 'a b'") == (
-        "--np 2 --no-dashboard", "train.py", ["--epochs", "3", "a b"])
+        "--np 2 --no-dashboard",
+        "train.py",
+        ["--epochs", "3", "a b"],
+    )
     assert split_line("--strategy=multiworker t.py") == ("--strategy=multiworker", "t.py", [])
-    for line, says in (("", "which script"), ("--np", "--np needs a value"),
-                       ("--bogus 1 t.py", "unknown option '--bogus'"), ("--np 2", "which script"),
-                       ("'unclosed t.py", "cannot read the line")):
+    for line, says in (
+        ("", "which script"),
+        ("--np", "--np needs a value"),
+        ("--bogus 1 t.py", "unknown option '--bogus'"),
+        ("--np 2", "which script"),
+        ("'unclosed t.py", "cannot read the line"),
+    ):
         with pytest.raises(UsageError, match=says):
             split_line(line)
 
@@ -349,9 +373,13 @@ def test_run_line_splits_kdist_options_from_the_script_and_its_arguments():
 def test_kdist_run_usage_errors_are_one_line(ip, tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f(:\n    pass\n")
-    for line, says in ((f"run {tmp_path / 'missing.py'}", "no such file"),
-                       (f"run --np 0 {bad}", "--np: 0 ranks"), (f"run {bad}", "bad.py, line 1: SyntaxError"),
-                       ("run --pull 1x t.py", None), ("run", "which script")):
+    for line, says in (
+        (f"run {tmp_path / 'missing.py'}", "no such file"),
+        (f"run --np 0 {bad}", "--np: 0 ranks"),
+        (f"run {bad}", "bad.py, line 1: SyntaxError"),
+        ("run --pull 1x t.py", None),
+        ("run", "which script"),
+    ):
         with pytest.raises(UsageError) as info:
             ip.run_line_magic("kdist", line)
         assert "\n" not in str(info.value).strip() or line.startswith("run --pull"), str(info.value)
@@ -359,8 +387,7 @@ def test_kdist_run_usage_errors_are_one_line(ip, tmp_path):
             assert says in str(info.value)
 
 
-def test_torch_distributed_code_under_another_backend_is_one_line_before_anything_starts(ip, tmp_path,
-                                                                                           monkeypatch):
+def test_torch_distributed_code_under_another_backend_is_one_line_before_anything_starts(ip, tmp_path, monkeypatch):
     """A plain PyTorch DDP script under the default backend failed on every rank
     with "RANK expected, but not set", with no word of KERAS_BACKEND=torch."""
     from kdist_magics.errors import StrategyUnavailable
@@ -370,8 +397,10 @@ def test_torch_distributed_code_under_another_backend_is_one_line_before_anythin
     ddp = tmp_path / "ddp.py"
     ddp.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n")
     before = set(kdist_magics._extension._strategies)
-    for run in (lambda: ip.run_line_magic("kdist", f"run --strategy multiworker --np 2 {ddp}"),
-                lambda: ip.run_cell_magic("kdist", "--strategy multiworker --np 2", ddp.read_text())):
+    for run in (
+        lambda: ip.run_line_magic("kdist", f"run --strategy multiworker --np 2 {ddp}"),
+        lambda: ip.run_cell_magic("kdist", "--strategy multiworker --np 2", ddp.read_text()),
+    ):
         with pytest.raises(StrategyUnavailable) as info:
             run()
         said = str(info.value)
@@ -383,13 +412,22 @@ def test_torch_distributed_code_under_another_backend_is_one_line_before_anythin
 def test_only_code_that_uses_torch_distributed_counts_not_a_comment_or_a_string():
     from kdist_magics.strategies.processes.launcher_env import uses_torch_distributed
 
-    for code in ("import torch.distributed as dist", "from torch import distributed",
-                 "from torch.distributed import init_process_group", "import torch\ntorch.distributed.barrier()",
-                 "dist.init_process_group('gloo')", "%env X=1\nimport torch.distributed"):
+    for code in (
+        "import torch.distributed as dist",
+        "from torch import distributed",
+        "from torch.distributed import init_process_group",
+        "import torch\ntorch.distributed.barrier()",
+        "dist.init_process_group('gloo')",
+        "%env X=1\nimport torch.distributed",
+    ):
         assert uses_torch_distributed(code), code
-    for code in ("# like torch.distributed's init_process_group(), but Keras", "import torch",
-                 "note = 'call init_process_group() under torchrun'", "x = 1  # torch.distributed",
-                 "def f(:"):
+    for code in (
+        "# like torch.distributed's init_process_group(), but Keras",
+        "import torch",
+        "note = 'call init_process_group() under torchrun'",
+        "x = 1  # torch.distributed",
+        "def f(:",
+    ):
         assert not uses_torch_distributed(code), code
 
 
@@ -403,13 +441,14 @@ def test_kdist_run_question_mark_shows_its_usage(ip, capsys):
 
 def test_run_main_runs_a_script_as_main_with_its_argv(ip, tmp_path):
     script = tmp_path / "s.py"
-    source = ("import sys\nkd_seen = (__name__, __file__, list(sys.argv), sys.path[0])\n"
-              "if __name__ == '__main__':\n    kd_main = True\n    sys.exit(0)\n")
+    source = (
+        "import sys\nkd_seen = (__name__, __file__, list(sys.argv), sys.path[0])\n"
+        "if __name__ == '__main__':\n    kd_main = True\n    sys.exit(0)\n"
+    )
     script.write_text(source)
     argv_before, path_before = list(sys.argv), list(sys.path)
     run_main(source, str(script), ["--epochs", "3"])
-    assert ip.user_ns["kd_seen"] == ("__main__", str(script), [str(script), "--epochs", "3"],
-                                     str(tmp_path))
+    assert ip.user_ns["kd_seen"] == ("__main__", str(script), [str(script), "--epochs", "3"], str(tmp_path))
     assert ip.user_ns["kd_main"] is True and "__file__" not in ip.user_ns
     assert sys.argv == argv_before and sys.path == path_before
     with pytest.raises(ScriptExited, match="s.py exited with status 3"):
@@ -421,15 +460,18 @@ def test_run_main_runs_a_script_as_main_with_its_argv(ip, tmp_path):
 def test_run_main_starts_keras_names_afresh_and_later_cells_count_on(ip, tmp_path):
     keras = pytest.importorskip("keras", reason="Keras is a core dependency")
     counted = [keras.layers.Dense(1).name for _ in range(3)]  # a warm engine has counted on
-    run_main("import keras\nkd_names = [keras.layers.Dense(1).name, keras.layers.Dense(1).name]\n",
-             str(tmp_path / "s.py"), [])
+    run_main(
+        "import keras\nkd_names = [keras.layers.Dense(1).name, keras.layers.Dense(1).name]\n",
+        str(tmp_path / "s.py"),
+        [],
+    )
     assert ip.user_ns["kd_names"] == ["dense", "dense_1"]  # as in a launcher's new process
     later = keras.layers.Dense(1).name
     assert later not in counted + ["dense", "dense_1"], later  # no later name repeats one
 
 
 # -- engines: the torchrun-style script twice as a cell, then with %kdist run ---------------
-BODY = '''
+BODY = """
 import os, tempfile
 SCRIPT, VARS = {script!r}, {vars!r}
 folder = tempfile.mkdtemp(prefix="kdist-run-")
@@ -477,7 +519,7 @@ value, err = attempt(line, "import os, torch.distributed as dist\\n"
                      "                        rank=int(os.environ['RANK']))\\n"
                      "kd_tcp = (dist.get_rank(), dist.get_world_size())")
 out["tcp"] = by_rank("kd_tcp") if err is None else repr(err)
-'''
+"""
 
 #: the corpus' torch examples (tests/test_corpus.py lists what differs), on the same engines:
 #: Keras' torch guide as a cell and with %kdist run, PyTorch's multigpu_torchrun.py twice
@@ -547,9 +589,10 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
     pytest.importorskip("torch", reason="PyTorch is in the torch extra (make test installs it)")
     from conftest import run_in_fresh_shell
 
-    r = run_in_fresh_shell(BODY.format(script=TORCH_SCRIPT, vars=LAUNCHER_VARS)
-                           + f"CORPUS = {str(CORPUS_DIR)!r}\n" + CORPUS_BODY,
-                           env={"KERAS_BACKEND": "torch"})
+    r = run_in_fresh_shell(
+        BODY.format(script=TORCH_SCRIPT, vars=LAUNCHER_VARS) + f"CORPUS = {str(CORPUS_DIR)!r}\n" + CORPUS_BODY,
+        env={"KERAS_BACKEND": "torch"},
+    )
     for cell in r["cells"]:  # init_process_group() joined, destroy_process_group() did not break
         assert not isinstance(cell, str), cell + r["_stderr"][-3000:]
         weights, losses = cell
@@ -582,8 +625,12 @@ def test_a_torchrun_script_runs_twice_as_a_cell_and_with_kdist_run():
     # the corpus: Keras' torch guide (its start_processes ran per_device_launch_fn once on each
     # rank), then PyTorch's multigpu_torchrun.py, the second launch resuming from its snapshot
     made = 0
-    for key, run in (("guide_cell", r["guide_cell"]), ("guide_run", r["guide_run"]),
-                     ("torchrun 4", r["torchrun"][0]), ("torchrun 6", r["torchrun"][1])):
+    for key, run in (
+        ("guide_cell", r["guide_cell"]),
+        ("guide_run", r["guide_run"]),
+        ("torchrun 4", r["torchrun"][0]),
+        ("torchrun 6", r["torchrun"][1]),
+    ):
         assert not isinstance(run, str), key + ": " + run + r["_stderr"][-3000:]
         weights, count, (loss, _) = run
         same_weights(weights)
@@ -603,8 +650,9 @@ def test_pull_of_a_name_the_script_binds_only_inside_main_is_said_before_it_runs
     training; the script is read first, and the line says that only its globals travel."""
     from kdist_magics.strategies.multiworker.run_script import not_global
 
-    script = ("import keras\nSTEPS = 3\ndef main():\n    model = keras.Sequential()\n    global history\n"
-              "    history = model\nfor epoch in range(2):\n    last = epoch\nif __name__ == '__main__':\n"
-              "    main()\n")
-    assert not_global(script, ["model", "history", "STEPS", "last", "keras", "main", "absent"]) == [
-        "model", "absent"]
+    script = (
+        "import keras\nSTEPS = 3\ndef main():\n    model = keras.Sequential()\n    global history\n"
+        "    history = model\nfor epoch in range(2):\n    last = epoch\nif __name__ == '__main__':\n"
+        "    main()\n"
+    )
+    assert not_global(script, ["model", "history", "STEPS", "last", "keras", "main", "absent"]) == ["model", "absent"]

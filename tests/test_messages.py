@@ -15,8 +15,9 @@ def test_say_puts_news_on_stdout_and_warnings_on_stderr(capsys):
     say("\ninterrupted; stopping every rank...")
     say("the run stopped mid-way", warn=True)
     out = capsys.readouterr()
-    assert out.out == ("kdist: starting 2 engines on this machine (loopback only)...\n"
-                       "\nkdist: interrupted; stopping every rank...\n")
+    assert out.out == (
+        "kdist: starting 2 engines on this machine (loopback only)...\n\nkdist: interrupted; stopping every rank...\n"
+    )
     assert out.err == "kdist: the run stopped mid-way\n"
 
 

@@ -15,7 +15,7 @@ def run_script(body: str, **env) -> dict:
     return run_in_fresh_shell(body, dict(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", **env))
 
 
-TRAIN = '''
+TRAIN = """
 import numpy as np, keras, tensorflow as tf
 seen = []  # (per-replica batch size, replica id) of every step
 class Probe(keras.layers.Layer):
@@ -31,7 +31,7 @@ y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
 model = keras.Sequential([keras.Input((4,)), Probe(), keras.layers.Dense(1)])
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=False)
 history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
-'''
+"""
 
 
 @pytest.mark.quick
@@ -144,8 +144,9 @@ def test_plan_devices_on_gpus_with_a_fake_tf():
     from kdist_magics.errors import StrategyUnavailable
     from kdist_magics.strategies.kernel.mirrored import plan_devices
 
-    tf = SimpleNamespace(config=SimpleNamespace(
-        list_physical_devices=lambda kind: ["GPU"] * 4 if kind == "GPU" else ["CPU"]))
+    tf = SimpleNamespace(
+        config=SimpleNamespace(list_physical_devices=lambda kind: ["GPU"] * 4 if kind == "GPU" else ["CPU"])
+    )
     assert plan_devices(tf, None) == (["/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"], "GPU")
     assert plan_devices(tf, 2) == (["/gpu:0", "/gpu:1"], "GPU")
     with pytest.raises(StrategyUnavailable) as info:

@@ -51,8 +51,7 @@ def test_worker_addresses_by_mode():
     import psutil
 
     assert engine_address("loopback") == "127.0.0.1"
-    lo = next(n for n, addrs in psutil.net_if_addrs().items()
-              if any(a.address == "127.0.0.1" for a in addrs))
+    lo = next(n for n, addrs in psutil.net_if_addrs().items() if any(a.address == "127.0.0.1" for a in addrs))
     assert engine_address(lo) == "127.0.0.1"  # an interface name
     assert engine_address("127.0.0.0/8") == "127.0.0.1"  # a network
     assert engine_address("127.0.0.1") == "127.0.0.1"  # an address to route towards
@@ -60,10 +59,17 @@ def test_worker_addresses_by_mode():
         engine_address("no-such-iface0")
     import ipaddress
 
-    mine = [ipaddress.ip_address(a.address.split("%")[0]) for addrs in psutil.net_if_addrs().values()
-            for a in addrs if a.family.name in ("AF_INET", "AF_INET6")]
-    absent = next(n for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")  # TEST-NETs
-                  if not any(m in ipaddress.ip_network(n) for m in mine))
+    mine = [
+        ipaddress.ip_address(a.address.split("%")[0])
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family.name in ("AF_INET", "AF_INET6")
+    ]
+    absent = next(
+        n
+        for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")  # TEST-NETs
+        if not any(m in ipaddress.ip_network(n) for m in mine)
+    )
     with pytest.raises(LookupError, match="no address in"):
         engine_address(absent)
     port = free_port("127.0.0.1")
@@ -102,12 +108,24 @@ def test_two_engines_on_one_host_drawing_one_port_get_distinct_tf_config_address
 
     def view(engine_id):
         def apply_async(fn, mode):
-            return Done({"host": "h", "tf_config": None, "tf_started": False,
-                         "address": "127.0.0.1", "port": draws[engine_id].pop(0)})
+            return Done(
+                {
+                    "host": "h",
+                    "tf_config": None,
+                    "tf_started": False,
+                    "address": "127.0.0.1",
+                    "port": draws[engine_id].pop(0),
+                }
+            )
+
         return SimpleNamespace(apply_async=apply_async)
 
-    cluster = SimpleNamespace(loopback=True, owned=True, client={0: view(0), 1: view(1)},
-                              engines=[SimpleNamespace(engine_id=i, hostname="h") for i in (0, 1)])
+    cluster = SimpleNamespace(
+        loopback=True,
+        owned=True,
+        client={0: view(0), 1: view(1)},
+        engines=[SimpleNamespace(engine_id=i, hostname="h") for i in (0, 1)],
+    )
     ranks, configs = MultiWorkerStrategy()._plan(cluster, SimpleNamespace(options=None))
     assert ranks == [0, 1] and not draws[1]
     assert json.loads(configs[0])["cluster"]["worker"] == ["127.0.0.1:5001", "127.0.0.1:5002"]
@@ -117,10 +135,17 @@ def test_multiworker_is_registered_and_imports_without_tensorflow():
     from kdist_magics.strategies import REGISTRY
 
     assert REGISTRY["multiworker"] == ".multiworker.tf_workers:for_backend"  # TF or JAX, by the Keras backend
-    out = subprocess.run([sys.executable, "-c",
-                          "import sys, kdist_magics.strategies.multiworker.tf_workers, kdist_magics.strategies.multiworker.keras_mwms\n"
-                          "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, kdist_magics.strategies.multiworker.tf_workers, kdist_magics.strategies.multiworker.keras_mwms\n"
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -152,8 +177,7 @@ def mip(shell):
     cluster = strategy().cluster
     started = set(cluster._process_tree_pids()) if cluster is not None else set()
     shell.run_line_magic("kdist", "stop")
-    left = [p for p in started
-            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    left = [p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes left after %kdist stop: {left}"
 
 
@@ -181,8 +205,7 @@ def test_fit_gives_identical_weights_on_both_workers_and_pulls_the_model(mip, ca
     workers = configs[0]["cluster"]["worker"]
     assert len(set(workers)) == 2 and all(w.startswith("127.0.0.1:") for w in workers)
     assert configs[1]["cluster"]["worker"] == workers
-    assert [c["task"] for c in configs] == [{"type": "worker", "index": 0},
-                                            {"type": "worker", "index": 1}]
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
     out = capsys.readouterr()
     assert "restarting" not in out.out + out.err
     assert "INFO:tensorflow" not in out.out + out.err  # MWMS's per-collective chatter is muted
@@ -199,10 +222,15 @@ def test_push_out_all_and_checkpoint_on_both_workers(mip, capsys, tmp_path):
 
     mip.user_ns["kd_in"] = np.arange(4.0)
     capsys.readouterr()
-    kdist(mip, f"--push kd_in --out all --checkpoint {tmp_path}", TRAIN + """
+    kdist(
+        mip,
+        f"--push kd_in --out all --checkpoint {tmp_path}",
+        TRAIN
+        + """
 kd_got = float(kd_in.sum())
 print("worker", strategy.cluster_resolver.task_id, "saw", kd_got)
-""")
+""",
+    )
     assert engine_values("kd_got") == [6.0, 6.0]
     printed = capsys.readouterr()
     out = printed.out
@@ -223,18 +251,25 @@ print("worker", strategy.cluster_resolver.task_id, "saw", kd_got)
 @pytest.mark.timeout(600)
 def test_warm_engines_keep_the_strategy_bound_and_the_fix_only_inside_runs(mip):
     before = pids()
-    kdist(mip, "", "import os, tensorflow as tf\n"
-                   "kd_seen = (strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync,\n"
-                   "           tf.distribute.get_strategy() is strategy, os.environ['TF_CONFIG'])")
+    kdist(
+        mip,
+        "",
+        "import os, tensorflow as tf\n"
+        "kd_seen = (strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync,\n"
+        "           tf.distribute.get_strategy() is strategy, os.environ['TF_CONFIG'])",
+    )
     seen = engine_values("kd_seen")
     assert [s[:3] for s in seen] == [(0, 2, True), (1, 2, True)]
     assert [json.loads(s[3])["task"]["index"] for s in seen] == [0, 1]
     assert pids() == before  # same processes: the strategy was reused, not rebuilt
     # outside a kdist run: no scope, Keras unpatched, `strategy` still bound
     view = strategy().cluster.view()
-    view.execute("import tensorflow as tf\nfrom kdist_magics.strategies.multiworker import keras_mwms\n"
-                 "kd_after = (keras_mwms.active(), tf.distribute.has_strategy(), "
-                 "type(strategy).__name__)", block=True)
+    view.execute(
+        "import tensorflow as tf\nfrom kdist_magics.strategies.multiworker import keras_mwms\n"
+        "kd_after = (keras_mwms.active(), tf.distribute.has_strategy(), "
+        "type(strategy).__name__)",
+        block=True,
+    )
     assert engine_values("kd_after") == [(False, False, "CollectiveAllReduceStrategy")] * 2
     value = kdist(mip, "", "strategy.cluster_resolver.task_id * 10 + 7")
     assert value == 7  # the last expression's value, from rank 0
@@ -243,8 +278,7 @@ def test_warm_engines_keep_the_strategy_bound_and_the_fix_only_inside_runs(mip):
 @pytest.mark.engines
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_tensorflows_multi_worker_tutorial_runs_unchanged_as_a_cell(mip, tmp_path, monkeypatch,
-                                                                     capsys):
+def test_tensorflows_multi_worker_tutorial_runs_unchanged_as_a_cell(mip, tmp_path, monkeypatch, capsys):
     """TensorFlow's tutorial worker code (tests/test_launcher_code.py lists what differs): its
     own MultiWorkerMirroredStrategy() is the run's, chief-only saving works."""
     from test_launcher_code import MNIST_SETUP, tf_tutorial
@@ -253,11 +287,15 @@ def test_tensorflows_multi_worker_tutorial_runs_unchanged_as_a_cell(mip, tmp_pat
     monkeypatch.chdir(tmp_path)  # the notebook's folder, where the tutorial writes mnist_setup.py
     kdist(mip, "", tf_tutorial(str(tmp_path / "keras-model.keras")))
     before = pids()
-    kdist(mip, "", "import tensorflow as tf\n"
-                   "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]\n"
-                   "kd_loss = multi_worker_model.history.history['loss']\n"
-                   "kd_same = (strategy is tf.distribute.get_strategy(), task_id)\n"
-                   "del multi_worker_model, multi_worker_dataset")
+    kdist(
+        mip,
+        "",
+        "import tensorflow as tf\n"
+        "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]\n"
+        "kd_loss = multi_worker_model.history.history['loss']\n"
+        "kd_same = (strategy is tf.distribute.get_strategy(), task_id)\n"
+        "del multi_worker_model, multi_worker_dataset",
+    )
     assert pids() == before  # the same workers go on: no restart for the tutorial's own strategy
     out = capsys.readouterr()
     assert "restarting" not in out.out + out.err and "Mixing different" not in out.out + out.err
@@ -277,17 +315,24 @@ def test_tensorflows_multi_worker_tutorial_runs_unchanged_as_a_cell(mip, tmp_pat
     # the tutorial's main.py as a script: %kdist run, its folder on sys.path (import mnist_setup)
     (tmp_path / "main.py").write_text(tf_tutorial(str(tmp_path / "again.keras")))
     mip.run_line_magic("kdist", f"run --strategy multiworker --np 2 --no-dashboard {tmp_path / 'main.py'}")
-    kdist(mip, "", "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]\n"
-                   "kd_loss = multi_worker_model.history.history['loss']\n"
-                   "del multi_worker_model, multi_worker_dataset")
+    kdist(
+        mip,
+        "",
+        "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]\n"
+        "kd_loss = multi_worker_model.history.history['loss']\n"
+        "del multi_worker_model, multi_worker_dataset",
+    )
     for wa, wb in zip(*engine_values("kd_w")):
         np.testing.assert_array_equal(np.array(wa), np.array(wb))
     loss0, loss1 = engine_values("kd_loss")
     assert loss0 == loss1 and loss0[-1] < loss0[0], loss0
     assert (tmp_path / "again.keras").is_file() and pids() == before
     view = strategy().cluster.view()  # after the cell, TensorFlow's class constructs as usual
-    view.execute("import tensorflow as tf\nkd_class = (tf.distribute.MultiWorkerMirroredStrategy."
-                 "__init__.__qualname__, tf.distribute.has_strategy())", block=True)
+    view.execute(
+        "import tensorflow as tf\nkd_class = (tf.distribute.MultiWorkerMirroredStrategy."
+        "__init__.__qualname__, tf.distribute.has_strategy())",
+        block=True,
+    )
     assert engine_values("kd_class") == [("CollectiveAllReduceStrategy.__init__", False)] * 2
 
 
@@ -296,11 +341,15 @@ def test_tensorflows_multi_worker_tutorial_runs_unchanged_as_a_cell(mip, tmp_pat
 @pytest.mark.timeout(600)
 def test_a_contradicting_cluster_resolver_is_one_line_naming_np(mip):
     with pytest.raises(RankFailed) as info:
-        kdist(mip, "", "import json, tensorflow as tf\n"
-                       "spec = tf.train.ClusterSpec({'worker': ['a:1', 'b:1', 'c:1']})\n"
-                       "resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(\n"
-                       "    spec, task_type='worker', task_id=strategy.cluster_resolver.task_id)\n"
-                       "tf.distribute.experimental.MultiWorkerMirroredStrategy(cluster_resolver=resolver)")
+        kdist(
+            mip,
+            "",
+            "import json, tensorflow as tf\n"
+            "spec = tf.train.ClusterSpec({'worker': ['a:1', 'b:1', 'c:1']})\n"
+            "resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(\n"
+            "    spec, task_type='worker', task_id=strategy.cluster_resolver.task_id)\n"
+            "tf.distribute.experimental.MultiWorkerMirroredStrategy(cluster_resolver=resolver)",
+        )
     text = str(info.value)
     assert "LauncherMismatch" in text and "3 workers" in text and "give --np 3" in text, text
 
@@ -311,8 +360,12 @@ def test_a_contradicting_cluster_resolver_is_one_line_naming_np(mip):
 def test_an_error_on_one_worker_is_reported_against_it_and_the_engines_stay_warm(mip):
     before = pids()
     with pytest.raises(RankFailed) as info:
-        kdist(mip, "", "if strategy.cluster_resolver.task_id == 1:\n"
-                       "    raise ValueError('bad shard on this worker')\nkd_ok = True")
+        kdist(
+            mip,
+            "",
+            "if strategy.cluster_resolver.task_id == 1:\n"
+            "    raise ValueError('bad shard on this worker')\nkd_ok = True",
+        )
     err = info.value
     assert set(err.failures) == {1} and "rank 1: ValueError: bad shard on this worker" in str(err)
     rec = kdist_magics.last_run()
@@ -332,10 +385,16 @@ def test_an_error_on_one_worker_is_reported_against_it_and_the_engines_stay_warm
 def test_a_worker_failing_mid_training_restarts_the_engines_before_the_next_run(mip, capsys):
     before = pids()
     with pytest.raises(RankFailed) as info:
-        kdist(mip, "", TRAIN.replace("history = model.fit",
-                                     "if strategy.cluster_resolver.task_id == 1:\n"
-                                     "    raise RuntimeError('worker 1 gave up')\n"
-                                     "history = model.fit"))
+        kdist(
+            mip,
+            "",
+            TRAIN.replace(
+                "history = model.fit",
+                "if strategy.cluster_resolver.task_id == 1:\n"
+                "    raise RuntimeError('worker 1 gave up')\n"
+                "history = model.fit",
+            ),
+        )
     assert set(info.value.failures) == {1} and info.value.stopped == [0]
     assert kdist_magics.last_run().ranks[0].state == "stopped"  # it was waiting in a collective
     assert strategy().status().get("restart")
@@ -361,8 +420,13 @@ def test_only_the_chief_writes_a_backup_and_restore_backup(tmp_path):
     model.compile(optimizer="sgd", loss="mse")
 
     def fit(folder):
-        model.fit(x, y, epochs=2, verbose=0,
-                  callbacks=[keras.callbacks.BackupAndRestore(str(folder), delete_checkpoint=False)])
+        model.fit(
+            x,
+            y,
+            epochs=2,
+            verbose=0,
+            callbacks=[keras.callbacks.BackupAndRestore(str(folder), delete_checkpoint=False)],
+        )
 
     assert compat_backup.install(chief=False)
     try:
@@ -415,8 +479,12 @@ def test_backup_and_restore_resumes_the_tutorials_training_after_a_worker_died(m
     assert "rank 1" in str(info.value)
     first = [json.loads(line) for line in (tmp_path / "first-run.json").read_text().splitlines()]
     assert [epoch for epoch, _ in first][:2] == [0, 1], first
-    kdist(mip, "", tf_tutorial_backup(str(backup), EPOCHS) + "\nkd_seen = kd_callback.seen\n"
-                   "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]")
+    kdist(
+        mip,
+        "",
+        tf_tutorial_backup(str(backup), EPOCHS) + "\nkd_seen = kd_callback.seen\n"
+        "kd_w = [w.tolist() for w in multi_worker_model.get_weights()]",
+    )
     seen = engine_values("kd_seen")
     assert [[epoch for epoch, _ in s] for s in seen] == [[2], [2]], seen  # resumed at the third
     assert seen[0][0][1] < first[0][1], (seen, first)  # from the trained weights, not new ones
@@ -450,8 +518,11 @@ def test_engines_where_tensorflow_already_started_are_restarted_and_kdist_says_w
     kdist(mip, "", "kd_x = 1")
     view = strategy().cluster.view()
     # an engine whose TensorFlow started outside kdist's strategy (simulated: forget it)
-    view.execute("from kdist_magics.strategies.multiworker import tf_workers as _m\n_m._mw.clear()\n"
-                 "import tensorflow as tf\n_ = tf.constant(1) + 1", block=True)
+    view.execute(
+        "from kdist_magics.strategies.multiworker import tf_workers as _m\n_m._mw.clear()\n"
+        "import tensorflow as tf\n_ = tf.constant(1) + 1",
+        block=True,
+    )
     before = pids()
     capsys.readouterr()
     kdist(mip, "", "kd_task = strategy.cluster_resolver.task_id")
@@ -468,8 +539,7 @@ def stop_owned_engines_and_check(shell):
     s = kdist_magics._extension._strategies.get("multiworker")
     started = set(s.cluster._process_tree_pids()) if s and s.cluster and s.cluster.owned else set()
     shell.run_line_magic("kdist", "stop")
-    left = [p for p in started
-            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    left = [p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes left after %kdist stop: {left}"
 
 
@@ -500,8 +570,7 @@ def test_attach_to_a_user_started_cluster_by_id_and_never_stop_it(shell, user_cl
     try:
         client.wait_for_engines(2, timeout=30)
         # attach again: the engines kept their strategy and namespace
-        shell.run_cell_magic("kdist", line, "kd_again = (strategy.cluster_resolver.task_id, "
-                                            "len(kd_weights))")
+        shell.run_cell_magic("kdist", line, "kd_again = (strategy.cluster_resolver.task_id, len(kd_weights))")
         assert engine_values("kd_again") == [(0, 4), (1, 4)]
     finally:
         client.close()
@@ -525,7 +594,8 @@ def test_attached_engines_with_tensorflow_started_are_the_users_to_restart(shell
         client.close()
     try:
         with pytest.raises(KDistError, match="restart them"):
-            shell.run_cell_magic("kdist", f"--strategy multiworker --np 2 --no-dashboard "
-                                          f"--cluster-id {cluster_id}", "pass")
+            shell.run_cell_magic(
+                "kdist", f"--strategy multiworker --np 2 --no-dashboard --cluster-id {cluster_id}", "pass"
+            )
     finally:
         shell.run_line_magic("kdist", "stop")

@@ -29,8 +29,10 @@ def test_each_process_gets_an_equal_contiguous_part():
     assert [p["x"][:, 0].tolist() for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     assert [p["y"].tolist() for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     assert all(p["sample_weight"] is None for p in parts)
-    assert said[0] == ("kdist: leaving out the last 1 of 10 training samples so every process gets 3 "
-                       "(the same number of steps on each)")
+    assert said[0] == (
+        "kdist: leaving out the last 1 of 10 training samples so every process gets 3 "
+        "(the same number of steps on each)"
+    )
     dicts = _shard({"x": {"a": x, "b": x * 2}, "y": y, "sample_weight": None}, 1, 2, "training", said.append)
     assert dicts["x"]["b"][:, 0].tolist() == [10, 12, 14, 16, 18]
     with pytest.raises(ValueError, match="cannot be shared by 3 processes"):
@@ -57,12 +59,15 @@ def test_multiworker_follows_the_keras_backend(monkeypatch):
             multiworker.for_backend()
 
 
-TRAIN = PROCESS_FIT + """
+TRAIN = (
+    PROCESS_FIT
+    + """
 kd_replicas = strategy.num_replicas_in_sync
 kd_eval = float(model.evaluate(x, y, batch_size=16, verbose=0))
 """
+)
 
-BODY = f'''
+BODY = f"""
 import sys
 import numpy as np
 import kdist_magics
@@ -118,7 +123,7 @@ out["restart_err"] = repr(err) if err is not None else None
 out["after"] = by_rank("kd_after")
 out["restarted"] = not (pids & {{e.pid for e in s.cluster.engines}})
 ip.run_line_magic("kdist", "stop")
-'''
+"""
 
 
 @pytest.mark.quick

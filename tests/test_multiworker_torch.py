@@ -51,11 +51,14 @@ kd_group = (torch.distributed.get_rank(), torch.distributed.get_world_size(),
             torch.distributed.get_backend(), strategy.num_replicas_in_sync)
 """
 
-FIT = PROCESS_FIT + """
+FIT = (
+    PROCESS_FIT
+    + """
 kd_pred = model.predict(x[:5], verbose=0).tolist()   # every process predicts with the same model
 """
+)
 
-BODY = f'''
+BODY = f"""
 import numpy as np
 import kdist_magics
 GUIDE, FIT = {GUIDE!r}, {FIT!r}
@@ -113,7 +116,7 @@ for _ in range(2):
                          "import os; kd_gpu = os.environ['CUDA_VISIBLE_DEVICES']")
     out["own"].append(by_rank("kd_gpu") if err is None else str(err))
 ip.run_line_magic("kdist", "stop")
-'''
+"""
 
 
 @pytest.mark.quick
@@ -177,14 +180,17 @@ def test_switching_the_keras_backend_between_cells_gets_engines_for_the_new_one(
     ``os.environ['KERAS_BACKEND'] = 'torch'`` and the same cell: it ran on the old TensorFlow
     engines, and with ``--np 3`` every start died (SIGABRT: TensorFlow preloaded under torch)."""
     cell = "import keras\nkd_backend = keras.backend.backend()"
-    out = run_in_fresh_shell(f'''
+    out = run_in_fresh_shell(
+        f"""
 import os
 for np_, backend in ((2, "tensorflow"), (2, "torch"), (3, "torch")):
     os.environ["KERAS_BACKEND"] = backend
     _, exc = attempt(f"--strategy multiworker --np {{np_}} --no-dashboard", {cell!r})
     out[f"{{backend}} {{np_}}"] = [repr(exc), by_rank("kd_backend") if exc is None else None]
 ip.run_line_magic("kdist", "stop")
-''', {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"})
+""",
+        {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     assert out["tensorflow 2"] == ["None", ["tensorflow"] * 2], out
     assert out["torch 2"] == ["None", ["torch"] * 2], out["_stdout"][-2000:]
     assert out["torch 3"] == ["None", ["torch"] * 3], out["_stdout"][-2000:]

@@ -37,8 +37,10 @@ def test_a_socket_made_in_the_namespace_is_reached_from_inside_only(holder):
     port = server.getsockname()[1]
     with pytest.raises(ConnectionRefusedError):  # the host's loopback: nothing there
         socket.create_connection(("127.0.0.1", port), timeout=2)
-    code = (f"from kdist_magics.cluster.namespace import enter; enter({holder.pid}); import socket; "
-            f"socket.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'hi')")
+    code = (
+        f"from kdist_magics.cluster.namespace import enter; enter({holder.pid}); import socket; "
+        f"socket.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'hi')"
+    )
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr
     conn, _ = server.accept()
@@ -57,8 +59,17 @@ def test_stopping_ends_the_holder_and_removes_the_folder(holder):
 
 def test_the_follow_command_enters_the_namespace_first():
     argv = command("ipyparallel.engine", pid=1, started=2.0, nice=3, netns=77)
-    assert argv[1:] == ["-m", "kdist_magics.cluster.follow", "--netns", "77", "--nice", "3", "1", "2.0",
-                        "ipyparallel.engine"]
+    assert argv[1:] == [
+        "-m",
+        "kdist_magics.cluster.follow",
+        "--netns",
+        "77",
+        "--nice",
+        "3",
+        "1",
+        "2.0",
+        "ipyparallel.engine",
+    ]
     assert "--netns" not in command("ipyparallel.engine", pid=1, started=2.0)
 
 
@@ -96,14 +107,17 @@ def test_an_owned_cluster_in_a_private_network_listens_on_no_host_socket(holder,
     cluster = EngineCluster(2, private=True).start()
     try:
         ns = cluster.namespace
-        assert cluster.status()["network"].startswith("private (a network of the engines' own")  # no pids, paths (49.14)
+        assert cluster.status()["network"].startswith(
+            "private (a network of the engines' own"
+        )  # no pids, paths (49.14)
         nets = cluster.view().apply_sync(os.readlink, "/proc/self/ns/net")
         assert nets == [os.readlink(f"/proc/{ns.pid}/ns/net")] * 2
         host_net = os.readlink("/proc/self/ns/net")
         for pid in cluster._process_tree_pids():
             if os.readlink(f"/proc/{pid}/ns/net") == host_net:  # the controller and its schedulers
-                assert not [c for c in net_connections(psutil.Process(pid), "inet")
-                            if c.status == psutil.CONN_LISTEN], pid
+                assert not [
+                    c for c in net_connections(psutil.Process(pid), "inet") if c.status == psutil.CONN_LISTEN
+                ], pid
         assert any(p.name.startswith("c:") for p in ns.folder.iterdir())  # its ipc sockets
         pids = set(cluster._process_tree_pids()) | {ns.pid}
         folder = ns.folder
@@ -124,8 +138,10 @@ def test_status_says_whether_a_private_network_is_had_here(ip, capsys, monkeypat
     assert "private network: on: a cluster kdist starts gets a network of its own" in capsys.readouterr().out
     monkeypatch.setitem(namespace._probed, "answer", "this host allows no user namespace for this user (x)")
     ip.run_line_magic("kdist", "status")
-    assert ("private network: not here (this host allows no user namespace for this user (x)): the engines "
-            "share this host's loopback") in capsys.readouterr().out
+    assert (
+        "private network: not here (this host allows no user namespace for this user (x)): the engines "
+        "share this host's loopback"
+    ) in capsys.readouterr().out
     monkeypatch.setattr(ext, "private_network", False)
     ip.run_line_magic("kdist", "status")
     assert "private network: off (KDist.private_network = False)" in capsys.readouterr().out

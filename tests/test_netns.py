@@ -153,17 +153,23 @@ class Hosts:
 
         # a quicker heartbeat than ipyparallel's default (10 missed beats of 3 s): a frozen
         # "remote" engine is unregistered after 5 s, not 30
-        self.cluster = ipp.Cluster(n=0, cluster_id=self.cluster_id, controller_ip=self.bridge_ip,
-                                   log_level=40, shutdown_atexit=False,
-                                   controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}",
-                                                    f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"])
+        self.cluster = ipp.Cluster(
+            n=0,
+            cluster_id=self.cluster_id,
+            controller_ip=self.bridge_ip,
+            log_level=40,
+            shutdown_atexit=False,
+            controller_args=[
+                f"--HeartMonitor.period={HEARTBEAT_MS}",
+                f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+            ],
+        )
         self.cluster.start_controller_sync()
         self.controller_pids = process_tree({self.cluster.controller.pid})
 
     @property
     def engine_file(self) -> str:
-        return str(Path(self.cluster.profile_dir) / "security" /
-                   f"ipcontroller-{self.cluster_id}-engine.json")
+        return str(Path(self.cluster.profile_dir) / "security" / f"ipcontroller-{self.cluster_id}-engine.json")
 
     def launch_engines(self) -> None:
         """Start HOSTS' engines inside their namespaces, each with its host's hostname."""
@@ -177,10 +183,27 @@ class Hosts:
         for host, count in HOSTS.items():
             for _ in range(count):
                 script = f'hostname {host} && exec "$0" -m ipyparallel.engine --file="$1" --log-level=40'
-                self.engines.append(subprocess.Popen(
-                    ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts",
-                     "sh", "-c", script, sys.executable, self.engine_file],
-                    cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=self.log))
+                self.engines.append(
+                    subprocess.Popen(
+                        [
+                            "ip",
+                            "netns",
+                            "exec",
+                            self.namespaces[host],
+                            "unshare",
+                            "--uts",
+                            "sh",
+                            "-c",
+                            script,
+                            sys.executable,
+                            self.engine_file,
+                        ],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=self.log,
+                    )
+                )
         client = ipp.Client(cluster_id=self.cluster_id)
         try:
             client.wait_for_engines(sum(HOSTS.values()), timeout=180, interactive=False)
@@ -296,8 +319,9 @@ def test_multiworker_across_namespaced_hosts(shell, hosts):
     shell.run_line_magic("kdist", "stop")
     hosts.launch_engines()
     with hosts.watched(shell):
-        shell.run_cell_magic("kdist", f"--strategy multiworker --np 3 --no-dashboard "
-                                      f"--cluster-id {hosts.cluster_id}", MW_CELL)
+        shell.run_cell_magic(
+            "kdist", f"--strategy multiworker --np 3 --no-dashboard --cluster-id {hosts.cluster_id}", MW_CELL
+        )
         facts = engine_values("kd_facts")
         weights = engine_values("kd_weights")
     assert [f["task"] for f in facts] == [0, 1, 2]
@@ -340,8 +364,10 @@ def test_a_push_travels_once_to_each_host_and_is_shared_there(shell, hosts):
     shell.run_line_magic("kdist", "stop")
     hosts.launch_engines()
     rng = np.random.default_rng(0)
-    shell.user_ns.update(big=rng.normal(size=(1024, 1024)).astype("float32"),  # 4 MiB
-                         pair=(np.arange(10), np.ones(300_000)))
+    shell.user_ns.update(
+        big=rng.normal(size=(1024, 1024)).astype("float32"),  # 4 MiB
+        pair=(np.arange(10), np.ones(300_000)),
+    )
     line = f"--strategy multiworker --np 3 --no-dashboard --cluster-id {hosts.cluster_id} --push big,pair"
     with hosts.watched(shell):
         shell.run_cell_magic("kdist", line, PUSH_CELL)
@@ -383,7 +409,10 @@ kd_facts = {"host": socket.gethostname(), "rank": hvd.rank(), "local_rank": hvd.
 
 
 def test_horovod_across_namespaced_hosts(shell, hosts):
-    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
+    pytest.importorskip(
+        "horovod.tensorflow",
+        reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)",
+    )
     shell.run_line_magic("kdist", "stop")
     hosts.launch_engines()  # fresh processes
     ext = kdist_magics._extension
@@ -391,8 +420,9 @@ def test_horovod_across_namespaced_hosts(shell, hosts):
     ext.bind_address = hosts.bridge_ip  # the rendezvous must be reachable from the namespaces
     try:
         with hosts.watched(shell):
-            shell.run_cell_magic("kdist", f"--strategy horovod --np 3 --no-dashboard "
-                                          f"--cluster-id {hosts.cluster_id}", HVD_CELL)
+            shell.run_cell_magic(
+                "kdist", f"--strategy horovod --np 3 --no-dashboard --cluster-id {hosts.cluster_id}", HVD_CELL
+            )
             facts = engine_values("kd_facts")
             weights = engine_values("kd_weights")
     finally:
@@ -402,8 +432,7 @@ def test_horovod_across_namespaced_hosts(shell, hosts):
     for f in facts:
         assert f["local_size"] == HOSTS[f["host"]]
     hosts_in_order = list(dict.fromkeys(f["host"] for f in facts))
-    assert [f["cross_rank"] for f in facts if f["local_rank"] == 0] == \
-        list(range(len(hosts_in_order)))
+    assert [f["cross_rank"] for f in facts if f["local_rank"] == 0] == list(range(len(hosts_in_order)))
     for w in weights[1:]:
         for a, b in zip(weights[0], w):
             np.testing.assert_array_equal(np.array(a), np.array(b))
@@ -424,24 +453,31 @@ def test_a_remote_engine_that_freezes_is_named_once_the_heartbeat_gives_up(shell
 
     shell.run_line_magic("kdist", "stop")
     hosts.launch_engines()
-    cell = ("import os, signal, threading, time\nif strategy.cluster_resolver.task_id == 2:\n"
-            "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGSTOP)).start()\ntime.sleep(300)")
+    cell = (
+        "import os, signal, threading, time\nif strategy.cluster_resolver.task_id == 2:\n"
+        "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGSTOP)).start()\ntime.sleep(300)"
+    )
     t0 = time.monotonic()
     try:
         with hosts.watched(shell):
             with pytest.raises(RankDied) as info:
-                shell.run_cell_magic("kdist", f"--strategy multiworker --np 3 --no-dashboard "
-                                              f"--cluster-id {hosts.cluster_id}", cell)
+                shell.run_cell_magic(
+                    "kdist", f"--strategy multiworker --np 3 --no-dashboard --cluster-id {hosts.cluster_id}", cell
+                )
             waited = time.monotonic() - t0
     finally:
-        frozen = [p.pid for p in hosts.engines
-                  if p.poll() is None and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED]
+        frozen = [
+            p.pid for p in hosts.engines if p.poll() is None and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED
+        ]
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
     assert len(frozen) == 1  # rank 2 stopped itself, and only it (kdist ends no engine of theirs)
     text = str(info.value)
-    assert re.match(r"rank 2 on kd-host-[ab] left the cluster \(its controller unregistered it: it ended, "
-                    r"or stopped answering ipyparallel's heartbeat\)\. The run was stopped; restart the "
-                    r"cluster's engines", text), text
+    assert re.match(
+        r"rank 2 on kd-host-[ab] left the cluster \(its controller unregistered it: it ended, "
+        r"or stopped answering ipyparallel's heartbeat\)\. The run was stopped; restart the "
+        r"cluster's engines",
+        text,
+    ), text
     assert waited < 120, waited  # the heartbeat's ~5 s, plus starting the workers (never the 300 s of sleep)
     hosts.stop_engines()

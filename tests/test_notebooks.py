@@ -31,8 +31,12 @@ BINDER = ROOT / "binder"
 PAPERS = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
 CELL_TIMEOUT = 300  # seconds for one cell; the notebooks take far less here
 #: notebooks that need no TensorFlow as they are: they run on Colab's TPU pins too (marker notf)
-WITHOUT_TENSORFLOW = {"04-colab-tpu", "07-keras-on-jax-across-engines",
-                      "09-a-model-too-big-for-one-device", "10-will-more-devices-help"}
+WITHOUT_TENSORFLOW = {
+    "04-colab-tpu",
+    "07-keras-on-jax-across-engines",
+    "09-a-model-too-big-for-one-device",
+    "10-will-more-devices-help",
+}
 #: ... of which these run there only (marker tfless): Keras on torch, no TensorFlow needed, and
 #: the main suite's time is spent elsewhere (tests/README.md)
 ONLY_WITHOUT_TENSORFLOW = {"10-will-more-devices-help"}
@@ -65,6 +69,7 @@ def _runs() -> list:
 
 # -- fast tier: notebooks are committed clean -----------------------------------
 
+
 def test_there_are_notebooks():
     assert PAPERS, "notebooks/ has no numbered notebooks"
     assert (NOTEBOOKS / "01-quickstart.ipynb") in PAPERS
@@ -76,14 +81,19 @@ def test_committed_notebook_is_valid_and_has_no_outputs(path):
 
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", \
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", (
         f"{path.name}: kernelspec must be the standard python3 kernel"
-    dirty = [i for i, c in enumerate(nb.cells)
-             if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
-    assert not dirty, (f"{path.name}: cells {dirty} have outputs; "
-                       f"strip them with: python scripts/strip_outputs.py {path.relative_to(ROOT)}")
-    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), \
+    )
+    dirty = [
+        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)
+    ]
+    assert not dirty, (
+        f"{path.name}: cells {dirty} have outputs; "
+        f"strip them with: python scripts/strip_outputs.py {path.relative_to(ROOT)}"
+    )
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), (
         f"{path.name}: the first cell should be a markdown title"
+    )
 
 
 @pytest.mark.parametrize("path", PAPERS, ids=_nb_id)
@@ -95,15 +105,18 @@ def test_notebook_stops_what_it_starts(path):
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     text = "\n".join(code)
     if re.search(r"--strategy\s+(horovod|multiworker)|-s\s+(horovod|multiworker)", text):
-        assert any(src.strip() == "%kdist stop" for src in code), \
+        assert any(src.strip() == "%kdist stop" for src in code), (
             f"{path.name} starts engines but never runs %kdist stop"
+        )
     first_devices = next((i for i, src in enumerate(code) if "--devices" in src), None)
     if first_devices is not None:
         tf_use = re.compile(r"^\s*(import tensorflow|from tensorflow|import keras|from keras)", re.M)
         early = [i for i, src in enumerate(code[:first_devices]) if tf_use.search(src)]
         early += [i for i, src in enumerate(code[:first_devices]) if src.lstrip().startswith("%%kdist")]
-        assert not early, (f"{path.name}: code cells {early} use TensorFlow before the first "
-                           f"--devices cell; TF fixes its devices when it starts")
+        assert not early, (
+            f"{path.name}: code cells {early} use TensorFlow before the first "
+            f"--devices cell; TF fixes its devices when it starts"
+        )
 
 
 def _check_args(source: str) -> list[str]:
@@ -156,21 +169,26 @@ def test_notebooks_do_not_contradict_each_other():
         nb = nbformat.read(path, as_version=4)
         for cell in nb.cells:
             text = cell.source
-            assert not re.search(r"setLevel|TF_CPP_MIN_LOG_LEVEL", text), \
+            assert not re.search(r"setLevel|TF_CPP_MIN_LOG_LEVEL", text), (
                 f"{path.name} silences TensorFlow's logs by hand; kdist cells already do"
+            )
             installs = [ln.strip() for ln in text.splitlines() if "pip install" in ln and "kdist_magics" in ln]
             assert all(INSTALL_LINE in ln for ln in installs), f"{path.name}: {installs}"
-            for date in re.finditer(r"(?:January|February|March|April|May|June|July|August|"
-                                    r"September|October|November|December) 20\d\d", text):
-                assert text[max(0, date.start() - 6):date.start()] == "as of ", \
-                    f"{path.name}: a dated claim without 'as of': {text[date.start() - 30:date.end()]!r}"
+            for date in re.finditer(
+                r"(?:January|February|March|April|May|June|July|August|"
+                r"September|October|November|December) 20\d\d",
+                text,
+            ):
+                assert text[max(0, date.start() - 6) : date.start()] == "as of ", (
+                    f"{path.name}: a dated claim without 'as of': {text[date.start() - 30 : date.end()]!r}"
+                )
             assert '"tpu": "v2-8"' not in text, f"{path.name} describes a TPU v2-8, no longer offered"
 
 
 def test_readme_tour_lists_every_notebook():
     text = (ROOT / "README.md").read_text()
-    tour = text[text.index("## Tour"):]
-    tour = tour[:tour.index("\n## ", 1)]
+    tour = text[text.index("## Tour") :]
+    tour = tour[: tour.index("\n## ", 1)]
     missing = [p.name for p in PAPERS if f"(notebooks/{p.name})" not in tour]
     assert not missing, f"README's Tour does not link {missing}"
 
@@ -181,8 +199,9 @@ def test_strip_outputs_script(tmp_path):
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-    cell = new_code_cell("1 + 1", execution_count=3,
-                         outputs=[new_output("execute_result", {"text/plain": "2"}, execution_count=3)])
+    cell = new_code_cell(
+        "1 + 1", execution_count=3, outputs=[new_output("execute_result", {"text/plain": "2"}, execution_count=3)]
+    )
     nb = new_notebook(cells=[cell], metadata={"widgets": {"state": {}}})
     path = tmp_path / "x.ipynb"
     nbformat.write(nb, path)
@@ -222,12 +241,13 @@ def test_example_data_ships_in_the_package(tmp_path):
     # from an empty folder, as a notebook opened alone
     import subprocess
 
-    probe = ("import sys; from kdist_magics import datasets; datasets.gpu_count(); "
-             "datasets.load_digits_split(); "
-             "bad = [m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules]; assert not bad, bad")
+    probe = (
+        "import sys; from kdist_magics import datasets; datasets.gpu_count(); "
+        "datasets.load_digits_split(); "
+        "bad = [m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules]; assert not bad, bad"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
@@ -242,6 +262,7 @@ def test_example_data_names_the_fix_without_scikit_learn(monkeypatch):
 
 
 # -- fast tier: binder follows repo2docker's rules -----------------------------------
+
 
 def _pyproject():
     import tomllib
@@ -307,8 +328,9 @@ def test_binder_requirements_match_pyproject_pins():
     local = [ln for ln in lines if re.match(r"^(-e\s+)?\.(\[.*\])?$", ln)]
     assert local, "binder/requirements.txt must install the package itself ('.' or '-e .')"
     wanted = set(re.search(r"\[(.*)\]", local[0]).group(1).split(",")) if "[" in local[0] else set()
-    assert {"tensorflow-cpu", "lab"} <= wanted and wanted <= set(extras), \
+    assert {"tensorflow-cpu", "lab"} <= wanted and wanted <= set(extras), (
         f"the package's extras {sorted(wanted)} must exist in pyproject.toml"
+    )
     # Horovod is built in postBuild, after TensorFlow (needs --no-build-isolation)
     assert _pin(lines, "horovod") is None
 
@@ -332,21 +354,41 @@ def test_binder_pins_satisfy_pyproject():
         pins = [s.version for s in r.specifier if s.operator == "=="]
         for spec in ranges.get(canonicalize_name(r.name), []):
             for version in pins:
-                assert spec.contains(version, prereleases=True), \
+                assert spec.contains(version, prereleases=True), (
                     f"binder pins {r.name}=={version} but pyproject.toml wants {spec}"
+                )
                 checked += 1
     assert checked >= 3
 
 
 #: top-level module a notebook imports -> the distribution that installs it
-MODULE_DIST = {"tensorflow": "tensorflow-cpu", "keras": "keras", "jax": "jax", "torch": "torch",
-               "numpy": "numpy", "sklearn": "scikit-learn", "pandas": "pandas",
-               "matplotlib": "matplotlib", "ipyparallel": "ipyparallel", "IPython": "ipython",
-               "ipywidgets": "ipywidgets", "psutil": "psutil", "kdist_magics": "kdist_magics",
-               "horovod": "horovod"}
+MODULE_DIST = {
+    "tensorflow": "tensorflow-cpu",
+    "keras": "keras",
+    "jax": "jax",
+    "torch": "torch",
+    "numpy": "numpy",
+    "sklearn": "scikit-learn",
+    "pandas": "pandas",
+    "matplotlib": "matplotlib",
+    "ipyparallel": "ipyparallel",
+    "IPython": "ipython",
+    "ipywidgets": "ipywidgets",
+    "psutil": "psutil",
+    "kdist_magics": "kdist_magics",
+    "horovod": "horovod",
+}
 #: prerequisites.check() names -> the module they stand for
-CHECK_MODULE = {"sklearn": "sklearn", "tensorflow": "tensorflow", "keras": "keras", "jax": "jax",
-                "torch": "torch", "pandas": "pandas", "matplotlib": "matplotlib", "horovod": "horovod"}
+CHECK_MODULE = {
+    "sklearn": "sklearn",
+    "tensorflow": "tensorflow",
+    "keras": "keras",
+    "jax": "jax",
+    "torch": "torch",
+    "pandas": "pandas",
+    "matplotlib": "matplotlib",
+    "horovod": "horovod",
+}
 
 
 def _notebook_imports(path: Path) -> set[str]:
@@ -370,8 +412,9 @@ def _notebook_imports(path: Path) -> set[str]:
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 found.add(node.module.split(".")[0])
             elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check":
-                found |= {CHECK_MODULE[a.value] for a in node.args
-                          if isinstance(a, ast.Constant) and a.value in CHECK_MODULE}
+                found |= {
+                    CHECK_MODULE[a.value] for a in node.args if isinstance(a, ast.Constant) and a.value in CHECK_MODULE
+                }
     return found - set(sys.stdlib_module_names)
 
 
@@ -383,14 +426,12 @@ def test_binder_installs_what_each_notebook_imports(path):
     from packaging.utils import canonicalize_name
 
     lines = [ln.split("#")[0].strip() for ln in (BINDER / "requirements.txt").read_text().splitlines()]
-    pinned = {canonicalize_name(Requirement(ln).name) for ln in lines
-              if ln and not ln.startswith((".", "-"))}
+    pinned = {canonicalize_name(Requirement(ln).name) for ln in lines if ln and not ln.startswith((".", "-"))}
     local = next(ln for ln in lines if ln.startswith("."))
     project = _pyproject()["project"]
     extras = re.search(r"\[(.*)\]", local).group(1).split(",")
     shipped = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
-    shipped |= {canonicalize_name(Requirement(r).name) for e in extras
-                for r in project["optional-dependencies"][e]}
+    shipped |= {canonicalize_name(Requirement(r).name) for e in extras for r in project["optional-dependencies"][e]}
     unknown = sorted(m for m in _notebook_imports(path) if m not in MODULE_DIST)
     assert not unknown, f"{path.name} imports {unknown}: add them to MODULE_DIST and to binder"
     for module in _notebook_imports(path):
@@ -398,8 +439,9 @@ def test_binder_installs_what_each_notebook_imports(path):
         if dist == "horovod":
             assert "-m kdist_magics.strategies.horovod.build" in (BINDER / "postBuild").read_text()
             continue
-        assert dist == "kdist-magics" or dist in pinned or dist in shipped, \
+        assert dist == "kdist-magics" or dist in pinned or dist in shipped, (
             f"{path.name} imports {module}, which binder/requirements.txt does not install"
+        )
 
 
 def test_readme_links_binder():
@@ -412,8 +454,7 @@ def test_readme_links_binder():
 #: what the suite sets for its own kernels and a newcomer's machine does not have; ipykernel
 #: (6.x-7.x, iostream.py) forwards the process's own stderr (TensorFlow's C++ lines) into the
 #: notebook only where PYTEST_CURRENT_TEST is not set, so no other notebook test sees them
-NOT_A_NEWCOMERS = ("TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS", "XLA_FLAGS", "PYTHONUNBUFFERED",
-                   "PYTEST_CURRENT_TEST")
+NOT_A_NEWCOMERS = ("TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS", "XLA_FLAGS", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST")
 
 
 def _kernel_env(home: Path, variant: dict[str, str], newcomer: bool = False) -> dict[str, str]:
@@ -421,17 +462,22 @@ def _kernel_env(home: Path, variant: dict[str, str], newcomer: bool = False) -> 
 
     # a notebook chooses its own backend; the kernel is the venv's python, also when the
     # test runs from an activated shell
-    env = isolated_env(home, keras_backend=None, PYTHONUNBUFFERED="1",
-                       PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                       **variant)
+    env = isolated_env(
+        home,
+        keras_backend=None,
+        PYTHONUNBUFFERED="1",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        **variant,
+    )
     if newcomer:  # nothing quietened: TensorFlow's C++ lines reach the notebook if kdist lets them
         for name in NOT_A_NEWCOMERS:
             env.pop(name, None)
     return env
 
 
-def _execute(path: Path, out_dir: Path, variant: dict[str, str] | None = None,
-             newcomer: bool = False) -> tuple[object, Exception | None]:
+def _execute(
+    path: Path, out_dir: Path, variant: dict[str, str] | None = None, newcomer: bool = False
+) -> tuple[object, Exception | None]:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -441,9 +487,14 @@ def _execute(path: Path, out_dir: Path, variant: dict[str, str] | None = None,
     work.mkdir()
     shutil.copy2(path, work / path.name)
     nb = nbformat.read(work / path.name, as_version=4)
-    client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
-                            startup_timeout=120, allow_errors=False,
-                            resources={"metadata": {"path": str(work)}})
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=CELL_TIMEOUT,
+        startup_timeout=120,
+        allow_errors=False,
+        resources={"metadata": {"path": str(work)}},
+    )
     # "python3" is the kernelspec ipykernel installs in the venv (sys.prefix/share/jupyter,
     # which the isolated dirs leave on the path); jupyter_client replaces its argv[0]
     # "python" with sys.executable, so the kernel is the venv's own Python
@@ -496,11 +547,15 @@ def test_notebook_runs_top_to_bottom(path, variant, test_output):
     import importlib.util
 
     if _uses_horovod(path) and importlib.util.find_spec("horovod") is None:
-        pytest.skip(f"{path.name} runs --strategy horovod, and Horovod is not installed in this "
-                    f"environment (the Colab-pinned one has none, as Colab has none)")
+        pytest.skip(
+            f"{path.name} runs --strategy horovod, and Horovod is not installed in this "
+            f"environment (the Colab-pinned one has none, as Colab has none)"
+        )
     if _uses_torch(path) and importlib.util.find_spec("torch") is None:
-        pytest.skip(f"{path.name} runs Keras on torch, and PyTorch is not installed in this "
-                    f"environment (make test installs it in .venv; the Colab-pinned one has none)")
+        pytest.skip(
+            f"{path.name} runs Keras on torch, and PyTorch is not installed in this "
+            f"environment (make test installs it in .venv; the Colab-pinned one has none)"
+        )
     out_dir = test_output / "notebooks"
     nb, error = _execute(path, out_dir, variant)
     if error is not None:
@@ -508,9 +563,11 @@ def test_notebook_runs_top_to_bottom(path, variant, test_output):
         message = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # no terminal colours
         if len(message) > 4000:
             message = message[:1500] + "\n...\n" + message[-2500:]
-        pytest.fail(f"{path.name}: cell {index} failed\n--- cell source ---\n{source}\n"
-                    f"--- error ---\n{message}\n(executed copy: {out_dir / _out_name(path, variant)})",
-                    pytrace=False)
+        pytest.fail(
+            f"{path.name}: cell {index} failed\n--- cell source ---\n{source}\n"
+            f"--- error ---\n{message}\n(executed copy: {out_dir / _out_name(path, variant)})",
+            pytrace=False,
+        )
     ran = [c for c in nb.cells if c.cell_type == "code"]
     assert ran and all(c.execution_count is not None for c in ran), "some cells did not run"
     # cells tagged raises-exception show an error on purpose (a failing rank, a bad option);
@@ -520,8 +577,11 @@ def test_notebook_runs_top_to_bottom(path, variant, test_output):
             continue
         raised = any(o.get("output_type") == "error" for o in cell.outputs)
         expected = "raises-exception" in cell.metadata.get("tags", [])
-        assert raised == expected, (f"{path.name}: cell {i} " + ("was expected to raise and did not"
-                                    if expected else "raised") + f":\n{cell.source}")
+        assert raised == expected, (
+            f"{path.name}: cell {i} "
+            + ("was expected to raise and did not" if expected else "raised")
+            + f":\n{cell.source}"
+        )
 
 
 @pytest.mark.notebook
@@ -542,15 +602,26 @@ def test_the_quickstart_as_a_newcomer_runs_it_shows_no_start_up_noise_and_no_wai
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
             texts.append(out.get("text", ""))
             texts += [v for k, v in out.get("data", {}).items() if k.startswith("text/") and isinstance(v, str)]
-    noise = [line for text in texts for line in text.splitlines()
-             if START_UP_NOISE.search(line) or re.match(r"[IWE]0000 00:00:", line)]
+    noise = [
+        line
+        for text in texts
+        for line in text.splitlines()
+        if START_UP_NOISE.search(line) or re.match(r"[IWE]0000 00:00:", line)
+    ]
     assert noise == [], noise
     # each finished dashboard is its output's final state (no widget left to show it)
     outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
     assert not [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
-    dashboards = [json.loads(m.group(1))["state"] for o in outputs
-                  for m in re.finditer(r'<script type="application/json" class="kdist-data">'
-                                       r'(.*?)</script>', o.get("data", {}).get("text/html", ""), re.S)]
+    dashboards = [
+        json.loads(m.group(1))["state"]
+        for o in outputs
+        for m in re.finditer(
+            r'<script type="application/json" class="kdist-data">'
+            r"(.*?)</script>",
+            o.get("data", {}).get("text/html", ""),
+            re.S,
+        )
+    ]
     assert dashboards, "no dashboard was saved in the notebook"
     for st in dashboards:
         progress = st["progress"]
@@ -567,8 +638,14 @@ def test_make_demo_runs_the_quickstart(tmp_path):
 
     env = _kernel_env(tmp_path / "home", {})
     env["KDIST_DEMO_OUTPUT"] = str(tmp_path / "demo-output")
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py")], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=540)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     executed = tmp_path / "demo-output" / "01-quickstart.ipynb"
     assert f"executed notebook: {executed}" in done.stdout
@@ -588,10 +665,14 @@ def test_demo_summary_reads_the_outputs():
     spec.loader.exec_module(demo)
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-    cells = [new_code_cell("x", outputs=[new_output("stream", name="stdout", text=text)])
-             for text in ("kdist: --strategy auto chose default: 2 cores, no GPU\n",
-                          "default: done in 5.5 s, 1/1 ranks done, last loss 0.186\n",
-                          "test accuracy: 93.6%\n")]
+    cells = [
+        new_code_cell("x", outputs=[new_output("stream", name="stdout", text=text)])
+        for text in (
+            "kdist: --strategy auto chose default: 2 cores, no GPU\n",
+            "default: done in 5.5 s, 1/1 ranks done, last loss 0.186\n",
+            "test accuracy: 93.6%\n",
+        )
+    ]
     line = demo.summarise(new_notebook(cells=cells))
     assert line == "default: done in 5.5 s, 1/1 ranks done, last loss 0.186; test accuracy 93.6%"
     assert demo.summarise(new_notebook(cells=[])) == "ran without a run summary in its output"

@@ -42,8 +42,12 @@ def _sample(flags, kwargs) -> str:
     return f"{flag} x"
 
 
-PAIRS = [pytest.param(flags, kwargs, name, id=f"{_dest(flags, kwargs)}-{name}")
-         for flags, kwargs in OPTIONS if flags[0] != "--strategy" for name in KINDS]
+PAIRS = [
+    pytest.param(flags, kwargs, name, id=f"{_dest(flags, kwargs)}-{name}")
+    for flags, kwargs in OPTIONS
+    if flags[0] != "--strategy"
+    for name in KINDS
+]
 
 
 def test_the_table_names_only_real_options_and_strategies():
@@ -59,19 +63,25 @@ def test_each_option_is_honoured_or_refused(flags, kwargs, strategy):
     try:
         parse_line(line)
     except UsageError as err:
-        assert not capabilities.honours(strategy, option), \
+        assert not capabilities.honours(strategy, option), (
             f"{line!r} is refused, but capabilities declares {option} honoured under {strategy}: {err}"
-        assert flags[0] in str(err) and strategy in str(err), \
+        )
+        assert flags[0] in str(err) and strategy in str(err), (
             f"the refusal of {line!r} must name {flags[0]} and {strategy}: {err}"
+        )
         return
-    assert capabilities.honours(strategy, option), \
-        f"{line!r} is accepted, but kdist_magics.strategies.capabilities does not declare it honoured " \
+    assert capabilities.honours(strategy, option), (
+        f"{line!r} is accepted, but kdist_magics.strategies.capabilities does not declare it honoured "
         f"(accepted and ignored?): declare it with its test, or refuse it in spec.validate"
+    )
 
 
 def _test_functions(path: Path) -> set[str]:
-    return {n.name for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+    return {
+        n.name
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+    }
 
 
 @pytest.mark.parametrize("option", sorted(capabilities.HONOURED))
@@ -80,5 +90,4 @@ def test_each_declared_capability_names_a_test_that_exists(option):
         filename, _, function = proof.partition("::")
         path = TESTS / filename
         assert path.is_file(), f"{option} under {strategy}: {filename} does not exist"
-        assert function in _test_functions(path), \
-            f"{option} under {strategy}: {filename} has no test {function}"
+        assert function in _test_functions(path), f"{option} under {strategy}: {filename} has no test {function}"

@@ -21,8 +21,9 @@ from kdist_magics.cluster import namespace, peers
 from kdist_magics.watch.record import RunRecord
 from kdist_magics.strategies.horovod.rendezvous import AbortLine
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="the socket tables (/proc/net/tcp) are Linux's")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the socket tables (/proc/net/tcp) are Linux's"
+)
 NOBODY = 65534
 SYSTEM_PY = "/usr/bin/python3"
 
@@ -32,8 +33,14 @@ def as_nobody(code: str, timeout: float = 30) -> subprocess.CompletedProcess:
         pytest.skip("connecting as another user needs root to switch to it (CI runs as root)")
     if not Path(SYSTEM_PY).exists():
         pytest.skip(f"{SYSTEM_PY} is missing: the other user needs an interpreter it can read")
-    return subprocess.run([SYSTEM_PY, "-c", code], capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=lambda: os.setuid(NOBODY), cwd="/")
+    return subprocess.run(
+        [SYSTEM_PY, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=lambda: os.setuid(NOBODY),
+        cwd="/",
+    )
 
 
 def test_the_socket_table_names_the_owner_of_a_loopback_socket():
@@ -68,10 +75,17 @@ def test_the_abort_line_tells_this_users_ranks_and_hangs_up_on_another_user():
     line = AbortLine("127.0.0.1")
     mine = socket.create_connection(("127.0.0.1", line.port))
     try:
-        other = subprocess.Popen([SYSTEM_PY, "-c", CONNECT.format(port=line.port)],
-                                 stdout=subprocess.PIPE, text=True, cwd="/",
-                                 preexec_fn=lambda: os.setuid(NOBODY)) \
-            if os.geteuid() == 0 and Path(SYSTEM_PY).exists() else None
+        other = (
+            subprocess.Popen(
+                [SYSTEM_PY, "-c", CONNECT.format(port=line.port)],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd="/",
+                preexec_fn=lambda: os.setuid(NOBODY),
+            )
+            if os.geteuid() == 0 and Path(SYSTEM_PY).exists()
+            else None
+        )
         time.sleep(1.0)  # both wait in the backlog
         assert line.abort() == 1  # this user's connection only
         assert mine.recv(1) == b"!"

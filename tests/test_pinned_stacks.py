@@ -22,10 +22,19 @@ from conftest import ROOT
 pytestmark = [pytest.mark.stacks, pytest.mark.slow, pytest.mark.timeout(900)]
 
 #: what kdist's core requires, by the names the stacks install them under
-CORE = ["ipython", "ipykernel", "traitlets", "ipyparallel", "ipywidgets", "anywidget", "psutil",
-        "numpy", "notebook", "jupyter_server"]
-STACKS = {"colab": ("3.13", ROOT / "envs" / "colab-2026-08.txt"),
-          "kaggle": ("3.12", ROOT / "envs" / "kaggle-2026.txt")}
+CORE = [
+    "ipython",
+    "ipykernel",
+    "traitlets",
+    "ipyparallel",
+    "ipywidgets",
+    "anywidget",
+    "psutil",
+    "numpy",
+    "notebook",
+    "jupyter_server",
+]
+STACKS = {"colab": ("3.13", ROOT / "envs" / "colab-2026-08.txt"), "kaggle": ("3.12", ROOT / "envs" / "kaggle-2026.txt")}
 
 
 def find_python(version: str) -> str | None:
@@ -38,8 +47,9 @@ def find_python(version: str) -> str | None:
 
 
 def pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", *args],
-                         capture_output=True, text=True, timeout=800)
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", *args], capture_output=True, text=True, timeout=800
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -52,11 +62,16 @@ def install_stack(venv: Path, pins: Path) -> None:
     if not uv.exists():
         pip(venv, "install", "-q", "-c", str(pins), *CORE)
         return
-    configured = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.constraint"],
-                                capture_output=True, text=True).stdout.strip()
+    configured = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.constraint"], capture_output=True, text=True
+    ).stdout.strip()
     extra = ["-c", configured] if configured and Path(configured).is_file() else []
-    out = subprocess.run([str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"),
-                          "-c", str(pins), *extra, *CORE], capture_output=True, text=True, timeout=800)
+    out = subprocess.run(
+        [str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-c", str(pins), *extra, *CORE],
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
 
 
@@ -69,12 +84,16 @@ def test_installing_kdist_changes_nothing_the_stack_has(stack, tmp_path):
     venv = tmp_path / stack
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
     install_stack(venv, pins)
-    before = {p["name"].lower().replace("_", "-"): p["version"]
-              for p in json.loads(pip(venv, "list", "--format", "json").stdout)}
+    before = {
+        p["name"].lower().replace("_", "-"): p["version"]
+        for p in json.loads(pip(venv, "list", "--format", "json").stdout)
+    }
     report = tmp_path / "report.json"
     pip(venv, "install", "-q", "--dry-run", "--report", str(report), str(ROOT))
-    planned = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
-               for i in json.loads(report.read_text())["install"]}
+    planned = {
+        i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+        for i in json.loads(report.read_text())["install"]
+    }
     assert "kdist-magics" in planned
     changed = {name: (before[name], v) for name, v in planned.items() if name in before}
     assert not changed, f"installing kdist into {stack}'s stack would change {changed}"

@@ -46,8 +46,7 @@ def test_each_rank_gets_its_own_gpu_and_too_few_is_an_error():
 def test_shared_gpus_go_round_robin_with_part_of_the_memory_each():
     envs = [gpu_env(["0"], r, 2, "shared") for r in range(2)]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "0"]
-    assert all(e["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.45" and e["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
-               for e in envs)
+    assert all(e["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.45" and e["TF_FORCE_GPU_ALLOW_GROWTH"] == "true" for e in envs)
     three = [gpu_env(["0", "1"], r, 3, "shared")["CUDA_VISIBLE_DEVICES"] for r in range(3)]
     assert three == ["0", "1", "0"]
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in gpu_env(["0", "1"], 1, 2, "shared")  # enough GPUs

@@ -49,9 +49,11 @@ def test_the_backend_is_checked_from_the_environment_before_keras_starts(monkeyp
 
 
 def test_checking_imports_no_framework():
-    probe = ("import sys; from kdist_magics.prerequisites import missing; "
-             "missing('tensorflow', 'jax', 'torch', 'horovod', 'sklearn', 'backend:tensorflow'); "
-             "bad = [m for m in ('tensorflow', 'keras', 'jax', 'torch') if m in sys.modules]; "
-             "assert not bad, bad")
+    probe = (
+        "import sys; from kdist_magics.prerequisites import missing; "
+        "missing('tensorflow', 'jax', 'torch', 'horovod', 'sklearn', 'backend:tensorflow'); "
+        "bad = [m for m in ('tensorflow', 'keras', 'jax', 'torch') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

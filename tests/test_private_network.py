@@ -115,8 +115,13 @@ class Prober(threading.Thread):
                 note = json.loads(ready.read_text())
                 sockets = listening(int((self.flags / "kernel").read_text()))
                 targets = sorted({(s["address"], s["port"]) for s in sockets})
-                proc = as_user(NOBODY, [SYSTEM_PY, "-c", PROBE, json.dumps([targets, note.get("rdv")])],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                proc = as_user(
+                    NOBODY,
+                    [SYSTEM_PY, "-c", PROBE, json.dumps([targets, note.get("rdv")])],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
                 stdout, stderr = proc.communicate(timeout=120)
                 probe = json.loads(stdout) if proc.returncode == 0 else {"error": stderr[-2000:]}
                 host_ports = sorted({port for _, port in _table(os.getpid()).values()})  # the host's network
@@ -150,32 +155,46 @@ kd_weights = [w.tolist() for w in model.get_weights()]
 
 def cell(rank0: str, rdv: str, optimizer: str, callbacks: str = "") -> str:
     """The cell: rank 0 waits for the other user's attempts, then every rank trains."""
-    return (WAIT + FIT).replace("@RANK0@", rank0).replace("@RDV@", rdv).replace(
-        "@OPTIMIZER@", optimizer).replace("@CALLBACKS@", callbacks)
+    return (
+        (WAIT + FIT)
+        .replace("@RANK0@", rank0)
+        .replace("@RDV@", rdv)
+        .replace("@OPTIMIZER@", optimizer)
+        .replace("@CALLBACKS@", callbacks)
+    )
 
 
-HVD_CELL = cell("hvd.rank() == 0",
-                '[os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])]',
-                "hvd.DistributedOptimizer(keras.optimizers.SGD(0.05))",
-                "callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)]")
+HVD_CELL = cell(
+    "hvd.rank() == 0",
+    '[os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])]',
+    "hvd.DistributedOptimizer(keras.optimizers.SGD(0.05))",
+    "callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)]",
+)
 MW_CELL = cell("strategy.cluster_resolver.task_id == 0", "None", "keras.optimizers.SGD(0.05)")
 PROCESSES_CELL = cell(  # JAX and torch processes: the same bound strategy attributes
-    "strategy.process_index == 0", "None", "keras.optimizers.SGD(0.05)")
+    "strategy.process_index == 0", "None", "keras.optimizers.SGD(0.05)"
+)
 
 
 def body(flags: Path, cells: list[tuple[str, str, str]], private: bool) -> str:
     """The shell's part: ``cells`` are (name, strategy line, cell), each run in turn."""
-    lines = [f"import os, pathlib; pathlib.Path({str(flags)!r}, 'kernel').write_text(str(os.getpid()))",
-             "out['runs'] = {}"]
+    lines = [
+        f"import os, pathlib; pathlib.Path({str(flags)!r}, 'kernel').write_text(str(os.getpid()))",
+        "out['runs'] = {}",
+    ]
     if not private:  # (on is the default: the private runs leave the setting alone)
         lines.insert(1, "ip.run_line_magic('config', 'KDist.private_network = False')")
     for i, (name, line, cell) in enumerate(cells):
         text = cell.replace("@FLAGS@", repr(str(flags))).replace("@I@", str(i))
-        lines += [f"value, err = attempt({line!r}, {text!r})",
-                  f"out['runs'][{name!r}] = {{'err': repr(err) if err else None, "
-                  f"'weights': by_rank('kd_weights', {line.split()[1]!r}) if not err else None}}"]
-    lines.append("out['status'] = kdist_magics._extension._strategies['multiworker'].status() "
-                 "if 'multiworker' in kdist_magics._extension._strategies else {}")
+        lines += [
+            f"value, err = attempt({line!r}, {text!r})",
+            f"out['runs'][{name!r}] = {{'err': repr(err) if err else None, "
+            f"'weights': by_rank('kd_weights', {line.split()[1]!r}) if not err else None}}",
+        ]
+    lines.append(
+        "out['status'] = kdist_magics._extension._strategies['multiworker'].status() "
+        "if 'multiworker' in kdist_magics._extension._strategies else {}"
+    )
     lines.append("ip.run_line_magic('kdist', 'stop')")
     return "\n".join(lines) + "\n"
 
@@ -212,8 +231,9 @@ def check_nothing_reachable(seen: dict, kernel_too: bool) -> None:
     # refused; or, where a port of the engines' network is also in use on the host's (by some
     # other process: the run has none there), that other process answered
     others = seen["host_ports"]
-    reached = [(host, port) for host, port, outcome in seen["probe"]["attempts"]
-               if outcome != "refused" and port not in others]
+    reached = [
+        (host, port) for host, port, outcome in seen["probe"]["attempts"] if outcome != "refused" and port not in others
+    ]
     assert not reached, seen["probe"]
 
 
@@ -221,8 +241,10 @@ def test_with_a_private_network_no_other_user_reaches_any_socket_of_a_run(tmp_pa
     _needs()
     pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv)")
     _needs_a_namespace()
-    cells = [("horovod", "--strategy horovod --np 2 --no-dashboard", HVD_CELL),
-             ("multiworker", "--strategy multiworker --np 2 --no-dashboard", MW_CELL)]
+    cells = [
+        ("horovod", "--strategy horovod --np 2 --no-dashboard", HVD_CELL),
+        ("multiworker", "--strategy multiworker --np 2 --no-dashboard", MW_CELL),
+    ]
     result, seen = run_probed(tmp_path, cells, private=True)
     for (name, _, _), found in zip(cells, seen):
         check_run_unaffected(result, name)
@@ -235,8 +257,9 @@ def test_jax_and_torch_multiworker_with_a_private_network_are_out_of_other_users
     """The JAX coordinator; torch's TCPStore (not named by the issue, which predates it: the
     same namespace holds it); the Gloo pairs of both."""
     _needs()
-    pytest.importorskip(backend, reason=f"Keras on {backend} across engines needs {backend} "
-                                        f"(make test installs both in .venv)")
+    pytest.importorskip(
+        backend, reason=f"Keras on {backend} across engines needs {backend} (make test installs both in .venv)"
+    )
     _needs_a_namespace()
     cells = [("multiworker", "--strategy multiworker --np 2 --no-dashboard", PROCESSES_CELL)]
     result, seen = run_probed(tmp_path, cells, private=True, env={"KERAS_BACKEND": backend})
@@ -263,5 +286,7 @@ def test_without_it_kdists_listeners_hang_up_on_another_user_and_the_rest_is_ann
     assert found["probe"]["put"] == "hung up", found["probe"]
     # what stays open (the ranks' Gloo pairs) was said once, before the run
     err = result["_stderr"]
-    assert f"other users have processes on this host (uid {SOMEONE})" in err and "the ranks' Gloo pairs" in err, err[-2000:]
+    assert f"other users have processes on this host (uid {SOMEONE})" in err and "the ranks' Gloo pairs" in err, err[
+        -2000:
+    ]
     assert "KDist.private_network = True" in err

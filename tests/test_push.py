@@ -20,25 +20,28 @@ from kdist_magics.rank import shared
 
 PROP_LINE = "--strategy multiworker --np 2 --no-dashboard --push x,df,v"
 LINE = "--strategy multiworker --np 2 --no-dashboard --push x,pair,small,meta,df"
-CELL = ("import numpy as np\n"
-        "kd_root = x\n"
-        "while isinstance(kd_root, np.ndarray) and kd_root.base is not None:\n"
-        "    kd_root = kd_root.base  # what the array's memory is\n"
-        "kd_root = kd_root.obj if isinstance(kd_root, memoryview) else kd_root\n"
-        "kd_seen = [float(x.sum()), float(pair[1].sum()), small.tolist(), meta, id(x),\n"
-        "           type(kd_root).__name__, bool(x.flags.writeable)]\n"
-        "kd_col = df['a'].to_numpy()\n"
-        "while isinstance(kd_col, np.ndarray) and kd_col.base is not None:\n"
-        "    kd_col = kd_col.base\n"
-        "kd_col = kd_col.obj if isinstance(kd_col, memoryview) else kd_col\n"
-        "kd_frame = [float(df['a'].sum()), int(df['b'].sum()), list(df.columns), int(df.index[-1]),\n"
-        "            type(kd_col).__name__, id(df)]\n")
+CELL = (
+    "import numpy as np\n"
+    "kd_root = x\n"
+    "while isinstance(kd_root, np.ndarray) and kd_root.base is not None:\n"
+    "    kd_root = kd_root.base  # what the array's memory is\n"
+    "kd_root = kd_root.obj if isinstance(kd_root, memoryview) else kd_root\n"
+    "kd_seen = [float(x.sum()), float(pair[1].sum()), small.tolist(), meta, id(x),\n"
+    "           type(kd_root).__name__, bool(x.flags.writeable)]\n"
+    "kd_col = df['a'].to_numpy()\n"
+    "while isinstance(kd_col, np.ndarray) and kd_col.base is not None:\n"
+    "    kd_col = kd_col.base\n"
+    "kd_col = kd_col.obj if isinstance(kd_col, memoryview) else kd_col\n"
+    "kd_frame = [float(df['a'].sum()), int(df['b'].sum()), list(df.columns), int(df.index[-1]),\n"
+    "            type(kd_col).__name__, id(df)]\n"
+)
 
 
 @pytest.mark.engines
 @pytest.mark.timeout(400)
 def test_pushed_arrays_are_shared_once_per_host_and_not_sent_twice():
-    out = run_in_fresh_shell(f'''
+    out = run_in_fresh_shell(
+        f"""
 import glob, os, numpy as np
 rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 1024)).astype("float32")          # 2 MiB: shared
@@ -65,7 +68,10 @@ out["after_write"] = cell()
 out["sums"] = [float(x.sum()), float(pair[1].sum())]
 ip.run_line_magic("kdist", "stop")
 out["shm_end"] = glob.glob(f"/dev/shm/kdist-{{os.getpid()}}-*")
-''', {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+""",
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+        unset=("XLA_FLAGS",),
+    )
     first, again, changed = out["first"], out["again"], out["changed"]
     for ranks in (first, again):
         for seen in ranks:
@@ -99,9 +105,14 @@ def test_a_frame_of_numbers_travels_column_by_column_and_one_of_strings_as_befor
         return seg.name, seg.buf
 
     rng = np.random.default_rng(0)
-    df = pd.DataFrame({"a": rng.normal(size=200_000), "b": np.arange(200_000, dtype="int32"),
-                       "when": pd.date_range("2026-01-01", periods=200_000, freq="s")},
-                      index=np.arange(200_000) * 3)
+    df = pd.DataFrame(
+        {
+            "a": rng.normal(size=200_000),
+            "b": np.arange(200_000, dtype="int32"),
+            "when": pd.date_range("2026-01-01", periods=200_000, freq="s"),
+        },
+        index=np.arange(200_000) * 3,
+    )
     assert shared.shareable(df) and [a.nbytes for a in shared.arrays(df)] == [1_600_000, 800_000, 1_600_000]
     desc = None
     try:
@@ -143,7 +154,7 @@ def test_a_copy_on_write_mapping_tells_whether_this_process_wrote_to_it(tmp_path
     import mmap
 
     path = tmp_path / "segment"
-    path.write_bytes(np.arange(2 ** 20, dtype="float32").tobytes())
+    path.write_bytes(np.arange(2**20, dtype="float32").tobytes())
     with open(path, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     x = np.frombuffer(mapped, dtype="float32")
@@ -185,8 +196,8 @@ def test_no_room_in_dev_shm_means_each_engine_its_own_copy_not_a_crash(ip, monke
     engine), and the kernel says so and sends each engine its own copy."""
     import shutil
 
-    x = np.ones(2 ** 20, dtype="float32")
-    assert shared.room(4 * 2 ** 20) is None  # 4 MiB fit here
+    x = np.ones(2**20, dtype="float32")
+    assert shared.room(4 * 2**20) is None  # 4 MiB fit here
     free = shutil.disk_usage("/dev/shm").free
     assert shared.room(free * 2) is not None and shared.room(free * 2) <= free
     monkeypatch.setattr(shared, "room", lambda nbytes, folder="/dev/shm": 1024)
@@ -196,12 +207,14 @@ def test_no_room_in_dev_shm_means_each_engine_its_own_copy_not_a_crash(ip, monke
     shared.HELD.pop("kd_x", None)
 
 
-EDIT_CELL = ("import hashlib, re, numpy as np\n"
-             "def kd_sha(a):\n"
-             "    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()\n"
-             "kd_seen = [kd_sha(x), kd_sha(df['a'].to_numpy()), kd_sha(df['b'].to_numpy()), kd_sha(v)]\n"
-             "with open('/proc/self/maps') as f:\n"
-             "    kd_maps = sorted(set(re.findall(r'/dev/shm/(kdist-[0-9a-f-]+)', f.read())))\n")
+EDIT_CELL = (
+    "import hashlib, re, numpy as np\n"
+    "def kd_sha(a):\n"
+    "    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()\n"
+    "kd_seen = [kd_sha(x), kd_sha(df['a'].to_numpy()), kd_sha(df['b'].to_numpy()), kd_sha(v)]\n"
+    "with open('/proc/self/maps') as f:\n"
+    "    kd_maps = sorted(set(re.findall(r'/dev/shm/(kdist-[0-9a-f-]+)', f.read())))\n"
+)
 
 
 @pytest.mark.engines
@@ -215,7 +228,8 @@ def test_every_edit_reaches_the_ranks_and_nothing_replaced_is_kept():
     engines must map no more segments than the values have arrays: nothing replaced is kept.
     After %kdist stop, nothing is mapped anywhere and no name is left in /dev/shm."""
     tests = str(Path(__file__).parent)
-    out = run_in_fresh_shell(f'''
+    out = run_in_fresh_shell(
+        f"""
 import glob, hashlib, os, sys
 import numpy as np, pandas as pd
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -268,7 +282,10 @@ def each(edit, target, row, col):
 each()
 ip.run_line_magic("kdist", "stop")
 out["shm_end"] = glob.glob(f"/dev/shm/kdist-{{os.getpid()}}-*")
-''', {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+""",
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+        unset=("XLA_FLAGS",),
+    )
     assert out["first"] == {"x": "shared", "df": "shared", "v": "shared"}
     assert out["problems"] == [], out["problems"]
     assert out["examples"] == 12
@@ -283,7 +300,8 @@ def test_without_room_in_dev_shm_each_engine_gets_its_own_copy_said_and_checked(
     """A container's 64 MiB /dev/shm: the kernel says so in one line, each engine gets a copy
     of its own ("sent"), an unchanged repeat is bound again after each engine hashed its copy
     ("unchanged, not sent"), and a changed value is sent again."""
-    out = run_in_fresh_shell('''
+    out = run_in_fresh_shell(
+        """
 import hashlib
 import numpy as np
 from kdist_magics.rank import shared
@@ -303,7 +321,10 @@ for step in range(3):
                  hashlib.sha256(x.tobytes()).hexdigest()])
 out["said"] = said
 ip.run_line_magic("kdist", "stop")
-''', {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+""",
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+        unset=("XLA_FLAGS",),
+    )
     outcomes = [s[0] for s in out["said"]]
     assert outcomes == ["sent", "unchanged, not sent", "sent"], outcomes
     for outcome, seen, want in out["said"]:

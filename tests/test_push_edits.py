@@ -37,15 +37,26 @@ def _base(rows: int = FAST_ROWS) -> np.ndarray:
 @st.composite
 def edits(draw, rows: int = ROWS):
     """(name, function editing an array of ``rows`` x COLS float64 in place)."""
-    kind = draw(st.sampled_from(["within a block", "across blocks", "sort rows", "paired +-k",
-                                 "one bit", "through a view", "swap two", "rows shuffled"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "within a block",
+                "across blocks",
+                "sort rows",
+                "paired +-k",
+                "one bit",
+                "through a view",
+                "swap two",
+                "rows shuffled",
+            ]
+        )
+    )
     if kind == "within a block":
         block = draw(st.integers(0, rows * COLS // 512 - 1))
         start = block * 512 + draw(st.integers(0, 500))
         stop = min(start + draw(st.integers(2, 12)), (block + 1) * 512)
         perm = draw(st.permutations(range(stop - start)))
-        return kind, lambda x: x.reshape(-1).__setitem__(slice(start, stop),
-                                                         x.reshape(-1)[start:stop][np.array(perm)])
+        return kind, lambda x: x.reshape(-1).__setitem__(slice(start, stop), x.reshape(-1)[start:stop][np.array(perm)])
     if kind == "across blocks":
         i, j = draw(st.lists(st.integers(0, rows * COLS - 1), min_size=2, max_size=2, unique=True))
         return kind, lambda x: x.reshape(-1).__setitem__([i, j], x.reshape(-1)[[j, i]])
@@ -54,17 +65,22 @@ def edits(draw, rows: int = ROWS):
     if kind == "paired +-k":  # the former fingerprint's sums could not see these
         i = draw(st.integers(0, rows * COLS - 2))
         j = draw(st.integers(i + 1, min(i + 511, rows * COLS - 1)))
-        k = draw(st.integers(1, 2 ** 20))
+        k = draw(st.integers(1, 2**20))
 
         def paired(x):
             words = x.reshape(-1).view(np.uint64)
             words[i] += np.uint64(k)
             words[j] -= np.uint64(k)
+
         return kind, paired
     if kind == "one bit":
         byte, bit = draw(st.integers(0, rows * COLS * 8 - 1)), draw(st.integers(0, 7))
-        return kind, lambda x: x.reshape(-1).view(np.uint8).__setitem__(
-            byte, x.reshape(-1).view(np.uint8)[byte] ^ np.uint8(1 << bit))
+        return (
+            kind,
+            lambda x: (
+                x.reshape(-1).view(np.uint8).__setitem__(byte, x.reshape(-1).view(np.uint8)[byte] ^ np.uint8(1 << bit))
+            ),
+        )
     if kind == "through a view":
         r, c = draw(st.integers(0, rows // 2 - 1)), draw(st.integers(0, COLS - 1))
         return kind, lambda x: x[::2].__setitem__((r, c), x[::2][r, c] + 1.0)
@@ -113,7 +129,7 @@ def test_what_an_array_is_besides_its_bytes_counts():
     other = masked.copy()
     other.mask[2] = False
     assert shared.fingerprint(masked) != shared.fingerprint(other)  # more than its bytes
-    assert not shared.segment_worthy(np.ma.masked_array(np.zeros(2 ** 18)))  # pickled whole
+    assert not shared.segment_worthy(np.ma.masked_array(np.zeros(2**18)))  # pickled whole
 
 
 def test_a_frame_cell_and_a_views_base_change_it():
@@ -173,9 +189,9 @@ Pair = namedtuple("Pair", "x y")
 
 
 def test_a_namedtuple_travels_whole_not_as_a_plain_tuple():
-    value = Pair(np.zeros(2 ** 18), 1)
+    value = Pair(np.zeros(2**18), 1)
     assert not shared.shareable(value)  # pickled as ipyparallel sends it: its type kept
-    assert shared.fingerprint(value) != shared.fingerprint((np.zeros(2 ** 18), 1))
+    assert shared.fingerprint(value) != shared.fingerprint((np.zeros(2**18), 1))
 
 
 # -- machines, not host names -------------------------------------------------------------
@@ -187,8 +203,12 @@ def test_two_hosts_that_share_a_name_are_two_machines():
     host, boot, shm = here.split("/")
     assert host == name and len(boot) >= 32  # this kernel's boot id
     twin = f"{name}/{'0' * 36}/{shm}"  # another machine answering the same name
-    engines = [EngineInfo(0, 101, name, here), EngineInfo(1, 102, name, twin),
-               EngineInfo(2, 103, name, here), EngineInfo(3, 104, name, twin)]
+    engines = [
+        EngineInfo(0, 101, name, here),
+        EngineInfo(1, 102, name, twin),
+        EngineInfo(2, 103, name, here),
+        EngineInfo(3, 104, name, twin),
+    ]
     hosts = push.group(engines)
     assert [(h.here, [e.engine_id for e in h.engines]) for h in hosts] == [(True, [0, 2]), (False, [1, 3])]
     assert same_machine(engines[0]) and not same_machine(engines[1])
@@ -230,27 +250,27 @@ def answers(monkeypatch):
 
 
 def test_another_machines_free_memory_is_asked_before_anything_is_sent(answers):
-    x = np.zeros(2 ** 18)  # 2 MiB
+    x = np.zeros(2**18)  # 2 MiB
     far = [EngineInfo(i, 200 + i, "far", "far/b/1") for i in range(3)]
-    first = _Engine(free=3 * 2 ** 20, segments=True)  # room for its copy, not for two
+    first = _Engine(free=3 * 2**20, segments=True)  # room for its copy, not for two
     cluster = _Cluster(far, {0: first})
     with pytest.raises(KDistError) as info:
         push._count(None, cluster, _plan(far, x), [0, 1, 2])
     said = str(info.value)
-    assert first.asked == [("host_room", (2 ** 21,))]
+    assert first.asked == [("host_room", (2**21,))]
     assert "host far" in said and "4 MiB" in said and "3 MiB" in said and "\n" not in said
     assert said.endswith("Nothing was sent")
     # with room for the two copies (the one that came and the segment's), it goes ahead
-    first.free = 5 * 2 ** 20
+    first.free = 5 * 2**20
     plan = _plan(far, x)
     push._count(None, cluster, plan, [0, 1, 2])
-    assert plan.hosts[0].need == 2 * 2 ** 21 and plan.hosts[0].segments
+    assert plan.hosts[0].need == 2 * 2**21 and plan.hosts[0].segments
 
 
 def test_no_shared_memory_there_counts_one_copy_per_engine(answers):
-    x = np.zeros(2 ** 18)
+    x = np.zeros(2**18)
     far = [EngineInfo(i, 200 + i, "far", "far/b/1") for i in range(3)]
-    cluster = _Cluster(far, {0: _Engine(free=5 * 2 ** 20, segments=False)})
+    cluster = _Cluster(far, {0: _Engine(free=5 * 2**20, segments=False)})
     with pytest.raises(KDistError) as info:
         push._count(None, cluster, _plan(far, x), [0, 1, 2])
     assert "3 copies (one per engine there)" in str(info.value) and "6 MiB" in str(info.value)
@@ -259,10 +279,10 @@ def test_no_shared_memory_there_counts_one_copy_per_engine(answers):
 def test_this_machine_without_room_in_dev_shm_counts_a_copy_per_engine(answers, monkeypatch, capsys):
     import psutil
 
-    x = np.zeros(2 ** 18)
+    x = np.zeros(2**18)
     near = [EngineInfo(i, 300 + i, "here", machine_id()) for i in range(4)]
     monkeypatch.setattr(shared, "room", lambda nbytes, folder="/dev/shm": 1024)
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": 7 * 2 ** 20})())
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": 7 * 2**20})())
     with pytest.raises(KDistError) as info:
         push._count(None, _Cluster(near, {}), _plan(near, x), [0, 1, 2, 3])
     assert "this host" in str(info.value) and "4 copies" in str(info.value)
@@ -270,7 +290,7 @@ def test_this_machine_without_room_in_dev_shm_counts_a_copy_per_engine(answers, 
     monkeypatch.setattr(shared, "room", lambda nbytes, folder="/dev/shm": None)
     plan = _plan(near, x)
     push._count(None, _Cluster(near, {}), plan, [0, 1, 2, 3])  # one shared copy fits
-    assert plan.hosts[0].need == 2 ** 21 and plan.hosts[0].segments
+    assert plan.hosts[0].need == 2**21 and plan.hosts[0].segments
 
 
 def test_an_unchanged_value_costs_no_memory(answers, monkeypatch):
@@ -278,7 +298,7 @@ def test_an_unchanged_value_costs_no_memory(answers, monkeypatch):
 
     near = [EngineInfo(0, 300, "here", machine_id())]
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": 1})())
-    plan = _plan(near, np.zeros(2 ** 18))
+    plan = _plan(near, np.zeros(2**18))
     plan.needs = {}  # every engine holds it
     push._count(None, _Cluster(near, {}), plan, [0])
     assert plan.hosts[0].need == 0

@@ -48,19 +48,22 @@ def twin_host():
     import ipyparallel as ipp
 
     cluster_id = f"kdist-twin-{os.getpid()}-{int(time.time())}"
-    cluster = ipp.Cluster(n=0, cluster_id=cluster_id, controller_ip="127.0.0.1", log_level=40,
-                          shutdown_atexit=False)
+    cluster = ipp.Cluster(n=0, cluster_id=cluster_id, controller_ip="127.0.0.1", log_level=40, shutdown_atexit=False)
     cluster.start_controller_sync()
     controller = process_tree({cluster.controller.pid})
     engine_file = os.path.join(cluster.profile_dir, "security", f"ipcontroller-{cluster_id}-engine.json")
     engine = '"$0" -m ipyparallel.engine --file="$1" --log-level=40'
-    script = f'mount -t tmpfs -o size=256m kdist-twin /dev/shm && {{ {engine} & {engine} & wait; }}'
+    script = f"mount -t tmpfs -o size=256m kdist-twin /dev/shm && {{ {engine} & {engine} & wait; }}"
     env = dict(os.environ, PYTHONPATH=str(ROOT), KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     # one mount namespace, one /dev/shm for both engines: one "machine"
-    host = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                             sys.executable, engine_file], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    host = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, sys.executable, engine_file],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         client = ipp.Client(cluster_id=cluster_id)
         try:
@@ -79,17 +82,20 @@ def twin_host():
         kill_pids(controller, grace=5)
 
 
-CELL = ("import os, re, socket, hashlib, numpy as np\n"
-        "with open('/proc/self/maps') as f:\n"
-        "    kd_maps = sorted(set(re.findall(r'/dev/shm/(kdist-[0-9a-f-]+)', f.read())))\n"
-        "kd_seen = {'sha': hashlib.sha256(big.tobytes()).hexdigest(), 'host': socket.gethostname(),\n"
-        "           'maps': kd_maps, 'shm': os.stat('/dev/shm').st_dev}\n")
+CELL = (
+    "import os, re, socket, hashlib, numpy as np\n"
+    "with open('/proc/self/maps') as f:\n"
+    "    kd_maps = sorted(set(re.findall(r'/dev/shm/(kdist-[0-9a-f-]+)', f.read())))\n"
+    "kd_seen = {'sha': hashlib.sha256(big.tobytes()).hexdigest(), 'host': socket.gethostname(),\n"
+    "           'maps': kd_maps, 'shm': os.stat('/dev/shm').st_dev}\n"
+)
 
 
 def test_a_host_sharing_the_kernels_name_gets_its_own_shared_copy(twin_host):
     cluster_id, pids = twin_host
     line = f"--strategy multiworker --np 2 --no-dashboard --cluster-id {cluster_id} --push big"
-    out = run_in_fresh_shell(f'''
+    out = run_in_fresh_shell(
+        f"""
 import glob, hashlib, os, socket
 import numpy as np
 rng = np.random.default_rng(0)
@@ -105,7 +111,10 @@ for i in range(4):
     big.sort(axis=1) if i == 0 else big.__setitem__((i, 0), -1.0)  # changed in place
 out["mine"] = glob.glob(f"/dev/shm/kdist-{{os.getpid()}}-*")
 ip.run_line_magic("kdist", "stop")
-''', {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+""",
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+        unset=("XLA_FLAGS",),
+    )
     for run in out["runs"]:
         for seen in run["seen"]:
             assert seen["host"] == out["host"] and seen["shm"] != out["shm"]  # one name, two machines

@@ -35,11 +35,11 @@ from test_multiworker import TRAIN as MW_TRAIN
 
 # -- fast tier ----------------------------------------------------------------------------
 
+
 def test_ray_options_are_parsed_and_refused_where_they_mean_nothing():
     spec = parse_line("--strategy multiworker --launcher ray --address 10.0.0.5:6379 --placement pack")
     assert spec.ray.address == "10.0.0.5:6379" and spec.ray.placement == "pack"
-    assert parse_line("--strategy horovod --launcher ray").ray.where() in (
-        os.environ.get("RAY_ADDRESS") or "auto",)
+    assert parse_line("--strategy horovod --launcher ray").ray.where() in (os.environ.get("RAY_ADDRESS") or "auto",)
     with pytest.raises(UsageError, match="--address applies to --launcher ray"):
         parse_line("--strategy multiworker --address 10.0.0.5:6379")
     with pytest.raises(UsageError, match="--launcher ray starts a cluster kdist owns; --cluster-id"):
@@ -80,7 +80,8 @@ def test_joining_off_the_main_thread_shows_no_warning_about_sigterm(monkeypatch,
 
     def init(**kwargs):  # as Ray 2.60's does off the main thread
         logging.getLogger("ray._private.worker").warning(
-            "SIGTERM handler is not set because current thread is not the main thread.")
+            "SIGTERM handler is not set because current thread is not the main thread."
+        )
         logging.getLogger("ray._private.worker").warning("another warning")
 
     class Keep(logging.Handler):
@@ -110,6 +111,7 @@ def test_ipyparallel_finds_kdists_ray_launcher_by_its_entry_point():
 
 # -- Ray tier: a real Ray head ------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
     """A Ray head of 2 CPUs for the module (its own temp folder and port), stopped at the end
@@ -121,11 +123,23 @@ def ray_head(tmp_path_factory):
     port = free_port("127.0.0.1")
     temp = tmp_path_factory.mktemp("ray")
     head = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-         "--include-dashboard=false", "--disable-usage-stats", "--object-store-memory=100000000",
-         f"--temp-dir={temp}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"})  # Ray 2.60's token auth, off on loopback
+        [
+            ray_bin,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--object-store-memory=100000000",
+            f"--temp-dir={temp}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )  # Ray 2.60's token auth, off on loopback
     address = f"127.0.0.1:{port}"
     try:
         wait_for(lambda: listens("127.0.0.1", port), 120, "the Ray head did not listen")
@@ -183,10 +197,19 @@ def ask_ray(address: str, code: str):
     this kernel's connection); what the last line it printed as JSON holds."""
     import json
 
-    done = subprocess.run([sys.executable, "-c", (
-        "import json, logging, ray\n"
-        f"ray.init(address={address!r}, logging_level=logging.ERROR, log_to_driver=False)\n"
-        + code)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import json, logging, ray\n"
+                f"ray.init(address={address!r}, logging_level=logging.ERROR, log_to_driver=False)\n" + code
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     for line in reversed(done.stdout.splitlines()):  # Ray prints its warnings there too
         try:
@@ -198,14 +221,18 @@ def ask_ray(address: str, code: str):
 
 def held(address: str) -> dict[str, list[str]]:
     """What kdist holds on the Ray cluster, any kernel's (:func:`ray_actors.held`)."""
-    return ask_ray(address, "from kdist_magics.cluster.ray_actors import held\n"
-                            "print(json.dumps(held(all_drivers=True)))")
+    return ask_ray(
+        address, "from kdist_magics.cluster.ray_actors import held\nprint(json.dumps(held(all_drivers=True)))"
+    )
 
 
 def groups(address: str) -> dict[str, str]:
     """Every placement group Ray knows of, and its state."""
-    return ask_ray(address, "from ray.util.placement_group import placement_group_table\n"
-                            "print(json.dumps({k: v['state'] for k, v in placement_group_table().items()}))")
+    return ask_ray(
+        address,
+        "from ray.util.placement_group import placement_group_table\n"
+        "print(json.dumps({k: v['state'] for k, v in placement_group_table().items()}))",
+    )
 
 
 #: test_multiworker's regression (different initial weights per worker), and where it ran
@@ -235,11 +262,12 @@ def test_multiworker_on_ray_trains_one_model_and_leaves_nothing_reserved(ip, ray
     Ray cluster; after %kdist stop the placement group is removed and the engines are gone."""
     import psutil
 
-    ip.run_cell_magic("kdist", f"--strategy multiworker --np 2 --launcher ray --address {ray_head}",
-                      TRAIN)
+    ip.run_cell_magic("kdist", f"--strategy multiworker --np 2 --launcher ray --address {ray_head}", TRAIN)
     out = capsys.readouterr()
-    assert f"placing 2 engines on the Ray cluster at {ray_head} (1 node, 2 CPUs): one bundle each " \
-           "{CPU: 1}, spread" in out.out + out.err, out
+    assert (
+        f"placing 2 engines on the Ray cluster at {ray_head} (1 node, 2 CPUs): one bundle each "
+        "{CPU: 1}, spread" in out.out + out.err
+    ), out
     strategy = kdist_magics._extension._strategies["multiworker"]
     weights = kernel_driver.engine_values(strategy, "kd_weights")
     for wa, wb in zip(*weights):
@@ -265,27 +293,28 @@ def test_multiworker_on_ray_trains_one_model_and_leaves_nothing_reserved(ip, ray
     assert held(ray_head) == {"placement groups": [], "actors": []}
     assert not sys.modules["ray"].is_initialized()  # no Ray of its own was started on the way
     time.sleep(1)
-    assert not [p for p in pids if psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.mark.ray
 @pytest.mark.engines
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_placement_ray_cannot_satisfy_is_one_line_and_nothing_stays_reserved(ip, ray_head,
-                                                                                 monkeypatch):
+def test_a_placement_ray_cannot_satisfy_is_one_line_and_nothing_stays_reserved(ip, ray_head, monkeypatch):
     """Four ranks of a CPU each on a head of two CPUs: within the timeout, one line saying what was
     asked and what the cluster has; no placement group left, no engine started."""
     from kdist_magics.cluster.ray_engines import RayEngines
 
     monkeypatch.setattr(RayEngines, "ready_timeout", 8.0)
     with pytest.raises(ClusterError) as caught:
-        ip.run_cell_magic("kdist", f"--strategy multiworker --np 4 --launcher ray --address {ray_head}",
-                          "print('never')")
+        ip.run_cell_magic(
+            "kdist", f"--strategy multiworker --np 4 --launcher ray --address {ray_head}", "print('never')"
+        )
     words = str(caught.value)
-    assert "Ray could not place 4 bundles of {CPU: 1} (spread) within 8 s: the cluster has 1 node, " \
-           "CPU 2 free of 2" in words, words
+    assert (
+        "Ray could not place 4 bundles of {CPU: 1} (spread) within 8 s: the cluster has 1 node, "
+        "CPU 2 free of 2" in words
+    ), words
     assert "CREATED" not in groups(ray_head).values()
     ip.run_line_magic("kdist", "stop")
 
@@ -363,12 +392,16 @@ def test_horovod_on_ray_stopped_and_a_rank_lost_mid_run(ip, ray_head):
     _interrupt_keeps_the_engines_and_the_placement(ip, line, ray_head, strategy)
     victim = strategy.cluster.engines[1]
     with pytest.raises(RankDied) as caught:
-        ip.run_cell_magic("kdist", line, f"""
+        ip.run_cell_magic(
+            "kdist",
+            line,
+            f"""
 import os, signal, time
 if hvd.rank() == 1:
     os.kill({victim.pid}, signal.SIGKILL)
 time.sleep(60)
-""")
+""",
+        )
     assert str(caught.value).startswith("rank 1 "), str(caught.value)  # which watcher names it first varies
     ip.run_cell_magic("kdist", line, "kd_ok = hvd.size()")
     assert kernel_driver.engine_values(kdist_magics._extension._strategies["horovod"], "kd_ok") == [2, 2]
@@ -430,8 +463,9 @@ def test_keras_on_jax_and_torch_over_ray_trains_one_model(ray_head, backend):
 
     line = f"--strategy multiworker --np 2 --launcher ray --address {ray_head} --no-dashboard"
     cell = PROCESS_FIT + "kd_backend = keras.backend.backend()\n"
-    r = kernel_driver.run_in_fresh_shell(f"value, err = attempt({line!r}, {cell!r})\n" + KERAS_ON,
-                                         env={"KERAS_BACKEND": backend})
+    r = kernel_driver.run_in_fresh_shell(
+        f"value, err = attempt({line!r}, {cell!r})\n" + KERAS_ON, env={"KERAS_BACKEND": backend}
+    )
     assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-2000:]
     assert r["backend"] == [backend, backend]
     w0, w1 = r["weights"]
@@ -457,9 +491,12 @@ def test_sharded_over_ray_trains_as_one_device(ray_head):
     from test_sharded import TRAIN as SHARDED
 
     cell = SHARDED + "\nkd_local = {v.path: list(v.value.addressable_data(0).shape) for v in model.weights}\n"
-    line = (f"--strategy sharded --mesh 1,2 --launcher ray --address {ray_head} --placement pack "
-            "--pull kd_loss,kd_local --no-dashboard --no-telemetry")
-    r = kernel_driver.run_in_fresh_shell(f"""
+    line = (
+        f"--strategy sharded --mesh 1,2 --launcher ray --address {ray_head} --placement pack "
+        "--pull kd_loss,kd_local --no-dashboard --no-telemetry"
+    )
+    r = kernel_driver.run_in_fresh_shell(
+        f"""
         value, err = attempt("-s default --no-dashboard --no-telemetry", {SHARDED!r})
         assert err is None, repr(err)
         out["one"] = ip.user_ns["kd_loss"]
@@ -469,7 +506,9 @@ def test_sharded_over_ray_trains_as_one_device(ray_head):
             out["loss"], out["local"] = ip.user_ns["kd_loss"], ip.user_ns["kd_local"]
             out["placed"] = [p["node"] for p in kdist_magics._extension._strategies["sharded"].engines.cluster._launcher().placed]
         ip.run_line_magic("kdist", "stop")
-        """, env={"KERAS_BACKEND": "jax"})
+        """,
+        env={"KERAS_BACKEND": "jax"},
+    )
     assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-2000:]
     assert "one bundle each {CPU: 1}, pack" in r["_stdout"], r["_stdout"][-2000:]
     assert r["local"]["d1/kernel"] == [256, 128]  # this process's half; the other holds the rest
@@ -490,10 +529,15 @@ def test_a_killed_kernel_leaves_no_engine_and_nothing_reserved_on_ray(ray_head, 
 
     kernel = Kernel(cwd=tmp_path)
     try:
-        kernel.check(f"%%kdist --strategy multiworker --np 2 --launcher ray --address {ray_head} "
-                     "--no-dashboard\nkd_ok = strategy.num_replicas_in_sync\n", timeout=300)
-        engines = kernel.eval("[p['pid'] for p in __import__('kdist_magics')._extension"
-                              "._strategies['multiworker'].cluster._launcher().placed]")
+        kernel.check(
+            f"%%kdist --strategy multiworker --np 2 --launcher ray --address {ray_head} "
+            "--no-dashboard\nkd_ok = strategy.num_replicas_in_sync\n",
+            timeout=300,
+        )
+        engines = kernel.eval(
+            "[p['pid'] for p in __import__('kdist_magics')._extension"
+            "._strategies['multiworker'].cluster._launcher().placed]"
+        )
         ours = held(ray_head)
         assert len(engines) == 2 and len(ours["placement groups"]) == 1 and len(ours["actors"]) == 2, ours
         tree = set(kernel.tree()) | set(engines)

@@ -40,8 +40,7 @@ from kdist_magics.errors import RankDied
 from test_netns import _run, netns_unavailable
 from test_ray import HOROVOD, TRAIN, _stop_head, ask_ray, held, listens, wait_for
 
-pytestmark = [pytest.mark.netns, pytest.mark.ray, pytest.mark.engines, pytest.mark.slow,
-              pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.netns, pytest.mark.ray, pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(900)]
 
 NODE_B = "kd-ray-b"
 
@@ -76,8 +75,7 @@ class RayHosts:
         _run("ip", "-n", self.ns, "link", "set", "lo", "up")
         _run("ip", "link", "set", self.veth, "master", self.bridge)
         _run("ip", "link", "set", self.veth, "up")
-        hosts = (f"127.0.0.1 localhost\n{self.head_ip} {socket.gethostname()}\n"
-                 f"{self.node_ip} {NODE_B}\n")
+        hosts = f"127.0.0.1 localhost\n{self.head_ip} {socket.gethostname()}\n{self.node_ip} {NODE_B}\n"
         folder = Path("/etc/netns") / self.ns
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "hosts").write_text(hosts)
@@ -90,19 +88,59 @@ class RayHosts:
         env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parents[1])}
         common = ["--num-cpus=1", "--disable-usage-stats", "--object-store-memory=100000000", "--block"]
         self.head = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-             'mount --bind "$1" /etc/hosts && shift && exec "$@"', "sh", str(self.temp / "hosts"),
-             ray, "start", "--head", f"--port={port}", f"--node-ip-address={self.head_ip}",
-             "--include-dashboard=false", f"--temp-dir={self.temp / 'ray'}", *common],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'mount --bind "$1" /etc/hosts && shift && exec "$@"',
+                "sh",
+                str(self.temp / "hosts"),
+                ray,
+                "start",
+                "--head",
+                f"--port={port}",
+                f"--node-ip-address={self.head_ip}",
+                "--include-dashboard=false",
+                f"--temp-dir={self.temp / 'ray'}",
+                *common,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
         wait_for(lambda: listens(self.head_ip, port), 120, "the Ray head did not listen")
         self.node = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns, "unshare", "--uts", "sh", "-c",
-             f'hostname {NODE_B} && exec "$@"', "sh",
-             ray, "start", f"--address={self.address}", f"--node-ip-address={self.node_ip}", *common],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
-        wait_for(lambda: ask_ray(self.address, "print(sum(n['Alive'] for n in ray.nodes()))") == 2,
-                  120, "the second Ray node did not join")
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.ns,
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                f'hostname {NODE_B} && exec "$@"',
+                "sh",
+                ray,
+                "start",
+                f"--address={self.address}",
+                f"--node-ip-address={self.node_ip}",
+                *common,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        wait_for(
+            lambda: ask_ray(self.address, "print(sum(n['Alive'] for n in ray.nodes()))") == 2,
+            120,
+            "the second Ray node did not join",
+        )
 
     def kill_node(self) -> int:
         """Every process of the second host, SIGKILLed at once (the machine lost)."""
@@ -198,7 +236,8 @@ def test_keras_on_jax_spread_over_two_ray_hosts_trains_one_model(ray_hosts):
 
     line = f"--strategy multiworker --np 2 --launcher ray --address {ray_hosts.address} --no-dashboard"
     cell = PROCESS_FIT + "import socket\nkd_node = socket.gethostname()\n"
-    r = kernel_driver.run_in_fresh_shell(f"""
+    r = kernel_driver.run_in_fresh_shell(
+        f"""
         ip.run_line_magic("config", "KDist.bind_address = {ray_hosts.head_ip!r}")
         ip.run_line_magic("config", "KDist.worker_network = {ray_hosts.network!r}")
         value, err = attempt({line!r}, {cell!r})
@@ -206,7 +245,9 @@ def test_keras_on_jax_spread_over_two_ray_hosts_trains_one_model(ray_hosts):
         if err is None:
             out["weights"], out["loss"], out["node"] = by_rank("kd_weights"), by_rank("kd_loss"), by_rank("kd_node")
         ip.run_line_magic("kdist", "stop")
-        """, env={"KERAS_BACKEND": "jax"})
+        """,
+        env={"KERAS_BACKEND": "jax"},
+    )
     assert r["err"] is None, r["err"] + r["_stdout"][-3000:] + r["_stderr"][-2000:]
     assert sorted(r["node"]) == sorted([socket.gethostname(), NODE_B])
     _same(r["weights"])

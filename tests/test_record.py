@@ -77,8 +77,13 @@ def test_phases_follow_each_other_and_training_begins_with_the_first_metric_row(
     for before, after in zip(rec.phases, rec.phases[1:]):
         assert before["ended"] == after["started"]
     phase_events = [p["name"] for kind, p in seen if kind == "phase"]
-    assert phase_events == ["starting 2 engines", "starting 2 engines", "setting up Horovod",
-                            PHASE_CELL, PHASE_TRAINING]  # the detail is news too
+    assert phase_events == [
+        "starting 2 engines",
+        "starting 2 engines",
+        "setting up Horovod",
+        PHASE_CELL,
+        PHASE_TRAINING,
+    ]  # the detail is news too
     rec.phase_detail("late")  # after the end: nothing changes
     assert rec.phases[-1]["detail"] is None
 

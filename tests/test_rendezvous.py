@@ -5,7 +5,10 @@ import urllib.request
 
 import pytest
 
-pytest.importorskip("horovod.runner", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
+pytest.importorskip(
+    "horovod.runner",
+    reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)",
+)
 
 from kdist_magics.strategies.horovod.rendezvous import Rendezvous, assign  # noqa: E402
 
@@ -118,7 +121,10 @@ def test_elastic_plan_answers_once_every_rank_left_has_asked():
         # engine 1 (h2, local rank 0) is lost: h2 keeps engine 3 alone
         new = rdv.shrink([1])
         assert {i: (s.rank, s.size, s.local_rank, s.local_size) for i, s in new.items()} == {
-            0: (0, 3, 0, 2), 2: (1, 3, 1, 2), 3: (2, 3, 0, 1)}
+            0: (0, 3, 0, 2),
+            2: (1, 3, 1, 2),
+            3: (2, 3, 0, 1),
+        }
         # ... and for every other rank left (one blocked on a survivor asks late)
         second = ask(rdv.port, "h2:1", got)
         second.join(timeout=0.5)
@@ -126,8 +132,11 @@ def test_elastic_plan_answers_once_every_rank_left_has_asked():
         last = ask(rdv.port, "h1:0", got)
         for thread in (early, second, last):
             thread.join(timeout=10)
-        assert got == {"h1:1": "1,3,1,2,0,1",  # only h1 has a local rank 1 now
-                       "h2:1": "2,3,0,1,1,2", "h1:0": "0,3,0,2,0,2"}
+        assert got == {
+            "h1:1": "1,3,1,2,0,1",  # only h1 has a local rank 1 now
+            "h2:1": "2,3,0,1,1,2",
+            "h1:0": "0,3,0,2,0,2",
+        }
         assert rdv.plan.sizes == [4, 3]
         # the lost engine's slot, or asking again before another re-forming: out, after `wait`
         rdv.plan.wait = 0.3
@@ -153,10 +162,12 @@ def test_elastic_plan_grows_by_an_engine_that_asks_with_its_join_key():
         index, key, new = rdv.grow("b")
         assert (index, key) == (2, join_key(2)) and rdv.plan.sizes == [2, 3]
         assert {i: (s.hostname, s.rank, s.size, s.local_rank) for i, s in new.items()} == {
-            0: ("a", 0, 3, 0), 1: ("a", 1, 3, 1), 2: ("b", 2, 3, 0)}
+            0: ("a", 0, 3, 0),
+            1: ("a", 1, 3, 1),
+            2: ("b", 2, 3, 0),
+        }
         got: dict[str, str] = {}
-        threads = [threading.Thread(target=lambda k=k: got.setdefault(k, get(rdv.port, k)))
-                   for k in ("a:0", key)]
+        threads = [threading.Thread(target=lambda k=k: got.setdefault(k, get(rdv.port, k))) for k in ("a:0", key)]
         for t in threads:
             t.start()
         for t in threads:

@@ -15,7 +15,7 @@ from kdist_magics.scale.table import ScaleTable
 from kdist_magics.watch.step_probe import StepProbe
 from kdist_magics import messages
 
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def test_a_ring_all_reduce_costs_2_n_minus_1_over_n_of_the_bytes_plus_latency():
@@ -70,8 +70,7 @@ def test_a_horovod_cells_link_is_timed_through_horovods_all_reduce_else_kdists_r
     from kdist_magics.scale import link as ring
 
     timed = {"big_s": 0.40, "tiny_s": 0.001, "nbytes": 4 * MiB, "right": True}
-    rows = [{"rank": 0, "kind": "probe", "link": timed},
-            {"rank": 1, "kind": "probe", "link": {**timed, "big_s": 0.44}}]
+    rows = [{"rank": 0, "kind": "probe", "link": timed}, {"rank": 1, "kind": "probe", "link": {**timed, "big_s": 0.44}}]
     link = ring.from_ranks(rows, 2)
     assert link.via == ring.HOROVOD and link.ranks == 2
     assert link.bandwidth == pytest.approx(4 * MiB / (0.44 - 0.001), rel=1e-6)  # the slowest rank's
@@ -97,8 +96,10 @@ def test_a_horovod_cells_link_is_timed_through_horovods_all_reduce_else_kdists_r
 def table_of(compute: float, rest: float, step2: float, grad: float, link: Link, horovod=False):
     batch = 64
     base = batch / (compute + rest)
-    rows = [Row(1, base, compute + rest, compute, 0.0, rest),
-            with_speedup(Row(2, 2 * batch / (step2 + rest), step2 + rest, compute, step2 - compute, rest), base)]
+    rows = [
+        Row(1, base, compute + rest, compute, 0.0, rest),
+        with_speedup(Row(2, 2 * batch / (step2 + rest), step2 + rest, compute, step2 - compute, rest), base),
+    ]
     rows += [predict(n, step2 - link.allreduce(grad, 2), rest, batch, grad, link, base) for n in (4, 8)]
     return rows, advice(rows, batch, grad, link, horovod)
 
@@ -139,10 +140,20 @@ def test_ranks_slowing_each_other_beyond_the_link_are_named_not_called_communica
 
 def _probed(strategy: str, speedup2: float, cell: str) -> ScaleTable:
     link = Link(bandwidth=100 * MiB, latency=1e-4, ranks=2)
-    rows = [Row(1, 100.0, 0.1, 0.1, 0.0, 0.0, speedup=1.0, efficiency=1.0),
-            Row(2, 100.0 * speedup2, 0.2 / speedup2, 0.1, 0.2 / speedup2 - 0.1, 0.0,
-                speedup=speedup2, efficiency=speedup2 / 2),
-            Row(4, 300.0, 0.13, 0.1, 0.03, 0.0, measured=False, speedup=3.0, efficiency=0.75)]
+    rows = [
+        Row(1, 100.0, 0.1, 0.1, 0.0, 0.0, speedup=1.0, efficiency=1.0),
+        Row(
+            2,
+            100.0 * speedup2,
+            0.2 / speedup2,
+            0.1,
+            0.2 / speedup2 - 0.1,
+            0.0,
+            speedup=speedup2,
+            efficiency=speedup2 / 2,
+        ),
+        Row(4, 300.0, 0.13, 0.1, 0.03, 0.0, measured=False, speedup=3.0, efficiency=0.75),
+    ]
     return ScaleTable(strategy, rows, link, MiB, 32, cell=cell)
 
 
@@ -154,8 +165,9 @@ def test_auto_on_a_probed_cell_decides_from_the_measured_figures_and_says_so(ip)
     spec = ext.parse("")
     chosen, why = choose_measured(_probed("multiworker", 1.8, "fit()"), spec)
     assert (chosen.strategy, chosen.np) == ("multiworker", 2)
-    assert why == ("measured by %kdist scale on this cell: 2 ranks of multiworker give 1.80x over 1, "
-                   "10% of a step all-reduce")
+    assert why == (
+        "measured by %kdist scale on this cell: 2 ranks of multiworker give 1.80x over 1, 10% of a step all-reduce"
+    )
     chosen, why = choose_measured(_probed("multiworker", 1.8, "fit()"), ext.parse("--np 4"))
     assert chosen.np == 4  # ranks the user gave are kept
     chosen, why = choose_measured(_probed("multiworker", 1.02, "fit()"), spec)
@@ -243,11 +255,16 @@ def test_the_table_says_measured_or_predicted_and_its_assumptions():
 def test_a_runs_split_is_compute_communication_and_rest_per_rank_once_probed():
     from kdist_magics.watch.split import split
 
-    rows = [{"rank": r, "kind": "step", "step": s, "step_time": 0.010 + 0.004 * r, "gap_time": 0.002}
-            for r in (0, 1) for s in range(1, 6)] + [{"rank": 0, "kind": "epoch", "step": 5}]
+    rows = [
+        {"rank": r, "kind": "step", "step": s, "step_time": 0.010 + 0.004 * r, "gap_time": 0.002}
+        for r in (0, 1)
+        for s in range(1, 6)
+    ] + [{"rank": 0, "kind": "epoch", "step": 5}]
     live = split(rows)
-    assert [(r["rank"], r["compute_s"], r["rest_s"]) for r in live] == [(0, None, pytest.approx(0.002)),
-                                                                        (1, None, pytest.approx(0.002))]
+    assert [(r["rank"], r["compute_s"], r["rest_s"]) for r in live] == [
+        (0, None, pytest.approx(0.002)),
+        (1, None, pytest.approx(0.002)),
+    ]
     assert live[1]["in_step_s"] == pytest.approx(0.014) and "run %kdist scale" in live[1]["source"]
     probed = split(rows, compute=0.009)
     assert probed[0]["communication_s"] == pytest.approx(0.001)
@@ -262,22 +279,44 @@ def test_where_the_collective_is_timed_on_every_rank_the_wait_for_a_slower_rank_
     from kdist_magics.watch.split import split
 
     compute, collective = {0: 0.010, 1: 0.016}, {0: 0.009, 1: 0.003}
-    rows = [{"rank": r, "kind": "step", "step": s, "step_time": compute[r] + collective[r],
-             "gap_time": 0.001, "collective_time": collective[r]} for r in (0, 1) for s in range(1, 6)]
+    rows = [
+        {
+            "rank": r,
+            "kind": "step",
+            "step": s,
+            "step_time": compute[r] + collective[r],
+            "gap_time": 0.001,
+            "collective_time": collective[r],
+        }
+        for r in (0, 1)
+        for s in range(1, 6)
+    ]
     for probe in (None, 0.012):
         timed = split(rows, compute=probe)
         assert [pytest.approx((r["compute_s"], r["communication_s"], r["wait_s"])) for r in timed] == [
-            (0.010, 0.003, 0.006), (0.016, 0.003, 0.0)]
-        assert all("all-reduce timed on every rank" in r["source"] and "collective_s" not in r
-                   for r in timed)
+            (0.010, 0.003, 0.006),
+            (0.016, 0.003, 0.0),
+        ]
+        assert all("all-reduce timed on every rank" in r["source"] and "collective_s" not in r for r in timed)
     # one rank without the timing (another optimizer there): inferred as before, no wait column
     partly = split(rows[:5] + [{k: v for k, v in r.items() if k != "collective_time"} for r in rows[5:]])
     assert all(r["wait_s"] is None and r["compute_s"] is None for r in partly)
 
 
 def _probe_rows(batch, period=0.02):
-    return [{"kind": "probe", "rank": r, "steps": 20, "step_s": period * 0.9, "period_s": period,
-             "rest_s": period * 0.1, "batch_size": batch, "grad_bytes": MiB} for r in (0, 1)]
+    return [
+        {
+            "kind": "probe",
+            "rank": r,
+            "steps": 20,
+            "step_s": period * 0.9,
+            "period_s": period,
+            "rest_s": period * 0.1,
+            "batch_size": batch,
+            "grad_bytes": MiB,
+        }
+        for r in (0, 1)
+    ]
 
 
 def test_a_probe_of_a_cell_whose_batch_is_not_known_counts_batches_and_never_guesses():
@@ -324,8 +363,11 @@ def test_a_probes_compute_splits_only_the_runs_it_describes():
     assert not table.describes("multiworker", "cell", 2, "tensorflow")
 
     def steps(batch):
-        return [{"rank": r, "kind": "step", "step": s, "step_time": 0.03, "gap_time": 0.002,
-                 "batch_size": batch} for r in (0, 1) for s in range(1, 4)]
+        return [
+            {"rank": r, "kind": "step", "step": s, "step_time": 0.03, "gap_time": 0.002, "batch_size": batch}
+            for r in (0, 1)
+            for s in range(1, 4)
+        ]
 
     rec = RunRecord("horovod", size=2)
     table.lend(rec)
@@ -426,9 +468,9 @@ def test_a_torch_groups_link_is_timed_through_its_own_all_reduce_between_process
     rows = [{"rank": r, "kind": "probe", "link": t} for r, t in enumerate(timed)]
     link = ring.from_ranks(rows, 2)
     assert link.via == "torch.distributed's all-reduce, gloo" and link.ranks == 2
-    table = ScaleTable("multiworker", [Row(1, 100.0, 0.1, 0.1, 0.0, 0.0)], link, 2 ** 20, 32)
+    table = ScaleTable("multiworker", [Row(1, 100.0, 0.1, 0.1, 0.0, 0.0)], link, 2**20, 32)
     assert "; link (torch.distributed's all-reduce, gloo) " in table.head()
-    assert cells_own_link(2 ** 20) is None  # no group in this process
+    assert cells_own_link(2**20) is None  # no group in this process
 
 
 def _free_port() -> int:
@@ -446,7 +488,7 @@ def _torch_rank(rank, n, port):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     try:
-        return cells_own_link(2 ** 20)
+        return cells_own_link(2**20)
     finally:
         dist.destroy_process_group()
 
@@ -479,7 +521,7 @@ def _ring_rank(rank, n, peers, barrier, stranger=False):
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
         barrier.wait()  # every stranger queued before any neighbour connects
-    return link.allreduce(list(peers), rank, 3 * 2 ** 20 + 12, repeats=2)
+    return link.allreduce(list(peers), rank, 3 * 2**20 + 12, repeats=2)
 
 
 @pytest.mark.engines
@@ -495,7 +537,8 @@ def test_kdist_scale_probes_the_last_trained_cell_and_answers_bad_input_in_one_l
         model.compile(optimizer="sgd", loss="mse")
         model.fit(x, y, batch_size=64, epochs=1, verbose=0)
         """)
-    out = run_in_fresh_shell(f"""
+    out = run_in_fresh_shell(
+        f"""
 import io, contextlib
 from IPython.core.error import UsageError
 try:
@@ -520,7 +563,9 @@ out["in kernel"] = [type(err).__name__, str(err)]
 _, err = attempt("scale --strategy multiworker --np 2 --push x", "x = 1")
 out["nothing"] = [type(err).__name__, str(err)]
 ip.run_line_magic("kdist", "stop")
-""", {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
+""",
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+    )
     assert out["before"].startswith("%kdist scale: no %%kdist cell has trained in this kernel yet")
     assert out["run"] == "None", out["_stdout"][-3000:]
     assert out["same"] is True
@@ -569,11 +614,14 @@ def test_a_slowed_input_pipeline_shows_up_where_the_split_says(backend):
     from conftest import run_in_fresh_shell
 
     pytest.importorskip(backend, reason=f"{backend} is not installed in this environment")
-    out = run_in_fresh_shell(f"""
+    out = run_in_fresh_shell(
+        f"""
 _, err = attempt("--strategy default --no-dashboard", {SLOW_INPUT!r})
 out["err"] = repr(err)
 out["split"] = kdist_magics.last_run().split()
-""", {"KERAS_BACKEND": backend})
+""",
+        {"KERAS_BACKEND": backend},
+    )
     assert out["err"] == "None", out["_stdout"][-2000:] + out["_stderr"][-2000:]
     (row,) = out["split"]
     print(backend, row)
@@ -601,7 +649,8 @@ def test_a_probe_stopped_or_losing_a_rank_answers_as_any_run_and_leaves_no_table
         model.fit(x, x[:, :1], batch_size=32, epochs=50, verbose=0)
         """)
     dies = "import os\nif strategy.num_processes == 2 and strategy.process_index == 1:\n    os._exit(3)\n" + train
-    out = run_in_fresh_shell(f"""
+    out = run_in_fresh_shell(
+        f"""
 import threading, _thread, time
 threading.Timer(12, _thread.interrupt_main).start()
 t0 = time.monotonic()
@@ -618,7 +667,9 @@ _, err = attempt("--strategy multiworker --np 2 --no-dashboard", "x = 41 + 1")
 out["next"] = repr(err)
 out["x"] = by_rank("x")
 ip.run_line_magic("kdist", "stop")
-""", {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
+""",
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+    )
     name, said, seconds = out["stopped"]
     assert name == "Interrupted" and "\n" not in said and seconds < 60, out["_stdout"][-2000:]
     assert out["table after stop"] is True and out["table after death"] is True
@@ -681,9 +732,12 @@ def test_mirrored_is_probed_on_the_kernels_devices_largest_first_and_auto_decide
     steps, larger N predicted; auto on the same cell decides from the figures."""
     from conftest import run_in_fresh_shell
 
-    out = run_in_fresh_shell(DEVICES_BODY.format(
-        line="--strategy mirrored --devices 2 --no-dashboard", cell=DEVICES_CELL,
-        auto="--no-dashboard"), {"KERAS_BACKEND": "tensorflow"})
+    out = run_in_fresh_shell(
+        DEVICES_BODY.format(
+            line="--strategy mirrored --devices 2 --no-dashboard", cell=DEVICES_CELL, auto="--no-dashboard"
+        ),
+        {"KERAS_BACKEND": "tensorflow"},
+    )
     strategy, size = _probed_on_devices(out, 1)
     assert strategy in ("mirrored", "default") and size in (1, 2)
 
@@ -696,9 +750,12 @@ def test_sharded_is_probed_over_its_data_axis_keeping_the_model_axis():
     each over 2 devices of the model axis; auto keeps the model split."""
     from conftest import run_in_fresh_shell
 
-    out = run_in_fresh_shell(DEVICES_BODY.format(
-        line="--strategy sharded --devices 4 --mesh 2,2 --no-dashboard", cell=DEVICES_CELL,
-        auto="--no-dashboard"), {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
+    out = run_in_fresh_shell(
+        DEVICES_BODY.format(
+            line="--strategy sharded --devices 4 --mesh 2,2 --no-dashboard", cell=DEVICES_CELL, auto="--no-dashboard"
+        ),
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+    )
     strategy, size = _probed_on_devices(out, 2)
     assert strategy == "sharded" and size in (2, 4)  # 1 or 2 replicas, each on 2 devices
 
@@ -712,18 +769,27 @@ def test_an_attached_cluster_with_fewer_engines_than_asked_is_probed_over_those_
     monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: 2)
     assert probemod._engines_to_probe(spec, 4) == 2
     said = capsys.readouterr().out.strip()
-    assert said.endswith("%kdist scale --np 4: cluster mine has 2 engines; probing N = 1 to 2, "
-                         "and larger N are predicted") and "\n" not in said
+    assert (
+        said.endswith("%kdist scale --np 4: cluster mine has 2 engines; probing N = 1 to 2, and larger N are predicted")
+        and "\n" not in said
+    )
     monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: 1)
-    with pytest.raises(StrategyUnavailable, match=r"cluster mine has 1 engine, and the probe needs 2 at least.*Nothing ran$"):
+    with pytest.raises(
+        StrategyUnavailable, match=r"cluster mine has 1 engine, and the probe needs 2 at least.*Nothing ran$"
+    ):
         probemod._engines_to_probe(spec, 4)
     monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: 6)
     assert probemod._engines_to_probe(spec, 4) == 4  # more than --np asked: as asked
     capsys.readouterr()
     assert probemod._engines_to_probe(parse_line("--strategy horovod --cluster-id mine"), 2) == 6
-    assert capsys.readouterr().out.strip().endswith(  # no --np: every engine that is there
-        "%kdist scale: cluster mine has 6 engines; probing N = 1 to 6 over all of them (--np N "
-        "probes fewer), and larger N are predicted")
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith(  # no --np: every engine that is there
+            "%kdist scale: cluster mine has 6 engines; probing N = 1 to 6 over all of them (--np N "
+            "probes fewer), and larger N are predicted"
+        )
+    )
     monkeypatch.setattr(probemod, "_attached_engines", lambda spec, asked: None)
     assert probemod._engines_to_probe(spec, 4) == 4  # not reachable: the run says why
     assert probemod._engines_to_probe(parse_line("--strategy horovod --np 4"), 4) == 4  # kdist starts them
@@ -733,8 +799,11 @@ def test_an_attached_cluster_with_fewer_engines_than_asked_is_probed_over_those_
 
     for backend in ("tensorflow", "jax"):
         monkeypatch.setattr(backends, "keras_backend", lambda: backend)
-        with pytest.raises(StrategyUnavailable, match=r"^%kdist scale --strategy multiworker on cluster mine: "
-                           r".* once per process.*without --cluster-id.*Nothing ran$"):
+        with pytest.raises(
+            StrategyUnavailable,
+            match=r"^%kdist scale --strategy multiworker on cluster mine: "
+            r".* once per process.*without --cluster-id.*Nothing ran$",
+        ):
             probemod._engines_to_probe(parse_line("--strategy multiworker --np 2 --cluster-id mine"), 2)
     monkeypatch.setattr(backends, "keras_backend", lambda: "torch")
     assert probemod._engines_to_probe(parse_line("--strategy multiworker --np 2 --cluster-id mine"), 2) == 2
@@ -761,7 +830,8 @@ def test_a_cluster_the_user_started_is_probed_over_the_engines_it_has_and_left_r
         model.compile(optimizer="sgd", loss="mse")
         model.fit(x, x[:, :1], batch_size=64, epochs=1, verbose=0)
         """)
-    out = run_in_fresh_shell(f"""
+    out = run_in_fresh_shell(
+        f"""
 import io, contextlib
 with contextlib.redirect_stdout(io.StringIO()) as said:
     _, err = attempt("scale --strategy multiworker --np 4 --no-dashboard --cluster-id {cluster_id}", {cell!r})
@@ -771,19 +841,25 @@ out["rows"] = [[r.n, r.measured] for r in table.rows] if table else None
 out["pids"] = [e.pid for e in kdist_magics._extension._strategies["multiworker"].cluster.engines]
 out["via"] = table.link.via if table else None
 ip.run_line_magic("kdist", "stop")
-""", {"KERAS_BACKEND": "torch"})
+""",
+        {"KERAS_BACKEND": "torch"},
+    )
     assert out["err"] == "None", out["_stdout"][-3000:] + out["_stderr"][-3000:]
-    assert (f"%kdist scale --np 4: cluster {cluster_id} has 2 engines; probing N = 1 to 2, and "
-            f"larger N are predicted") in out["said"]
+    assert (
+        f"%kdist scale --np 4: cluster {cluster_id} has 2 engines; probing N = 1 to 2, and larger N are predicted"
+    ) in out["said"]
     assert out["rows"] == [[1, True], [2, True], [4, False], [8, False]]
     assert out["via"] == "torch.distributed's all-reduce, gloo"  # the group's own collective timed the link
     assert set(out["pids"]) == engine_pids  # the user's engines ran the probe
     assert all(psutil.pid_exists(p) for p in engine_pids), "kdist stopped engines it did not start"
-    out = run_in_fresh_shell(f"""
+    out = run_in_fresh_shell(
+        f"""
 _, err = attempt("scale --strategy multiworker --np 2 --no-dashboard --cluster-id {cluster_id}", {cell!r})
 out["err"] = [type(err).__name__, str(err)]
 out["table"] = kdist_magics.last_scale() is None
-""", {"KERAS_BACKEND": "tensorflow"})
+""",
+        {"KERAS_BACKEND": "tensorflow"},
+    )
     name, said = out["err"]
     assert name == "StrategyUnavailable" and "\n" not in said and said.endswith("Nothing ran")
     assert "once per process" in said and out["table"] is True

@@ -28,8 +28,11 @@ def test_make_lab_sets_up_then_serves_notebooks_on_loopback():
 def make_test_steps() -> list[str]:
     """`make test` hands its steps to scripts/test.sh: that script's command lines, in order."""
     assert "bash scripts/test.sh" in dry_run("test")
-    return [ln.strip() for ln in (ROOT / "scripts" / "test.sh").read_text().splitlines()
-            if ln.strip() and not ln.lstrip().startswith("#")]
+    return [
+        ln.strip()
+        for ln in (ROOT / "scripts" / "test.sh").read_text().splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
 
 
 def test_make_test_sets_up_with_the_browser_then_runs_pytest():
@@ -37,11 +40,12 @@ def test_make_test_sets_up_with_the_browser_then_runs_pytest():
     setup = [i for i, ln in enumerate(lines) if "KDIST_REQUIRE_HOROVOD=1 bash scripts/setup.sh --browser" in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv/bin/python -m pytest" in ln]
     assert setup and runs and setup[0] < runs[0], lines
-    assert ('MAIN="not classic and not docs and not long and not ray and not netns and not tfless '
-            'and not stacks"' in lines)
+    assert (
+        'MAIN="not classic and not docs and not long and not ray and not netns and not tfless and not stacks"' in lines
+    )
     # the main suite: P10's timing check alone, then two halves side by side that together run
     # every other test of MAIN once (one marker expression and its negation)
-    p10, = [i for i, ln in enumerate(lines) if ln.startswith("tests/test_scale_netns.py ${PYTEST_ARGS")]
+    (p10,) = [i for i, ln in enumerate(lines) if ln.startswith("tests/test_scale_netns.py ${PYTEST_ARGS")]
     half = [i for i, ln in enumerate(lines) if '-m "($MAIN) and ($ENGINES_HALF)"' in ln]
     rest = [i for i, ln in enumerate(lines) if '-m "($MAIN) and not ($ENGINES_HALF)"' in ln]
     assert '-m "$MAIN"' in lines[p10 - 1] and half and rest and p10 < half[0] < rest[0], lines
@@ -64,8 +68,7 @@ def test_make_test_runs_the_long_tier_beside_the_colab_part():
     it. Between them, every test of .venv runs once: "docs", "long and not ray and not netns",
     "ray and not netns" and "netns or stacks" are the rest of the main suite's."""
     lines = make_test_steps()
-    long = [i for i, ln in enumerate(lines)
-            if '.venv/bin/python -m pytest -m "long and not ray and not netns"' in ln]
+    long = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "long and not ray and not netns"' in ln]
     ray = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "ray and not netns"' in ln]
     limit = [i for i, ln in enumerate(lines) if '.venv/bin/python -m pytest -m "netns or stacks"' in ln]
     colab = [i for i, ln in enumerate(lines) if ".venv-colab/bin/python -m pytest" in ln]
@@ -92,7 +95,7 @@ def test_make_test_runs_the_tensorflow_free_part_on_colabs_tpu_pins():
     rest = [i for i, ln in enumerate(lines) if '-m "($MAIN) and not ($ENGINES_HALF)"' in ln]
     runs = [i for i, ln in enumerate(lines) if ".venv-colab-tpu/bin/python -m pytest -m notf" in ln]
     assert colab and setup and rest and runs and colab[0] < setup[0] < rest[0] < limit < runs[0] < ends, lines
-    assert any(ln == "if ready colab-tpu; then" for ln in lines[limit:runs[0]])
+    assert any(ln == "if ready colab-tpu; then" for ln in lines[limit : runs[0]])
     assert "colab-tpu/account.json" in " ".join(lines[-5:])
 
 
@@ -104,7 +107,7 @@ def test_make_test_runs_again_on_colabs_stack():
     assert "COLAB_TESTS" in lines[runs[0]]
     # the classic-Notebook (ipywidgets 7) browser test runs there, and no Horovod test
     assert "or classic" in dry_run("test") and "not horovod" in dry_run("test")
-    assert "test-output/colab" in lines[runs[0] - 1] + lines[runs[0]] or '$OUT/colab' in lines[runs[0] - 1]
+    assert "test-output/colab" in lines[runs[0] - 1] + lines[runs[0]] or "$OUT/colab" in lines[runs[0] - 1]
     # and the account comes last
     assert "scripts/test_account.py" in lines[-5], lines[-5:]  # (its arguments run on lines)
 

@@ -29,13 +29,15 @@ def test_mesh_option_and_its_errors():
     spec = parse_line("--strategy sharded --devices 4 --mesh 2,2")
     assert spec.mesh == (2, 2) and spec.devices == 4
     assert parse_line("-s sharded --mesh 1,4").mesh == (1, 4)
-    cases = {"-s sharded --mesh 2": "is not a mesh; give D,M",
-             "-s sharded --mesh 0,2": "is not a mesh",
-             "-s sharded --devices 4 --mesh 3,1": "--mesh 3,1 has 3 places, not equal to the 4 devices",
-             "-s sharded --devices 2 --mesh 1,4": "a model axis of 4 is more than the 2 devices --devices 2",
-             "-s mirrored --mesh 1,2": "--mesh applies to sharded, not mirrored",
-             "-s sharded --pull model": "applies to engine strategies",
-             "-s sharded --np 2 --devices 2": "--devices applies to sharded in the notebook"}
+    cases = {
+        "-s sharded --mesh 2": "is not a mesh; give D,M",
+        "-s sharded --mesh 0,2": "is not a mesh",
+        "-s sharded --devices 4 --mesh 3,1": "--mesh 3,1 has 3 places, not equal to the 4 devices",
+        "-s sharded --devices 2 --mesh 1,4": "a model axis of 4 is more than the 2 devices --devices 2",
+        "-s mirrored --mesh 1,2": "--mesh applies to sharded, not mirrored",
+        "-s sharded --pull model": "applies to engine strategies",
+        "-s sharded --np 2 --devices 2": "--devices applies to sharded in the notebook",
+    }
     for line, words in cases.items():
         with pytest.raises(UsageError) as err:
             parse_line(line)
@@ -44,24 +46,28 @@ def test_mesh_option_and_its_errors():
 
 
 def test_automatic_layout_shards_big_variables_on_their_largest_divisible_dimension():
-    assert auto_spec((256, 256), "float32", 4) == [None, "model"]       # 256 KiB: sharded, ties: last
-    assert auto_spec((1024, 256), "float32", 4) == ["model", None]      # the largest dimension
-    assert auto_spec((1022, 256), "float32", 4) == [None, "model"]      # 1022 does not split in 4
-    assert auto_spec((256,), "float32", 4) == [None]                    # small: replicated
-    assert auto_spec((1023, 255), "float32", 4) == [None, None]         # nothing divides: replicated
-    assert auto_spec((256, 256), "float32", 1) == [None, None]          # no model axis
+    assert auto_spec((256, 256), "float32", 4) == [None, "model"]  # 256 KiB: sharded, ties: last
+    assert auto_spec((1024, 256), "float32", 4) == ["model", None]  # the largest dimension
+    assert auto_spec((1022, 256), "float32", 4) == [None, "model"]  # 1022 does not split in 4
+    assert auto_spec((256,), "float32", 4) == [None]  # small: replicated
+    assert auto_spec((1023, 255), "float32", 4) == [None, None]  # nothing divides: replicated
+    assert auto_spec((256, 256), "float32", 1) == [None, None]  # no model axis
 
 
 def test_layout_checks_name_the_variable():
-    with pytest.raises(LayoutError, match=r"dense/kernel names mesh axis 'modle', but the mesh has only 'batch', 'model'"):
+    with pytest.raises(
+        LayoutError, match=r"dense/kernel names mesh axis 'modle', but the mesh has only 'batch', 'model'"
+    ):
         check_spec("dense/kernel", (8, 8), (None, "modle"), ("batch", "model"), (1, 4))
-    with pytest.raises(LayoutError, match=r"dense/kernel \(8, 6\): dimension 1 \(6\) does not split over mesh axis 'model' of 4"):
+    with pytest.raises(
+        LayoutError, match=r"dense/kernel \(8, 6\): dimension 1 \(6\) does not split over mesh axis 'model' of 4"
+    ):
         check_spec("dense/kernel", (8, 6), (None, "model"), ("batch", "model"), (1, 4))
     check_spec("dense/kernel", (8, 8), (None, "model"), ("batch", "model"), (1, 4))  # fine
 
 
 def test_smallest_model_axis_that_fits():
-    assert pick_model_axis(8, 48, 16) == 4      # 48/3 would fit, but 3 does not divide 8
+    assert pick_model_axis(8, 48, 16) == 4  # 48/3 would fit, but 3 does not divide 8
     assert pick_model_axis(8, 10, 16) == 1
     assert pick_model_axis(2, 48, 16) is None
     assert pick_model_axis(4, None, 16) is None
@@ -106,7 +112,7 @@ def test_other_backends_get_one_line_and_nothing_starts(ip, monkeypatch):
         assert not {"keras", "jax"} & (set(sys.modules) - before)  # nothing imported, nothing started
 
 
-TRAIN = '''
+TRAIN = """
 import numpy as np, keras
 rng = np.random.default_rng(0)
 x = rng.normal(size=(64, 256)).astype("float32")
@@ -125,9 +131,9 @@ class Steps(keras.callbacks.Callback):
 steps = Steps()
 model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[steps])
 kd_loss = steps.losses
-'''
+"""
 
-OWN = '''
+OWN = """
 import keras
 dist = keras.distribution
 mesh = dist.DeviceMesh((1, 4), ["batch", "model"], devices=dist.list_devices())
@@ -136,14 +142,15 @@ layout_map["e1/kernel"] = (None, "model")     # a Sequential's path is sequentia
 layout_map[".*e2/kernel"] = (None, "model")
 dist.set_distribution(dist.ModelParallel(layout_map=layout_map, batch_dim_name="batch"))
 small = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, name="e1"), keras.layers.Dense(8, name="e2")])
-'''
+"""
 
 
 @pytest.mark.quick
 @pytest.mark.kernel
 @pytest.mark.timeout(400)
 def test_sharded_training_equals_one_device():
-    r = run_in_fresh_shell(f"""
+    r = run_in_fresh_shell(
+        f"""
         import kdist_magics
         runs = {{}}
         for name, line in [("one", "-s default"), ("auto", "-s sharded"), ("2x2", "-s sharded --mesh 2,2"),
@@ -170,8 +177,14 @@ def test_sharded_training_equals_one_device():
         out["own"] = {{r["variable"]: r["spec"] for r in kdist_magics.last_run().layout().rows}}
         # Keras' own rule for a key: 3.15 matches whole paths only, 3.13 anywhere in one
         out["e1_matches"] = ip.user_ns["layout_map"]["sequential/e1/kernel"] is not None
-    """, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    """,
+        dict(
+            KERAS_BACKEND="jax",
+            JAX_PLATFORMS="cpu",
+            TF_CPP_MIN_LOG_LEVEL="2",
+            XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        ),
+    )
     import numpy as np
 
     runs, stdout = r["runs"], r["_stdout"]
@@ -184,8 +197,10 @@ def test_sharded_training_equals_one_device():
             np.testing.assert_allclose(w, w1, rtol=1e-4, atol=1e-6, err_msg=name)
     # without --mesh: the model in the namespace fits one device, so all data (4x1), said once
     assert "kdist: mesh 4,1 over 4 devices (data axis 4, model axis 1): the smallest model axis" in stdout
-    rows = {name: {row["variable"]: (row["spec"], row["bytes_per_device"]) for row in run["rows"]}
-            for name, run in runs.items()}
+    rows = {
+        name: {row["variable"]: (row["spec"], row["bytes_per_device"]) for row in run["rows"]}
+        for name, run in runs.items()
+    }
     assert rows["auto"]["d1/kernel"] == ("replicated", 256 * 256 * 4)
     assert rows["2x2"]["d1/kernel"] == ("(-, model)", 256 * 256 * 4 // 2)
     assert rows["1x4"]["d1/kernel"] == ("(-, model)", 256 * 256 * 4 // 4)
@@ -205,7 +220,8 @@ def test_sharded_training_equals_one_device():
         assert "LayoutMap key 'e1/kernel' matched no variable" in r["_stderr"]
 
 
-GUIDE = '''
+GUIDE = (
+    """
 import keras
 dist = keras.distribution
 mesh = dist.DeviceMesh((1, 2), ["batch", "model"], devices=dist.list_devices())
@@ -213,13 +229,18 @@ layout_map = dist.LayoutMap(mesh)
 layout_map["d1/kernel"] = (None, "model")
 layout_map["d1/bias"] = ("model",)
 dist.set_distribution(dist.ModelParallel(layout_map=layout_map, batch_dim_name="batch"))
-''' + TRAIN
+"""
+    + TRAIN
+)
 
 
 #: TRAIN on one device with the batches a 2x1 mesh over two processes makes: each process takes
 #: its contiguous half (rows 0-31, 32-63) and a global batch is 16 rows of each
-PAIRS = TRAIN.replace("model.fit(x, y, batch_size=16", "order = np.concatenate([np.r_[16 * k:16 * k + 16, "
-                      "32 + 16 * k:48 + 16 * k] for k in range(2)])\nmodel.fit(x[order], y[order], batch_size=32")
+PAIRS = TRAIN.replace(
+    "model.fit(x, y, batch_size=16",
+    "order = np.concatenate([np.r_[16 * k:16 * k + 16, "
+    "32 + 16 * k:48 + 16 * k] for k in range(2)])\nmodel.fit(x[order], y[order], batch_size=32",
+)
 
 
 @pytest.mark.engines
@@ -232,7 +253,8 @@ def test_sharded_over_two_engine_processes_equals_one_device():
     pytest.importorskip("jax", reason="JAX is in the jax extra (make test installs it)")
     assert PAIRS != TRAIN
     local = "\nkd_local = {v.path: list(v.value.addressable_data(0).shape) for v in model.weights}\n"
-    r = run_in_fresh_shell(f"""
+    r = run_in_fresh_shell(
+        f"""
         import numpy as np
         for name, cell in [("one", {TRAIN!r}), ("pairs", {PAIRS!r})]:
             value, err = attempt("-s default --no-dashboard --no-telemetry", cell)
@@ -279,7 +301,10 @@ def test_sharded_over_two_engine_processes_equals_one_device():
             kill_pids(tree, grace=5)
         saved = keras.saving.load_model(os.path.join(ck, "last.keras"))
         out["checkpoint"] = [w.tolist() for w in saved.get_weights()]
-    """, env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+    """,
+        env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+        unset=("XLA_FLAGS",),
+    )
     import numpy as np
 
     for name, base in (("guide", "one"), ("1x2", "one"), ("2x1", "pairs")):
@@ -304,7 +329,7 @@ def test_sharded_over_two_engine_processes_equals_one_device():
         np.testing.assert_allclose(w, w1, rtol=1e-4, atol=1e-6)
 
 
-HUB = '''
+HUB = """
 import numpy as np, keras, keras_hub
 backbone = keras_hub.models.GemmaBackbone(vocabulary_size=64, num_layers=2, num_query_heads=4,
                                           num_key_value_heads=4, hidden_dim=16, intermediate_dim=32, head_dim=8)
@@ -313,7 +338,7 @@ if "kd_weights" in globals():
     backbone.set_weights(kd_weights)
 kd_weights = backbone.get_weights()
 kd_out = np.asarray(backbone(tokens)).tolist()
-'''
+"""
 
 
 @pytest.mark.kernel
@@ -323,7 +348,8 @@ def test_keras_hub_backbone_uses_its_own_layout_map():
     mesh 2x2 takes its layout from ``GemmaBackbone.get_layout_map``; its output equals the
     same weights' on one device."""
     pytest.importorskip("keras_hub", reason="keras-hub is not installed here (scripts/setup.sh installs it into .venv)")
-    r = run_in_fresh_shell(f"""
+    r = run_in_fresh_shell(
+        f"""
         import kdist_magics
         value, err = attempt("-s sharded --mesh 2,2 --no-dashboard --no-telemetry", {HUB!r})
         assert err is None, repr(err)
@@ -332,8 +358,14 @@ def test_keras_hub_backbone_uses_its_own_layout_map():
         value, err = attempt("-s default --no-dashboard --no-telemetry", {HUB!r})
         assert err is None, repr(err)
         out["one"] = ip.user_ns["kd_out"]
-    """, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    """,
+        dict(
+            KERAS_BACKEND="jax",
+            JAX_PLATFORMS="cpu",
+            TF_CPP_MIN_LOG_LEVEL="2",
+            XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        ),
+    )
     import numpy as np
 
     specs = r["specs"]
@@ -365,8 +397,7 @@ def test_advise_shows_the_planned_layout(monkeypatch):
     advice = advise(ns, parse_line(""), hardware=hw, backend="jax")
     assert advice.strategy == "sharded" and "mesh 4,2" in advice.reason, advice.reason
     rows = {r["variable"]: (r["spec"], r["bytes_per_device"]) for r in advice.layout.rows}
-    assert rows == {"embed/embeddings": ("(model, -)", 512_000 * 8192 * 4 // 2),
-                    "norm/scale": ("replicated", 8192 * 4)}
+    assert rows == {"embed/embeddings": ("(model, -)", 512_000 * 8192 * 4 // 2), "norm/scale": ("replicated", 8192 * 4)}
     text = repr(advice)
     assert "planned layout (automatic):" in text and "embed/embeddings" in text and "mesh 4x2" in text
     assert "embed/embeddings" in advice._repr_html_()
@@ -379,8 +410,9 @@ y = x.sum(axis=1, keepdims=True)
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
 """
 USES_IT = "model.compile(optimizer='sgd', loss='mse')\nkd_hist = model.fit(x, y, epochs=1, verbose=0)"
-BUILDS_ITS_OWN = ("model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), "
-                  "keras.layers.Dense(1)])\n" + USES_IT)
+BUILDS_ITS_OWN = (
+    "model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])\n" + USES_IT
+)
 
 
 @pytest.mark.kernel
@@ -390,7 +422,8 @@ def test_a_model_built_before_the_cell_is_named_in_one_line_and_nothing_runs():
     logical devices, failed deep in JAX ("Received incompatible devices for jitted
     computation"). kdist names it before the cell runs, and the cell that builds its own
     model trains; a later cell without --mesh says it keeps the mesh."""
-    r = run_in_fresh_shell(f"""
+    r = run_in_fresh_shell(
+        f"""
         ip.run_cell({BUILT_BEFORE!r})
         value, err = attempt("-s sharded --devices 4 --mesh 2,2 --no-dashboard", {USES_IT!r})
         out["refused"] = [type(err).__name__, str(err), "kd_hist" in ip.user_ns]
@@ -398,8 +431,14 @@ def test_a_model_built_before_the_cell_is_named_in_one_line_and_nothing_runs():
         out["own"] = [repr(err), ip.user_ns["kd_hist"].history["loss"]]
         value, err = attempt("-s sharded --devices 4 --no-dashboard", "kd_again = model.predict(x, verbose=0).shape")
         out["again"] = [repr(err), list(ip.user_ns.get("kd_again") or [])]
-    """, dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    """,
+        dict(
+            KERAS_BACKEND="jax",
+            JAX_PLATFORMS="cpu",
+            TF_CPP_MIN_LOG_LEVEL="2",
+            XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        ),
+    )
     name, message, trained = r["refused"]
     assert name == "StrategyUnavailable" and not trained, r["refused"]
     assert message.startswith("'model' was built before this cell, outside --strategy sharded")
@@ -409,6 +448,7 @@ def test_a_model_built_before_the_cell_is_named_in_one_line_and_nothing_runs():
     assert r["again"] == ["None", [64, 1]], r["again"]  # the mesh's own model: used again
     assert "mesh 2,2 over 4 devices, as the previous sharded cell on them chose" in r["_stdout"]
     import os
+
     if (os.cpu_count() or 1) < 4:  # 4 logical devices on fewer cores are said to share them
         assert "the 4 devices are logical CPU devices sharing" in r["_stdout"]
 

@@ -26,8 +26,7 @@ from kdist_magics.errors import ClusterError, KDistError, RankDied
 from slurm_cluster import HELD, MARK, NODES, Slurm, unavailable
 from test_netns import HVD_CELL, MW_CELL, engine_values
 
-pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.engines, pytest.mark.slow,
-              pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +48,10 @@ def slurm(shell):
         cluster.stop()
         import psutil
 
-        assert not [p for p in pids if psutil.pid_exists(p)
-                    and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], "Slurm processes left"
-        assert cluster.hosts.tag not in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                       text=True).stdout
+        assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], (
+            "Slurm processes left"
+        )
+        assert cluster.hosts.tag not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert MARK not in Path("/etc/hosts").read_text()
 
 
@@ -82,8 +81,9 @@ def test_a_job_slurm_refuses_is_one_line_with_slurms_reason(shell, slurm):
     assert str(info.value) == "Slurm refused the engines' job: invalid partition specified: nope"
     with pytest.raises(ClusterError) as info:  # over the partition's limit (60 minutes)
         run(shell, "--strategy multiworker --np 2 --time 2:00:00", "x = 1")
-    assert str(info.value) == ("Slurm refused the engines' job: Requested time limit is invalid "
-                               "(missing or exceeds some limit)")
+    assert str(info.value) == (
+        "Slurm refused the engines' job: Requested time limit is invalid (missing or exceeds some limit)"
+    )
     assert slurm.queue() == []
 
 
@@ -107,8 +107,11 @@ def kdist_processes_of_this_kernel() -> list[int]:
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if ("kdist_magics.cluster.follow" in cmd and f" {os.getpid()} " in f" {cmd} "
-                and proc.info["status"] != psutil.STATUS_ZOMBIE):
+        if (
+            "kdist_magics.cluster.follow" in cmd
+            and f" {os.getpid()} " in f" {cmd} "
+            and proc.info["status"] != psutil.STATUS_ZOMBIE
+        ):
             found.append(proc.info["pid"])
     return found
 
@@ -226,8 +229,7 @@ def test_a_job_at_its_time_limit_is_a_named_death(shell, slurm):
 
 
 def test_horovod_trains_across_the_nodes_once_every_node_resolves_every_name(shell, slurm):
-    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test "
-                                                     "builds it into .venv)")
+    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv)")
     try:
         with slurm.unresolvable("kd-host-b"), pytest.raises(KDistError) as info:
             run(shell, f"--strategy horovod {SPREAD}", HVD_CELL)
@@ -290,8 +292,12 @@ def test_keras_on_jax_trains_across_the_nodes(slurm):
 
     sharded_cell = TRAIN + "\nkd_local = {v.path: list(v.value.addressable_data(0).shape) for v in model.weights}\n"
     # (sharded: no --np; --mesh 1,2 asks for two engines, one on each node)
-    body = f"SHARDED_CELL = {sharded_cell!r}\n" + JAX_BODY % (slurm.hosts.bridge_ip, SPREAD, JAX_CELL,
-                                                               '--sbatch "--ntasks-per-node=1"')
+    body = f"SHARDED_CELL = {sharded_cell!r}\n" + JAX_BODY % (
+        slurm.hosts.bridge_ip,
+        SPREAD,
+        JAX_CELL,
+        '--sbatch "--ntasks-per-node=1"',
+    )
     r = run_in_fresh_shell(body, env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
     assert r["err"] is None, r["err"] + r["_stderr"][-2000:] + slurm.logs()
     assert r["cls"] == "JaxMultiWorkerStrategy" and sorted(r["hosts"]) == sorted(NODES)
@@ -314,8 +320,9 @@ def test_stop_during_the_queue_wait_and_the_kernels_death_cancel_its_job(slurm):
     kernel = Kernel(env=isolated_env())
     try:
         kernel.check(f"%config KDist.bind_address = '{slurm.hosts.bridge_ip}'")
-        msg_id = kernel.send(f"%%kdist --strategy multiworker --np 2 --launcher slurm "
-                             f"--no-dashboard --partition {HELD}\nx = 1")
+        msg_id = kernel.send(
+            f"%%kdist --strategy multiworker --np 2 --launcher slurm --no-dashboard --partition {HELD}\nx = 1"
+        )
         deadline = time.monotonic() + 60
         while not any(line.endswith(" PENDING") for line in slurm.queue()):
             assert time.monotonic() < deadline, slurm.queue()
@@ -330,7 +337,9 @@ def test_stop_during_the_queue_wait_and_the_kernels_death_cancel_its_job(slurm):
         queue_empties(slurm, within=30)
         run = "__import__('kdist_magics').last_run()"
         assert kernel.eval(f"({run}.status, [p['name'] for p in {run}.phases][-1])") == (
-            "interrupted", "waiting in Slurm's queue for 2 engines")  # the phase it ended in
+            "interrupted",
+            "waiting in Slurm's queue for 2 engines",
+        )  # the phase it ended in
         assert kernel.check("print(6 * 7)").stdout.strip() == "42"
         kernel.check(f"%kdist start --strategy multiworker --np 2 --launcher slurm --partition {HELD}")
         deadline = time.monotonic() + 60
@@ -351,20 +360,23 @@ def test_engines_of_a_slurm_job_the_user_started_are_attached_by_cluster_id(shel
 
     # as a user would: ipyparallel's own Slurm launcher, with a batch script that spreads the
     # engines (its `options` trait is not read in ipyparallel 9.2)
-    theirs = ipp.Cluster(cluster_id="theirs-on-slurm", n=2, controller_ip=slurm.hosts.bridge_ip,
-                         engines="slurm", log_level=40)
+    theirs = ipp.Cluster(
+        cluster_id="theirs-on-slurm", n=2, controller_ip=slurm.hosts.bridge_ip, engines="slurm", log_level=40
+    )
     theirs.config.SlurmEngineSetLauncher.batch_template = (
         "#!/bin/sh\n#SBATCH --ntasks={n}\n#SBATCH --ntasks-per-node=1\n"
         f"#SBATCH --output={slurm.folder}/theirs-%j.out\n#SBATCH --export=ALL\n"
-        "srun {program_and_args}\n")
+        "srun {program_and_args}\n"
+    )
     # its batch file (an absolute name: the launcher's folder is always '.', the notebook's)
     theirs.config.SlurmEngineSetLauncher.batch_file_name = str(slurm.folder / "theirs.sbatch")
     theirs.start_cluster_sync()
     try:
         try:
             theirs.connect_client_sync().wait_for_engines(2, timeout=120)
-            shell.run_cell_magic("kdist", "--strategy multiworker --np 2 --cluster-id theirs-on-slurm "
-                                          "--no-dashboard", MW_CELL)
+            shell.run_cell_magic(
+                "kdist", "--strategy multiworker --np 2 --cluster-id theirs-on-slurm --no-dashboard", MW_CELL
+            )
         except Exception:
             print(slurm.logs())
             raise
@@ -379,4 +391,3 @@ def test_engines_of_a_slurm_job_the_user_started_are_attached_by_cluster_id(shel
     finally:
         theirs.stop_cluster_sync()
     queue_empties(slurm, within=30)
-

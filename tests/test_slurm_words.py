@@ -12,11 +12,20 @@ from kdist_magics.spec import parse_line
 
 
 def test_slurm_options_go_to_sbatch_named_first_then_the_free_form_words():
-    spec = parse_line('--strategy horovod --np 8 --launcher slurm --partition gpu --time 1:00:00 '
-                      '--account lab --gres gpu:4 --sbatch "--ntasks-per-node=4 --qos short"')
+    spec = parse_line(
+        "--strategy horovod --np 8 --launcher slurm --partition gpu --time 1:00:00 "
+        '--account lab --gres gpu:4 --sbatch "--ntasks-per-node=4 --qos short"'
+    )
     assert spec.launcher == "slurm"
-    assert spec.slurm.args() == ["--partition=gpu", "--time=1:00:00", "--account=lab", "--gres=gpu:4",
-                                 "--ntasks-per-node=4", "--qos", "short"]
+    assert spec.slurm.args() == [
+        "--partition=gpu",
+        "--time=1:00:00",
+        "--account=lab",
+        "--gres=gpu:4",
+        "--ntasks-per-node=4",
+        "--qos",
+        "short",
+    ]
     assert parse_line("--strategy multiworker", {"launcher": "slurm"}).slurm == slurm.SlurmOptions()
     assert parse_line("--strategy multiworker").slurm is None
     # KDist.launcher = 'slurm' is for the clusters kdist starts: attaching and kernel strategies ignore it
@@ -24,26 +33,35 @@ def test_slurm_options_go_to_sbatch_named_first_then_the_free_form_words():
     assert parse_line("--strategy mirrored", {"launcher": "slurm"}).strategy == "mirrored"
 
 
-@pytest.mark.parametrize("line, words", [
-    ("--strategy multiworker --partition gpu", "--partition applies to --launcher slurm"),
-    ("--strategy mirrored --launcher slurm", "--launcher slurm starts engines"),
-    ("--strategy horovod --launcher slurm --cluster-id x", "give one or the other"),
-    ("--strategy horovod --launcher slurm --sbatch \"--a='b\"", "--sbatch: cannot read"),
-])
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("--strategy multiworker --partition gpu", "--partition applies to --launcher slurm"),
+        ("--strategy mirrored --launcher slurm", "--launcher slurm starts engines"),
+        ("--strategy horovod --launcher slurm --cluster-id x", "give one or the other"),
+        ('--strategy horovod --launcher slurm --sbatch "--a=\'b"', "--sbatch: cannot read"),
+    ],
+)
 def test_slurm_options_that_cannot_apply_are_usage_errors(line, words):
     with pytest.raises(UsageError, match=words):
         parse_line(line)
 
 
 def test_a_refusal_is_slurms_first_error_line():
-    stderr = ("sbatch: error: invalid partition specified: nope\n"
-              "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
+    stderr = (
+        "sbatch: error: invalid partition specified: nope\n"
+        "sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+    )
     assert slurm.refusal(stderr) == "invalid partition specified: nope"
     assert slurm.refusal("") == "sbatch failed without saying why"
     # over a partition's limit, sbatch writes one line
-    assert slurm.refusal("sbatch: error: Batch job submission failed: Requested time limit is invalid "
-                         "(missing or exceeds some limit)\n") == \
-        "Requested time limit is invalid (missing or exceeds some limit)"
+    assert (
+        slurm.refusal(
+            "sbatch: error: Batch job submission failed: Requested time limit is invalid "
+            "(missing or exceeds some limit)\n"
+        )
+        == "Requested time limit is invalid (missing or exceeds some limit)"
+    )
 
 
 def test_job_states_read_as_slurm_says_them():

@@ -48,7 +48,10 @@ def check(result: dict, runs: int, kinds: set[str]) -> None:
 def test_consecutive_runs_with_faults_leave_processes_fds_and_rss_flat():
     """Horovod: successes, raising ranks, Stop, timeouts, and a fault every 11th run (a rank
     dying mid-cell, an engine killed while Horovod starts): flat on the runs between."""
-    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)")
+    pytest.importorskip(
+        "horovod.tensorflow",
+        reason="Horovod is not installed here (make test builds it into .venv; the Colab-pinned .venv-colab has none, as Colab has none)",
+    )
     out = io.StringIO()
     result = soak.soak(runs=RUNS, warmup=5, out=out, faults=True, fault_every=11)
     sys.stderr.write(out.getvalue())  # the table, for whoever reads the log
@@ -73,8 +76,10 @@ def test_jax_and_torch_multiworker_runs_with_faults_leave_processes_fds_and_rss_
     """Keras on JAX / PyTorch across engines: 12 runs of successes, every process raising, and
     the two faults (runs 5 and 10: a rank dying mid-cell, an engine killed while
     jax.distributed / torch.distributed starts), each costing the next run a restart."""
-    pytest.importorskip(backend, reason=f"multiworker under KERAS_BACKEND={backend} needs {backend} "
-                                        f"(.venv has both; .venv-colab has no torch)")
+    pytest.importorskip(
+        backend,
+        reason=f"multiworker under KERAS_BACKEND={backend} needs {backend} (.venv has both; .venv-colab has no torch)",
+    )
     out = io.StringIO()
     result = soak.soak(runs=12, warmup=5, out=out, strategy=backend, faults=True, fault_every=5)
     sys.stderr.write(out.getvalue())

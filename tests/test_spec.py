@@ -14,8 +14,9 @@ def test_defaults_and_given():
 
 
 def test_full_horovod_line():
-    spec = parse_line("-s horovod -n 3 --timeout 12.5 --push a,b --pull model,history "
-                      "--out all --no-dashboard --checkpoint ckpt")
+    spec = parse_line(
+        "-s horovod -n 3 --timeout 12.5 --push a,b --pull model,history --out all --no-dashboard --checkpoint ckpt"
+    )
     assert spec.strategy == "horovod" and spec.np == 3 and spec.timeout == 12.5
     assert spec.push == ("a", "b") and spec.pull == ("model", "history")
     assert spec.out == "all" and spec.dashboard is False and spec.telemetry is True

@@ -13,10 +13,19 @@ from kdist_magics.watch.record import RunRecord
 
 def _rows(rank: int, step_time: float, gap_time: float, n: int = 8, jitter: float = 0.0):
     period = step_time + gap_time
-    return [{"rank": rank, "kind": "step", "step": 10 * (i + 1), "epoch": 0, "loss": 1.0,
-             "steps_per_s": 1.0 / (period * (1 + jitter * (-1) ** i)),
-             "step_time": step_time * (1 + jitter * (-1) ** i), "gap_time": gap_time}
-            for i in range(n)]
+    return [
+        {
+            "rank": rank,
+            "kind": "step",
+            "step": 10 * (i + 1),
+            "epoch": 0,
+            "loss": 1.0,
+            "steps_per_s": 1.0 / (period * (1 + jitter * (-1) ** i)),
+            "step_time": step_time * (1 + jitter * (-1) ** i),
+            "gap_time": gap_time,
+        }
+        for i in range(n)
+    ]
 
 
 def _synchronised(own: dict[int, float], compute: float = 0.004):
@@ -67,8 +76,7 @@ def test_record_summary_and_dashboard_name_the_straggler():
         rec.add("metric", row)
     rec.add("sample", {"rank": 1, "cpu_percent": 99.6})
     notes = rec.straggler_notes()
-    assert notes == ["rank 1: steps 6.8x the others' median (34 ms vs 5 ms of its own work per "
-                     "step), CPU 100 %"]
+    assert notes == ["rank 1: steps 6.8x the others' median (34 ms vs 5 ms of its own work per step), CPU 100 %"]
     dash = Dashboard(rec, interval=None)
     state, _ = dash.snapshot()
     assert state["stragglers"] == notes

@@ -51,11 +51,10 @@ def _imports(name: str, path: Path, is_package: bool, modules) -> dict[str, int]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                up = here[:len(here) - (node.level - 1)]
+                up = here[: len(here) - (node.level - 1)]
                 base = ".".join(up + ([node.module] if node.module else []))
             # ``from pkg import mod`` imports the module ``pkg.mod``; other names come from pkg
-            wanted = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                      for a in node.names]
+            wanted = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         else:
             continue
         for target in filter(None, (_target(w, modules) for w in wanted)):
@@ -147,8 +146,7 @@ def test_the_package_is_found_and_its_imports_are_read():
 
 def test_no_import_cycle_among_the_modules_function_local_imports_included():
     graph = import_graph()
-    found = [" -> ".join(path) + f"  (line {graph[path[-2]][path[-1]]} of {path[-2]})"
-             for path in cycles(graph)]
+    found = [" -> ".join(path) + f"  (line {graph[path[-2]][path[-1]]} of {path[-2]})" for path in cycles(graph)]
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
@@ -185,21 +183,24 @@ def long_js_functions(path: Path, limit: int = MAX_LINES) -> list[str]:
 
 
 def test_the_dashboards_javascript_keeps_the_same_function_length_rule():
-    found = [f for path in sorted((PACKAGE / "watch" / "static").glob("*.js"))
-             for f in long_js_functions(path)]
+    found = [f for path in sorted((PACKAGE / "watch" / "static").glob("*.js")) for f in long_js_functions(path)]
     assert not found, f"JavaScript functions over {MAX_LINES} lines:\n" + "\n".join(found)
 
 
 def test_the_javascript_length_check_sees_a_long_function(tmp_path):
     body = "\n".join(f"  x += {i};" for i in range(70))
-    (tmp_path / "a.js").write_text(f"function short() {{ return 1; }}\n"
-                                   f"export function long(x) {{\n{body}\n  return x;\n}}\n")
+    (tmp_path / "a.js").write_text(
+        f"function short() {{ return 1; }}\nexport function long(x) {{\n{body}\n  return x;\n}}\n"
+    )
     assert long_js_functions(tmp_path / "a.js") == ["a.js:2 long (73 lines)"]
 
 
 def test_every_package_says_what_it_owns():
-    bare = [str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("__init__.py"))
-            if not ast.get_docstring(ast.parse(path.read_text()))]
+    bare = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in sorted(PACKAGE.rglob("__init__.py"))
+        if not ast.get_docstring(ast.parse(path.read_text()))
+    ]
     assert not bare, "packages without a docstring: " + ", ".join(bare)
 
 
@@ -215,16 +216,24 @@ def architecture() -> str:
 def test_the_architecture_page_names_only_what_exists(architecture):
     text = architecture
     names = {p.name for p in PACKAGE.rglob("*") if "__pycache__" not in p.parts}
-    missing = [path for path in re.findall(r"kdist_magics/[\w/.]*\w", text)
-               if not (PACKAGE.parent / path).exists()]
+    missing = [path for path in re.findall(r"kdist_magics/[\w/.]*\w", text) if not (PACKAGE.parent / path).exists()]
     paths = {"/".join(p.relative_to(PACKAGE).parts) for p in PACKAGE.rglob("*")}
-    missing += [f"`{name}`" for name in re.findall(r"`([\w/]+\.(?:py|js|css))`", text)
-                if ("/" not in name and name not in names)
-                or ("/" in name and not (PACKAGE.parent / name).exists()
-                    and not any(p == name or p.endswith("/" + name) for p in paths))]
-    missing += [dotted for dotted in re.findall(r"kdist_magics(?:\.\w+)+", text)
-                if not (PACKAGE.parent / dotted.replace(".", "/")).with_suffix(".py").exists()
-                and not (PACKAGE.parent / dotted.replace(".", "/") / "__init__.py").exists()]
+    missing += [
+        f"`{name}`"
+        for name in re.findall(r"`([\w/]+\.(?:py|js|css))`", text)
+        if ("/" not in name and name not in names)
+        or (
+            "/" in name
+            and not (PACKAGE.parent / name).exists()
+            and not any(p == name or p.endswith("/" + name) for p in paths)
+        )
+    ]
+    missing += [
+        dotted
+        for dotted in re.findall(r"kdist_magics(?:\.\w+)+", text)
+        if not (PACKAGE.parent / dotted.replace(".", "/")).with_suffix(".py").exists()
+        and not (PACKAGE.parent / dotted.replace(".", "/") / "__init__.py").exists()
+    ]
     assert not missing, "ARCHITECTURE.md names what is not there: " + ", ".join(missing)
 
 
@@ -254,8 +263,7 @@ def test_the_naming_check_sees_a_module_left_out(architecture):
 
 def _top_level(folder: Path = PACKAGE) -> set[str]:
     """A package's own entries: its modules and subpackages, by name."""
-    return {p.name for p in folder.iterdir()
-            if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
+    return {p.name for p in folder.iterdir() if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
 
 
 def _tree(architecture: str, root: str) -> set[str]:
@@ -270,8 +278,9 @@ def _tree(architecture: str, root: str) -> set[str]:
 def test_the_top_level_is_what_the_architecture_page_lists(architecture):
     """A new module at the package's top level is a decision: the page's tree names it."""
     listed, present = _tree(architecture, "kdist_magics/"), _top_level()
-    assert present == listed, (f"not on the page: {sorted(present - listed)}; "
-                               f"on the page, not in the package: {sorted(listed - present)}")
+    assert present == listed, (
+        f"not on the page: {sorted(present - listed)}; on the page, not in the package: {sorted(listed - present)}"
+    )
 
 
 def test_strategies_holds_families_and_the_page_draws_them(architecture):
@@ -291,12 +300,17 @@ FAMILIES = ("horovod", "multiworker", "sharded")
 def family_crossings(graph: dict[str, dict[str, int]]) -> list[str]:
     """Imports (``a -> b``, inside functions too) from one library family into another, or from
     a shared folder of ``strategies/`` into a family."""
+
     def folder(module: str) -> str | None:
         parts = module.split(".")
         return parts[2] if len(parts) > 3 and parts[1] == "strategies" else None
 
-    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
-                  if folder(a) and folder(b) in FAMILIES and folder(a) != folder(b))
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if folder(a) and folder(b) in FAMILIES and folder(a) != folder(b)
+    )
 
 
 def test_the_strategy_families_import_the_shared_layers_not_each_other():
@@ -308,23 +322,34 @@ def test_the_strategy_families_import_the_shared_layers_not_each_other():
 
 
 def test_the_family_check_sees_a_crossing():
-    graph = {"kdist_magics.strategies.sharded.strategy": {"kdist_magics.strategies.multiworker.tf_workers": 3,
-                                                          "kdist_magics.strategies.kernel.run": 4},
-             "kdist_magics.strategies.processes.jax_processes": {"kdist_magics.strategies.sharded.layout": 9},
-             "kdist_magics.strategies.sharded.layout": {"kdist_magics.strategies.processes.group": 1},
-             "kdist_magics.strategies": {"kdist_magics.strategies.sharded.strategy": 1}}
+    graph = {
+        "kdist_magics.strategies.sharded.strategy": {
+            "kdist_magics.strategies.multiworker.tf_workers": 3,
+            "kdist_magics.strategies.kernel.run": 4,
+        },
+        "kdist_magics.strategies.processes.jax_processes": {"kdist_magics.strategies.sharded.layout": 9},
+        "kdist_magics.strategies.sharded.layout": {"kdist_magics.strategies.processes.group": 1},
+        "kdist_magics.strategies": {"kdist_magics.strategies.sharded.strategy": 1},
+    }
     assert family_crossings(graph) == [
         "kdist_magics.strategies.processes.jax_processes -> kdist_magics.strategies.sharded.layout",
-        "kdist_magics.strategies.sharded.strategy -> kdist_magics.strategies.multiworker.tf_workers"]
+        "kdist_magics.strategies.sharded.strategy -> kdist_magics.strategies.multiworker.tf_workers",
+    ]
 
 
 def test_no_module_over_400_lines_and_no_strategies_folder_over_15_modules():
-    long = [f"{p.relative_to(PACKAGE.parent)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    long = [
+        f"{p.relative_to(PACKAGE.parent)}: {n}"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
     assert not long, f"modules over {MAX_MODULE_LINES} lines: " + ", ".join(long)
     strategies = PACKAGE / "strategies"  # (cluster/ holds 16, its launchers among them)
-    crowded = [f"{d.relative_to(PACKAGE.parent)}: {n}" for d in [strategies, *strategies.rglob("*")]
-               if d.is_dir() and (n := len(list(d.glob("*.py")))) > MAX_FOLDER_MODULES]
+    crowded = [
+        f"{d.relative_to(PACKAGE.parent)}: {n}"
+        for d in [strategies, *strategies.rglob("*")]
+        if d.is_dir() and (n := len(list(d.glob("*.py")))) > MAX_FOLDER_MODULES
+    ]
     assert not crowded, f"folders over {MAX_FOLDER_MODULES} modules: " + ", ".join(crowded)
 
 
@@ -341,8 +366,7 @@ def test_ruff_finds_nothing():
     if not Path(ruff).exists():
         pytest.skip("ruff is not installed here (it is in the test extra: make test-fast installs it)")
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([ruff, "check", "--no-cache", "."], cwd=root, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([ruff, "check", "--no-cache", "."], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
@@ -395,8 +419,7 @@ def imports_across_components() -> str:
                 continue
             pairs.setdefault((source, dest), []).append(f"{_path(module)} → {_path(target)}")
     rows = ["| from | to | which module imports which |", "| --- | --- | --- |"]
-    rows += [f"| `{a}` | `{b}` | " + ", ".join(sorted(edges)) + " |"
-             for (a, b), edges in sorted(pairs.items())]
+    rows += [f"| `{a}` | `{b}` | " + ", ".join(sorted(edges)) + " |" for (a, b), edges in sorted(pairs.items())]
     return "\n".join([IMPORTS_BEGIN, *rows, IMPORTS_END])
 
 
@@ -405,10 +428,10 @@ def test_the_architecture_page_lists_every_import_across_components(architecture
     ``python tests/test_structure.py`` when a component starts (or stops) leaning on another."""
     start, end = architecture.find(IMPORTS_BEGIN), architecture.find(IMPORTS_END)
     assert start >= 0 and end > start, "ARCHITECTURE.md has no generated import table"
-    listed = architecture[start:end + len(IMPORTS_END)]
+    listed = architecture[start : end + len(IMPORTS_END)]
     assert listed == imports_across_components(), (
-        "ARCHITECTURE.md's imports across components differ from the code's: run "
-        "python tests/test_structure.py")
+        "ARCHITECTURE.md's imports across components differ from the code's: run python tests/test_structure.py"
+    )
 
 
 def test_the_import_table_sees_an_import_inside_a_function():
@@ -423,7 +446,7 @@ if __name__ == "__main__":  # rewrite ARCHITECTURE.md's generated import table
     start, end = text.find(IMPORTS_BEGIN), text.find(IMPORTS_END)
     if start < 0 or end < start:
         raise SystemExit(f"{page} has no {IMPORTS_BEGIN!r} ... {IMPORTS_END!r} block")
-    page.write_text(text[:start] + imports_across_components() + text[end + len(IMPORTS_END):])
+    page.write_text(text[:start] + imports_across_components() + text[end + len(IMPORTS_END) :])
     print(f"wrote {page}'s table of imports across components")
 
 
@@ -439,12 +462,20 @@ def strategy_writers(path: Path) -> list[str]:
         if "strategy" not in params:
             continue
         for node in ast.walk(fn):
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                else []
+            )
             for t in targets:
                 for sub in ast.walk(t):
-                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) \
-                            and sub.value.id == "strategy":
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "strategy"
+                    ):
                         found.append(f"{path.name}:{node.lineno} {fn.name} writes strategy.{sub.attr}")
     return found
 
@@ -459,7 +490,11 @@ def test_no_function_of_the_engine_path_writes_a_strategys_state():
 
 def test_the_writer_check_sees_a_function_writing_a_strategys_state(tmp_path):
     path = tmp_path / "step.py"
-    path.write_text("def step(strategy, ok):\n    if ok:\n        strategy.lost |= {1}\n"
-                    "    strategy.needs_restart = 'x'\n\ndef fine(strategy):\n    return strategy.cluster\n")
+    path.write_text(
+        "def step(strategy, ok):\n    if ok:\n        strategy.lost |= {1}\n"
+        "    strategy.needs_restart = 'x'\n\ndef fine(strategy):\n    return strategy.cluster\n"
+    )
     assert sorted(w.split(" ", 1)[1] for w in strategy_writers(path)) == [
-        "step writes strategy.lost", "step writes strategy.needs_restart"]
+        "step writes strategy.lost",
+        "step writes strategy.needs_restart",
+    ]

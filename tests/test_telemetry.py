@@ -19,6 +19,7 @@ from kdist_magics.watch import telemetry
 
 # -- fakes ---------------------------------------------------------------------------
 
+
 class FakeProcess:
     def __init__(self, pid):
         self.pid = pid
@@ -85,6 +86,7 @@ def no_tpu():
 
 # -- sampler -----------------------------------------------------------------------------
 
+
 class Ticks:
     def __init__(self):
         self.t = 0.0
@@ -96,8 +98,7 @@ class Ticks:
 def test_cpu_percent_needs_a_window_of_a_quarter_interval():
     ticks = Ticks()
     ps = FakePsutil()
-    s = sampling_mod.Sampler(lambda k, r: None, interval=1.0, psutil=ps, nvml=False,
-                          tpu_probe=no_tpu, monotonic=ticks)
+    s = sampling_mod.Sampler(lambda k, r: None, interval=1.0, psutil=ps, nvml=False, tpu_probe=no_tpu, monotonic=ticks)
     assert s.sample()["cpu_percent"] is None  # at once: no window yet
     ticks.t = 1.0
     assert s.sample()["cpu_percent"] == 150.0
@@ -110,8 +111,16 @@ def test_cpu_percent_needs_a_window_of_a_quarter_interval():
 
 def test_sample_row_with_fake_gpus_picks_this_process_gpu():
     ticks = Ticks()
-    s = sampling_mod.Sampler(lambda k, r: None, rank=3, psutil=FakePsutil(), nvml=FakeNvml(),
-                          tpu_probe=no_tpu, pid=4242, clock=lambda: 100.0, monotonic=ticks)
+    s = sampling_mod.Sampler(
+        lambda k, r: None,
+        rank=3,
+        psutil=FakePsutil(),
+        nvml=FakeNvml(),
+        tpu_probe=no_tpu,
+        pid=4242,
+        clock=lambda: 100.0,
+        monotonic=ticks,
+    )
     ticks.t = 5.0
     row = s.sample()
     assert row["rank"] == 3 and row["time"] == 100.0 and row["pid"] == 4242
@@ -127,18 +136,21 @@ def test_sample_row_with_fake_gpus_picks_this_process_gpu():
 
 def test_all_visible_gpus_before_this_process_has_a_context(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1),
-                          tpu_probe=no_tpu, pid=999)
+    s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1), tpu_probe=no_tpu, pid=999)
     assert [g["index"] for g in s.sample()["gpus"]] == [0, 1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1),
-                          tpu_probe=no_tpu, pid=999)
+    s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(pid=1), tpu_probe=no_tpu, pid=999)
     assert [g["index"] for g in s.sample()["gpus"]] == [1]
 
 
 def test_gpu_that_nvml_cannot_read_says_why():
-    s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=FakeNvml(fail_init=True),
-                          tpu_probe=no_tpu, gpu_present=lambda: True)
+    s = sampling_mod.Sampler(
+        lambda k, r: None,
+        psutil=FakePsutil(),
+        nvml=FakeNvml(fail_init=True),
+        tpu_probe=no_tpu,
+        gpu_present=lambda: True,
+    )
     row = s.sample()
     assert row["accelerator"] is None and row["gpus"] == []
     assert row["accelerator_note"].startswith("not available")
@@ -148,8 +160,9 @@ def test_gpu_that_nvml_cannot_read_says_why():
 
 def test_no_gpu_at_all_is_cpu_only_whatever_nvml_says():
     for nvml in (FakeNvml(fail_init=True), None):
-        s = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=nvml,
-                              tpu_probe=no_tpu, gpu_present=lambda: False)
+        s = sampling_mod.Sampler(
+            lambda k, r: None, psutil=FakePsutil(), nvml=nvml, tpu_probe=no_tpu, gpu_present=lambda: False
+        )
         assert s.sample()["accelerator_note"] == "CPU only"
 
 
@@ -201,8 +214,10 @@ def test_jax_tpu_probe_reads_memory_stats(monkeypatch):
     monkeypatch.setattr(tpu_probe, "jax_backend_ready", lambda: True)
     row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False).sample()
     assert row["accelerator"] == "tpu"
-    assert [(t["index"], t["mem_used_bytes"], t["mem_total_bytes"]) for t in row["tpus"]] == \
-        [(0, 1000, 16_000), (1, 2000, 16_000)]
+    assert [(t["index"], t["mem_used_bytes"], t["mem_total_bytes"]) for t in row["tpus"]] == [
+        (0, 1000, 16_000),
+        (1, 2000, 16_000),
+    ]
     monkeypatch.setattr(tpu_probe, "jax_backend_ready", lambda: False)  # never starts JAX
     assert tpu_probe._jax_tpu_probe() is None
 
@@ -218,8 +233,7 @@ def test_broken_probes_never_raise():
     ps = FakePsutil()
     ps.Process = lambda pid: BadProcess(pid)
     ticks = Ticks()
-    sampler = sampling_mod.Sampler(lambda k, r: None, psutil=ps, nvml=False, tpu_probe=boom,
-                                monotonic=ticks)
+    sampler = sampling_mod.Sampler(lambda k, r: None, psutil=ps, nvml=False, tpu_probe=boom, monotonic=ticks)
     ticks.t = 5.0
     row = sampler.sample()
     assert row["rss_bytes"] is None and row["cpu_percent"] == 150.0
@@ -238,8 +252,9 @@ def test_sampling_block_sends_samples_from_a_thread_and_stops():
             got_two.set()
 
     nvml = FakeNvml()
-    with sampling_mod.sampling(sink, rank=1, interval=0.05, psutil=FakePsutil(), nvml=nvml,
-                            tpu_probe=no_tpu) as sampler:
+    with sampling_mod.sampling(
+        sink, rank=1, interval=0.05, psutil=FakePsutil(), nvml=nvml, tpu_probe=no_tpu
+    ) as sampler:
         assert got_two.wait(30), "the sampler thread sent nothing"
     n = len(rows)
     assert all(kind == "sample" and row["rank"] == 1 for kind, row in rows)
@@ -271,9 +286,11 @@ def test_loading_telemetry_imports_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys, kdist_magics.watch.telemetry, kdist_magics.watch.dashboard; "
-            "bad=[m for m in ('tensorflow','keras','horovod','jax') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, kdist_magics.watch.telemetry, kdist_magics.watch.dashboard; "
+        "bad=[m for m in ('tensorflow','keras','horovod','jax') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -287,6 +304,7 @@ def test_batch_size_inference():
 
 
 # -- the Keras callback -------------------------------------------------------------------
+
 
 class Clock:
     def __init__(self):
@@ -303,8 +321,7 @@ def test_callback_throttles_steps_and_reports_progress():
 
     rows = []
     clock = Clock()
-    cb = telemetry.make_callback(lambda k, r: rows.append((k, r)), rank=2, batch_size=16,
-                                 min_interval=0.5, clock=clock)
+    cb = telemetry.make_callback(lambda k, r: rows.append((k, r)), rank=2, batch_size=16, min_interval=0.5, clock=clock)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.125), loss="mse", metrics=["mae"])
     cb.set_model(model)
@@ -400,8 +417,7 @@ def test_callback_keeps_keras_batch_ends_off_the_training_loop():
 
     pytest.importorskip("jax", reason="the jax extra gives Keras a thread-safe backend")
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", KEEPS_ASYNC], env=env, capture_output=True,
-                         text=True, timeout=240)
+    out = subprocess.run([sys.executable, "-c", KEEPS_ASYNC], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     on_main = json.loads(out.stdout.split("RESULT", 1)[1])
     assert len(on_main) == 16  # min_interval=0: every step, none lost or doubled
@@ -420,11 +436,11 @@ def test_rows_carry_the_all_reduce_time_where_the_optimizer_times_it(monkeypatch
         seen.append(optimizer)
         return (done["seconds"], done["count"]) if done["count"] else None
 
-    monkeypatch.setitem(sys.modules, "kdist_magics.keras_horovod._optimizer",
-                        types.SimpleNamespace(collective_timing=collective_timing))
+    monkeypatch.setitem(
+        sys.modules, "kdist_magics.keras_horovod._optimizer", types.SimpleNamespace(collective_timing=collective_timing)
+    )
     rows, clock = [], Clock()
-    cb = telemetry.make_callback(lambda k, r: rows.append(r), rank=0, batch_size=16,
-                                 min_interval=0.5, clock=clock)
+    cb = telemetry.make_callback(lambda k, r: rows.append(r), rank=0, batch_size=16, min_interval=0.5, clock=clock)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     cb.set_model(model)
@@ -499,11 +515,13 @@ class FakeTpuMonitoring:
     """libtpu.sdk.tpumonitoring as libtpu 0.0.2x offers it: per-chip strings per metric."""
 
     def __init__(self, chips: int, duty: float = 87.5):
-        gib = 2 ** 30
-        self.values = {"duty_cycle_pct": [f"{duty + i:.2f}" for i in range(chips)],
-                       "hbm_capacity_usage": [str(3 * gib + i) for i in range(chips)],
-                       "hbm_capacity_total": [str(16 * gib)] * chips,
-                       "tensorcore_util": ["50.0"] * chips}
+        gib = 2**30
+        self.values = {
+            "duty_cycle_pct": [f"{duty + i:.2f}" for i in range(chips)],
+            "hbm_capacity_usage": [str(3 * gib + i) for i in range(chips)],
+            "hbm_capacity_total": [str(16 * gib)] * chips,
+            "tensorcore_util": ["50.0"] * chips,
+        }
 
     def list_supported_metrics(self):
         return list(self.values)
@@ -520,8 +538,8 @@ def test_the_tpus_own_duty_cycle_and_memory_come_from_libtpus_monitoring_sdk(mon
     row = sampling_mod.Sampler(lambda k, r: None, psutil=FakePsutil(), nvml=False).sample()
     assert row["accelerator"] == "tpu" and len(row["tpus"]) == chips
     first = row["tpus"][0]
-    assert first["duty_cycle_percent"] == 87.5 and first["mem_used_bytes"] == 3 * 2 ** 30
-    assert first["mem_total_bytes"] == 16 * 2 ** 30 and first["source"] == "libtpu monitoring SDK"
+    assert first["duty_cycle_percent"] == 87.5 and first["mem_used_bytes"] == 3 * 2**30
+    assert first["mem_total_bytes"] == 16 * 2**30 and first["source"] == "libtpu monitoring SDK"
     assert row["tpus"][-1]["duty_cycle_percent"] == 87.5 + chips - 1
 
 
@@ -540,8 +558,7 @@ def test_a_tpu_that_nothing_reports_on_is_said_and_a_broken_sdk_falls_back(monke
     assert row["accelerator"] is None and row["accelerator_note"] == sampling_mod.TPU_UNREAD
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(),
-                    reason="PSS needs Linux's /proc/<pid>/smaps_rollup")
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="PSS needs Linux's /proc/<pid>/smaps_rollup")
 def test_memory_shared_with_another_process_counts_once_in_the_proportional_set_size():
     """A --push's shared segment is mapped by every local engine: each one's RSS counts all of
     it, its PSS half of it when two processes map it, so the ranks' PSS add up to the host's."""
@@ -553,16 +570,24 @@ def test_memory_shared_with_another_process_counts_once_in_the_proportional_set_
     seg = shared_memory.SharedMemory(create=True, size=size)
     try:
         seg.buf[::4096] = b"\x01" * (size // 4096)  # this process maps every page
-        child = subprocess.Popen([sys.executable, "-c", (
-            "import sys, time; from multiprocessing import shared_memory as s; "
-            # not tracked: a killed child's resource tracker would remove the name under us
-            f"kw = {{'track': False}} if sys.version_info >= (3, 13) else {{}}; "
-            f"m = s.SharedMemory(name={seg.name!r}, **kw); sum(m.buf[::4096]); print('in', flush=True); "
-            "time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import sys, time; from multiprocessing import shared_memory as s; "
+                    # not tracked: a killed child's resource tracker would remove the name under us
+                    f"kw = {{'track': False}} if sys.version_info >= (3, 13) else {{}}; "
+                    f"m = s.SharedMemory(name={seg.name!r}, **kw); sum(m.buf[::4096]); print('in', flush=True); "
+                    "time.sleep(60)"
+                ),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert child.stdout.readline().strip() == "in"
-            row = sampling_mod.Sampler(lambda k, r: None, pid=child.pid, nvml=False,
-                                       tpu_probe=no_tpu).sample()
+            row = sampling_mod.Sampler(lambda k, r: None, pid=child.pid, nvml=False, tpu_probe=no_tpu).sample()
         finally:
             child.kill()
             child.wait()
@@ -609,8 +634,9 @@ def test_the_proportional_set_size_is_read_every_few_seconds_not_every_sample():
     proc = Proc()
     fake = types.SimpleNamespace(Process=lambda pid: proc, cpu_count=lambda: 2)
     clock = [0.0]
-    sampler = sampling_mod.Sampler(lambda k, r: None, psutil=fake, nvml=False,
-                                   tpu_probe=lambda: None, monotonic=lambda: clock[0])
+    sampler = sampling_mod.Sampler(
+        lambda k, r: None, psutil=fake, nvml=False, tpu_probe=lambda: None, monotonic=lambda: clock[0]
+    )
     rows = []
     for t in range(12):
         clock[0] = float(t)
@@ -642,8 +668,9 @@ def test_a_slow_proportional_set_size_read_is_made_rarer():
             return types.SimpleNamespace(pss=50)
 
     fake = types.SimpleNamespace(Process=lambda pid: Proc(), cpu_count=lambda: 2)
-    sampler = sampling_mod.Sampler(lambda k, r: None, psutil=fake, nvml=False,
-                                   tpu_probe=lambda: None, monotonic=lambda: clock[0])
+    sampler = sampling_mod.Sampler(
+        lambda k, r: None, psutil=fake, nvml=False, tpu_probe=lambda: None, monotonic=lambda: clock[0]
+    )
     for t in range(120):
         clock[0] = float(t)
         assert sampler.sample()["pss_bytes"] == 50

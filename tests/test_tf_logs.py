@@ -63,6 +63,7 @@ tf.get_logger().warning("kdist-test warning")
 class SetsUpLoudly:
     """A strategy whose set-up logs at INFO before any cell runs (as MirroredStrategy's
     "Using MirroredStrategy with devices ..." does)."""
+
     in_kernel = True
 
     def run(self, cell, ctx):
@@ -110,8 +111,9 @@ def test_tensorflows_start_up_lines_are_quiet_in_a_kernel_with_kdist_unless_aske
     try:
         if keep:
             k.check("%config KDist.tf_info_logs = True")
-        res = k.check("import os\nimport keras\nos.write(2, b'the cell\\'s own line\\n')\n"
-                      "print(keras.backend.backend())")
+        res = k.check(
+            "import os\nimport keras\nos.write(2, b'the cell\\'s own line\\n')\nprint(keras.backend.backend())"
+        )
         k.check("import time; time.sleep(1)")  # a file descriptor's lines come in a moment later
         text = "".join(message_text(m) for m in k.messages)
         assert "tensorflow" in res.stdout and "the cell's own line" in text, text
@@ -129,9 +131,11 @@ def test_a_cell_in_the_kernel_drops_tensorflows_known_run_noise_and_nothing_else
 
     from kdist_magics.watch.tf_logs import quiet_info
 
-    noise = (b"W0000 00:00:1796527275.780649   31910 dataset.cc:997] Input of GeneratorDatasetOp::"
-             b"Dataset will not be optimized because the dataset does not implement the "
-             b"AsGraphDefInternal() method needed to apply optimizations.\n")
+    noise = (
+        b"W0000 00:00:1796527275.780649   31910 dataset.cc:997] Input of GeneratorDatasetOp::"
+        b"Dataset will not be optimized because the dataset does not implement the "
+        b"AsGraphDefInternal() method needed to apply optimizations.\n"
+    )
     with quiet_info(True, stderr=True):
         os.write(2, noise)
         os.write(2, b"E0000 a real error line\n")

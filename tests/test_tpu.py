@@ -31,16 +31,28 @@ def test_no_tpu_fails_fast_and_clearly_in_a_fresh_kernel():
         "print('MARKER', ip.user_ns['marker'])\n"
         "print('TF', 'tensorflow' in sys.modules)\n"
     )
-    env = {k: v for k, v in __import__("os").environ.items()
-           if k not in ("COLAB_TPU_ADDR", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "KDIST_HARDWARE")}
+    env = {
+        k: v
+        for k, v in __import__("os").environ.items()
+        if k not in ("COLAB_TPU_ADDR", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "KDIST_HARDWARE")
+    }
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     lines = dict(l.split(" ", 1) for l in out.stdout.splitlines() if " " in l)
     assert lines["TYPE"] == "StrategyUnavailable"
     rendered = eval(lines["RENDERED"])
     assert len(rendered.splitlines()) <= 3
-    for words in ("no TPU found", "COLAB_TPU_ADDR", "TPU_NAME", "/dev/accel", "/dev/vfio",
-                  "Runtime > Change runtime type > TPU", "Kaggle", "Accelerator > TPU", "did not run"):
+    for words in (
+        "no TPU found",
+        "COLAB_TPU_ADDR",
+        "TPU_NAME",
+        "/dev/accel",
+        "/dev/vfio",
+        "Runtime > Change runtime type > TPU",
+        "Kaggle",
+        "Accelerator > TPU",
+        "did not run",
+    ):
         assert words in rendered, words
     assert lines["MARKER"] == "before"  # the cell did not run
     assert lines["TF"] == "False"  # failed before importing TensorFlow
@@ -105,8 +117,11 @@ def fake_tpu(ip):
 
 def test_connects_once_and_reuses(ip, fake_tpu):
     ext, runtime, cache = fake_tpu
-    ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard --no-telemetry",
-                      "first = strategy\nreplicas = strategy.num_replicas_in_sync")
+    ip.run_cell_magic(
+        "kdist",
+        "--strategy tpu --no-dashboard --no-telemetry",
+        "first = strategy\nreplicas = strategy.num_replicas_in_sync",
+    )
     ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard --no-telemetry", "second = strategy")
     ns = ip.user_ns
     assert ns["replicas"] == 8 and ns["first"] is ns["second"] is ns["strategy"]
@@ -265,8 +280,9 @@ def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, 
     try:
         with _held_tpu(tmp_path, monkeypatch) as holder:
             ext = kdist_magics._extension
-            ext._strategies["tpu"] = TPUStrategy(find=lambda: tpu_from_kind("v5litepod-1", target="local",
-                                                                           found_by="/dev/vfio/0"))
+            ext._strategies["tpu"] = TPUStrategy(
+                find=lambda: tpu_from_kind("v5litepod-1", target="local", found_by="/dev/vfio/0")
+            )
             ip.user_ns["marker"] = "before"
             with pytest.raises(StrategyUnavailable) as info:
                 ip.run_cell_magic("kdist", "--strategy tpu --no-dashboard", "marker = 'ran'")
@@ -309,8 +325,13 @@ def test_only_a_real_multi_host_initializer_counts_not_any_initialize():
     assert calls_initialize("import jax\njax.distributed.initialize()") == "jax.distributed.initialize"
     assert calls_initialize("from jax import distributed\ndistributed.initialize()") == "jax.distributed.initialize"
     assert calls_initialize("import keras\nkeras.distribution.initialize()") == "keras.distribution.initialize"
-    for code in ("ed.initialize()", "model.initialize()", "d.initialize()", "initialize()",
-                 "x = 'jax.distributed.initialize()'  # a string, not a call"):
+    for code in (
+        "ed.initialize()",
+        "model.initialize()",
+        "d.initialize()",
+        "initialize()",
+        "x = 'jax.distributed.initialize()'  # a string, not a call",
+    ):
         assert calls_initialize(code) is None, code
 
 
@@ -321,7 +342,8 @@ def test_one_tpu_chip_is_said_to_be_one_replica_on_jax():
     says that one chip is one replica (JAX's one device stands in for it here)."""
     from conftest import run_in_fresh_shell
 
-    out = run_in_fresh_shell("""
+    out = run_in_fresh_shell(
+        """
 from kdist_magics.choose.hardware import tpu_from_kind
 from kdist_magics.strategies.frameworks import on_jax
 from kdist_magics.strategies.kernel.tpu import TPUStrategy
@@ -331,7 +353,10 @@ kdist_magics._extension._strategies["tpu"] = TPUStrategy(
     find=lambda: tpu_from_kind("v5litepod-1", target="local", found_by="/dev/vfio/0"))
 _, err = attempt("--strategy tpu --no-dashboard", "kd_r = strategy.num_replicas_in_sync")
 out["r"] = [repr(err), ip.user_ns.get("kd_r")]
-""", {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, unset=("XLA_FLAGS",))
+""",
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"},
+        unset=("XLA_FLAGS",),
+    )
     assert out["r"] == ["None", 1], out
     assert "is one replica: the cell runs on it as it would without kdist" in out["_stdout"]
 
@@ -355,31 +380,44 @@ def joining(key, line, cell=None):
     _, err = attempt(line + " --no-dashboard", cell or JOIN)
     out[key] = [type(err).__name__, str(err), ip.user_ns.get("marker")]
 """
-    env = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    first = run_in_fresh_shell(prelude + """
+    env = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    first = run_in_fresh_shell(
+        prelude
+        + """
 joining("mirrored", "--strategy mirrored --devices 2")
 out["started"] = backend_started()
 ip.run_cell("import jax; jax.numpy.ones(1)")
 joining("after JAX", "--strategy default")
-""", env)
-    again = run_in_fresh_shell(prelude + """
+""",
+        env,
+    )
+    again = run_in_fresh_shell(
+        prelude
+        + """
 joining("first", "--strategy default")
 joining("again", "--strategy default", "import keras\\nkeras.distribution.initialize()\\nmarker = 'ran'")
-""", env)
+""",
+        env,
+    )
     assert first["started"] is False  # refused before kdist looked for the devices
-    for key, why in (("mirrored", "--strategy mirrored starts it to find the devices"),
-                     ("after JAX", "it has started in this kernel")):
+    for key, why in (
+        ("mirrored", "--strategy mirrored starts it to find the devices"),
+        ("after JAX", "it has started in this kernel"),
+    ):
         name, said, marker = first[key]
         assert name == "StrategyUnavailable" and marker is None, first[key]
-        assert said.startswith("jax.distributed.initialize() must run before JAX starts its "
-                               f"backend, and {why}") and "\n" not in said, said
+        assert (
+            said.startswith(f"jax.distributed.initialize() must run before JAX starts its backend, and {why}")
+            and "\n" not in said
+        ), said
         assert "first cell of a fresh kernel" in said and said.endswith("The cell did not run.")
     assert again["first"] == ["NoneType", "None", "ran"], again["first"]
     name, said, marker = again["again"]
     assert name == "StrategyUnavailable" and marker is None, again["again"]
-    assert said.startswith("keras.distribution.initialize(): this kernel has joined a JAX job "
-                           "already") and "\n" not in said
+    assert (
+        said.startswith("keras.distribution.initialize(): this kernel has joined a JAX job already")
+        and "\n" not in said
+    )
 
 
 @pytest.mark.kernel
@@ -396,7 +434,8 @@ def test_eight_tpu_chips_train_data_parallel_over_eight_and_sharded_over_a_mesh_
     for n in range(8):
         (root / "dev" / "vfio" / str(n)).write_text("")
     (root / "dev" / "vfio" / "vfio").write_text("")
-    out = run_in_fresh_shell(f"""
+    out = run_in_fresh_shell(
+        f"""
 import jax, numpy as np
 from kdist_magics.choose.hardware import detect_tpu
 from kdist_magics.strategies.frameworks import on_jax
@@ -427,8 +466,9 @@ _, err = attempt("--strategy sharded --mesh 2x4 --no-dashboard", WIDE)
 rec = kdist_magics.last_run()
 out["sharded"] = [repr(err), list(rec.mesh or ()), ip.user_ns.get("kd_loss"),
                   ip.user_ns.get("kd_devices"), ip.user_ns.get("kd_whole")]
-""", {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
-      "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+""",
+        {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+    )
     assert out["found"] == ["v5e-8", 8, "/dev/vfio/0"], out["found"]
     error, replicas, loss, devices, whole = out["tpu"]
     assert error == "None", out["_stdout"][-3000:]

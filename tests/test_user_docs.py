@@ -22,11 +22,22 @@ def test_license_is_the_one_pyproject_names():
 
 def test_faq_answers_what_newcomers_ask():
     faq = (GUIDE / "faq.md").read_text()
-    for heading in ("The dashboard does not show", "Horovod is missing", "Why is my laptop not faster?",
-                    "DevicesFixed", "Supported platforms", "Uninstall and clean up"):
+    for heading in (
+        "The dashboard does not show",
+        "Horovod is missing",
+        "Why is my laptop not faster?",
+        "DevicesFixed",
+        "Supported platforms",
+        "Uninstall and clean up",
+    ):
         assert f"## {heading}" in faq, heading
-    for what in ("python -m kdist_magics.strategies.horovod.build", "~/.cache/kdist_magics", "/tmp/kdist-*",
-                 "macOS", "Linux"):
+    for what in (
+        "python -m kdist_magics.strategies.horovod.build",
+        "~/.cache/kdist_magics",
+        "/tmp/kdist-*",
+        "macOS",
+        "Linux",
+    ):
         assert what in faq, what
 
 
@@ -43,7 +54,7 @@ def test_strategies_compared_has_a_row_per_strategy_and_the_four_columns():
 
 
 def test_getting_started_names_the_tour_as_it_is():
-    """"01 (quickstart) to NN": NN is the last notebook in notebooks/ (it said 08 when there
+    """ "01 (quickstart) to NN": NN is the last notebook in notebooks/ (it said 08 when there
     were ten)."""
     page = (ROOT / "docs" / "getting-started.md").read_text()
     said = re.search(r"01 \(quickstart\) to (\d\d)", page)

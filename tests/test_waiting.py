@@ -87,14 +87,22 @@ def test_on_an_attached_cluster_the_error_promises_no_restart_kdist_would_not_do
         waiting.check(run_on(cluster), [0, 1], "while Horovod started")
     text = str(info.value)
     assert text.startswith("While Horovod started: rank 1 was killed by SIGKILL. The cell did not run; ")
-    assert "restart the cluster's engines (kdist restarts no cluster it did not start), then run the cell again" in text and "engines restart with" not in text
+    assert (
+        "restart the cluster's engines (kdist restarts no cluster it did not start), then run the cell again" in text
+        and "engines restart with" not in text
+    )
     cluster.deaths, cluster.controller = {}, "has ended (pid 4242, on this host)"
     with pytest.raises(ControllerDied) as info:
         waiting.check(run_on(cluster), [0, 1], "after the cell, while its values came back", ran=True)
     text = str(info.value)
-    assert text.startswith("After the cell, while its values came back: the cluster's ipyparallel "
-                           "controller has ended (pid 4242, on this host). The cell had run on every rank; ")
-    assert "start the cluster again (kdist restarts no cluster it did not start), then run the cell again" in text and "starts a new cluster" not in text
+    assert text.startswith(
+        "After the cell, while its values came back: the cluster's ipyparallel "
+        "controller has ended (pid 4242, on this host). The cell had run on every rank; "
+    )
+    assert (
+        "start the cluster again (kdist restarts no cluster it did not start), then run the cell again" in text
+        and "starts a new cluster" not in text
+    )
 
 
 def test_deaths_of_engines_outside_the_mapping_do_not_count():
@@ -109,10 +117,13 @@ def test_the_controller_ending_is_controllerdied_and_says_the_cell_had_run():
     cluster.controller = "was killed by SIGKILL"
     s = run_on(cluster)
     with pytest.raises(ControllerDied) as info:
-        waiting.gather(s, [FakeResult(time.monotonic() + 60)], {10: 0}, 30,
-                       "after the cell, while its values came back", ran=True)
-    assert str(info.value).startswith("After the cell, while its values came back: the ipyparallel "
-                                      "controller was killed by SIGKILL. The cell had run on every rank")
+        waiting.gather(
+            s, [FakeResult(time.monotonic() + 60)], {10: 0}, 30, "after the cell, while its values came back", ran=True
+        )
+    assert str(info.value).startswith(
+        "After the cell, while its values came back: the ipyparallel "
+        "controller was killed by SIGKILL. The cell had run on every rank"
+    )
 
 
 class EngineError(Exception):
@@ -158,11 +169,19 @@ def test_setup_results_stops_at_the_first_failure_and_names_who_waits():
     err = RuntimeError("no module named horovod")
     t0 = time.monotonic()
     with pytest.raises(KDistError) as info:
-        waiting.setup_results(s, [FakeResult(time.monotonic() + 60), FakeResult(0, error=err)], [0, 1],
-                              "Horovod", "the rendezvous", 30, "hvd.init() failed")
+        waiting.setup_results(
+            s,
+            [FakeResult(time.monotonic() + 60), FakeResult(0, error=err)],
+            [0, 1],
+            "Horovod",
+            "the rendezvous",
+            30,
+            "hvd.init() failed",
+        )
     assert time.monotonic() - t0 < 10
-    assert str(info.value) == ("hvd.init() failed: rank 1: RuntimeError: no module named horovod "
-                               "(rank 0 left waiting for it)")
+    assert str(info.value) == (
+        "hvd.init() failed: rank 1: RuntimeError: no module named horovod (rank 0 left waiting for it)"
+    )
     assert s.restart == "Horovod failed to start"
 
 
@@ -206,8 +225,9 @@ def test_a_death_while_the_value_comes_back_is_named_not_replaced_by_a_stale_ren
     monkeypatch.setattr("IPython.display.publish_display_data", lambda *a, **k: shown.append(a))
     threading.Timer(0.2, lambda: cluster.deaths.update({10: "was killed by SIGKILL"})).start()
     with pytest.raises(RankDied, match="^After the cell, while its values came back: rank 0 was killed"):
-        results.pull(s, {0: cluster.engines[0], 1: cluster.engines[1]},
-                     {"execution_count": 3, "data": {"text/plain": "2"}})
+        results.pull(
+            s, {0: cluster.engines[0], 1: cluster.engines[1]}, {"execution_count": 3, "data": {"text/plain": "2"}}
+        )
     assert not shown
 
 
@@ -235,8 +255,10 @@ def test_a_name_error_for_a_notebook_name_that_was_not_pushed_names_the_push():
     def err(name, value):
         return SimpleNamespace(ename=name, evalue=value)
 
-    missing = {0: err("NameError", "name 'x_train' is not defined"),
-               1: err("NameError", "name 'x_train' is not defined")}
+    missing = {
+        0: err("NameError", "name 'x_train' is not defined"),
+        1: err("NameError", "name 'x_train' is not defined"),
+    }
     hint = missing_push(missing, {"x_train": [1]}, None)
     assert hint.startswith("'x_train' is in the notebook, not on the engines: add --push x_train")
     assert missing_push(missing, {}, None) is None  # not the notebook's either: the user's typo

@@ -54,21 +54,21 @@ def hiding(tmp_path, *names: str) -> dict:
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
 
 
-FIT = '''
+FIT = """
 import numpy as np, keras
 rng = np.random.default_rng(0)
 x = rng.normal(size=(128, 4)).astype("float32")
 y = (x @ np.array([1., -2., .5, 3.], dtype="float32"))[:, None]
-'''
+"""
 
-CELL = '''
+CELL = """
 import keras
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
 history = model.fit(x, y, batch_size=16, epochs=4, verbose=0)
 kd_loss = history.history["loss"]
 kd_replicas = strategy.num_replicas_in_sync
-'''
+"""
 
 
 @pytest.fixture
@@ -78,12 +78,14 @@ def no_tf(tmp_path) -> dict:
 
 
 def shell(body: str, env: dict, **kw) -> dict:
-    return run_in_fresh_shell("ip.run_cell(" + repr(FIT) + ")\n" + textwrap.dedent(body), env,
-                              unset=("XLA_FLAGS",), **kw)
+    return run_in_fresh_shell(
+        "ip.run_cell(" + repr(FIT) + ")\n" + textwrap.dedent(body), env, unset=("XLA_FLAGS",), **kw
+    )
 
 
 def test_the_plainest_cell_trains_with_auto_and_default(no_tf):
-    out = shell(f'''
+    out = shell(
+        f"""
         import importlib.util
         out["tf"] = importlib.util.find_spec("tensorflow") is not None
         for line in ("--no-dashboard", "--strategy default --no-dashboard"):
@@ -92,7 +94,9 @@ def test_the_plainest_cell_trains_with_auto_and_default(no_tf):
                          repr(ip.user_ns.get("strategy"))]
             ip.user_ns.pop("kd_loss", None)
         out["tf_imported"] = "tensorflow" in sys.modules
-    ''', no_tf)
+    """,
+        no_tf,
+    )
     assert out["tf"] is False and out["tf_imported"] is False
     for line in ("--no-dashboard", "--strategy default --no-dashboard"):
         error, loss, replicas, strategy = out[line]
@@ -102,13 +106,16 @@ def test_the_plainest_cell_trains_with_auto_and_default(no_tf):
 
 
 def test_mirrored_and_sharded_train_on_jax_devices(no_tf):
-    out = shell(f'''
+    out = shell(
+        f"""
         _, exc = attempt("--strategy mirrored --devices 2 --no-dashboard", {CELL!r})
         out["mirrored"] = [repr(exc), ip.user_ns.get("kd_loss"), ip.user_ns.get("kd_replicas")]
         _, exc = attempt("--strategy sharded --devices 2 --no-dashboard", {CELL!r})
         out["sharded"] = [repr(exc), ip.user_ns.get("kd_loss")]
         out["tf_imported"] = "tensorflow" in sys.modules
-    ''', no_tf)
+    """,
+        no_tf,
+    )
     error, loss, replicas = out["mirrored"]
     assert error == "None" and loss[-1] < loss[0] and replicas == 2, out["mirrored"]
     error, loss = out["sharded"]
@@ -119,23 +126,25 @@ def test_mirrored_and_sharded_train_on_jax_devices(no_tf):
 def test_tensorflow_only_paths_refuse_in_one_line_before_anything_starts(no_tf):
     """On Keras' default backend (tensorflow) every strategy but sharded is a TensorFlow path; on
     jax, Horovod still is. Each refuses in one line naming what to set or install."""
-    refuse = '''
+    refuse = """
         import psutil
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         for line in LINES:
             _, exc = attempt(line + " --no-dashboard", "x = 1")
             out[line] = [type(exc).__name__, str(exc)]
         out["started"] = sorted({p.pid for p in psutil.Process().children(recursive=True)} - before)
-    '''
-    on_tf = ["--strategy default", "--strategy mirrored", "--strategy multiworker --np 2",
-             "--strategy horovod --np 2"]
-    out = run_in_fresh_shell(f"LINES = {on_tf!r}\n" + textwrap.dedent(refuse),
-                             {**no_tf, "KERAS_BACKEND": "tensorflow"}, unset=("XLA_FLAGS",))
+    """
+    on_tf = ["--strategy default", "--strategy mirrored", "--strategy multiworker --np 2", "--strategy horovod --np 2"]
+    out = run_in_fresh_shell(
+        f"LINES = {on_tf!r}\n" + textwrap.dedent(refuse), {**no_tf, "KERAS_BACKEND": "tensorflow"}, unset=("XLA_FLAGS",)
+    )
     on_jax = shell(f"LINES = {['--strategy horovod --np 2']!r}\n" + textwrap.dedent(refuse), no_tf)
     # a TPU here (Colab's TPU runtime) with Keras left on tensorflow: TPUStrategy's path
-    on_tpu = run_in_fresh_shell(f"LINES = {['--strategy tpu']!r}\n" + textwrap.dedent(refuse),
-                                {**no_tf, "KERAS_BACKEND": "tensorflow",
-                                 "TPU_ACCELERATOR_TYPE": "v5litepod-8"}, unset=("XLA_FLAGS",))
+    on_tpu = run_in_fresh_shell(
+        f"LINES = {['--strategy tpu']!r}\n" + textwrap.dedent(refuse),
+        {**no_tf, "KERAS_BACKEND": "tensorflow", "TPU_ACCELERATOR_TYPE": "v5litepod-8"},
+        unset=("XLA_FLAGS",),
+    )
     assert out["started"] == [] and on_jax["started"] == [] and on_tpu["started"] == []
     for line in on_tf:
         assert_refused(out[line], "set KERAS_BACKEND=jax (or torch) before importing keras")
@@ -152,7 +161,8 @@ def assert_refused(outcome: list[str], fix: str) -> None:
 
 @pytest.mark.engines
 def test_multiworker_on_jax_trains_in_sync_across_engines_without_tensorflow(no_tf):
-    out = shell(f'''
+    out = shell(
+        f"""
         line = "--strategy multiworker --np 2 --no-dashboard --push x,y"
         _, exc = attempt(line, {CELL!r} + "\\nkd_weights = [w.tolist() for w in model.get_weights()]")
         out["error"] = repr(exc)
@@ -161,7 +171,9 @@ def test_multiworker_on_jax_trains_in_sync_across_engines_without_tensorflow(no_
         out["tf"] = kdist_magics._extension._strategies["multiworker"].cluster.view().apply_sync(
             lambda: __import__("sys").modules.get("tensorflow") is not None)
         ip.run_line_magic("kdist", "stop")
-    ''', no_tf)
+    """,
+        no_tf,
+    )
     assert out["error"] == "None", out["_stdout"][-2000:]
     first, second = out["weights"]
     assert first == second  # in sync: the same weights on both processes
@@ -187,7 +199,8 @@ def test_kdist_run_trains_a_script_in_sync_without_tensorflow(no_tf, tmp_path):
     """%kdist run on Colab's TPU runtime: a Keras-on-JAX script as it is, on 2 engine processes."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    out = shell(f'''
+    out = shell(
+        f"""
         try:
             ip.run_line_magic("kdist", "run --strategy multiworker --np 2 --no-dashboard {script}")
             out["error"] = None
@@ -199,7 +212,9 @@ def test_kdist_run_trains_a_script_in_sync_without_tensorflow(no_tf, tmp_path):
         out["tf"] = kdist_magics._extension._strategies["multiworker"].cluster.view().apply_sync(
             lambda: __import__("sys").modules.get("tensorflow") is not None)
         ip.run_line_magic("kdist", "stop")
-    ''', no_tf)
+    """,
+        no_tf,
+    )
     assert out["error"] is None, out["_stdout"][-2000:]
     assert out["process"] == [0, 1]
     first, second = out["weights"]
@@ -208,9 +223,12 @@ def test_kdist_run_trains_a_script_in_sync_without_tensorflow(no_tf, tmp_path):
     assert out["tf"] == [False, False]
 
 
-TORCH_CELL = CELL.replace("kd_replicas = strategy.num_replicas_in_sync", """kd_replicas = strategy.num_replicas_in_sync
+TORCH_CELL = CELL.replace(
+    "kd_replicas = strategy.num_replicas_in_sync",
+    """kd_replicas = strategy.num_replicas_in_sync
 import sys
-kd_frameworks = sorted(m for m in ("tensorflow", "jax") if m in sys.modules)""")
+kd_frameworks = sorted(m for m in ("tensorflow", "jax") if m in sys.modules)""",
+)
 
 
 @pytest.mark.engines
@@ -223,7 +241,8 @@ def test_a_torch_only_stack_trains_with_default_auto_and_multiworker(tmp_path):
     from test_multiworker_torch import GUIDE
 
     env = {"KERAS_BACKEND": "torch", **hiding(tmp_path, "tensorflow", "jax", "jaxlib")}
-    out = shell(f'''
+    out = shell(
+        f"""
         import importlib.util
         out["found"] = [m for m in ("tensorflow", "jax", "torch") if importlib.util.find_spec(m)]
         for line in ("--no-dashboard", "--strategy default --no-dashboard"):
@@ -239,7 +258,9 @@ def test_a_torch_only_stack_trains_with_default_auto_and_multiworker(tmp_path):
         _, exc = attempt("--strategy horovod --np 2 --no-dashboard", "x = 1")
         out["horovod"] = [type(exc).__name__, str(exc)]
         ip.run_line_magic("kdist", "stop")
-    ''', env)
+    """,
+        env,
+    )
     assert out["found"] == ["torch"], out["found"]
     for line in ("--no-dashboard", "--strategy default --no-dashboard"):
         error, loss, replicas, frameworks = out[line]

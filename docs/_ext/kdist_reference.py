@@ -38,8 +38,7 @@ class _Generated(SphinxDirective):
 
     def run(self):
         box = nodes.container()
-        self.state.nested_parse(StringList(self.lines(), source="kdist_tables"),
-                                self.content_offset, box)
+        self.state.nested_parse(StringList(self.lines(), source="kdist_tables"), self.content_offset, box)
         return box.children
 
 
@@ -83,8 +82,13 @@ class Config(_Generated):
 
         out = []
         for row in config_settings():
-            out += [f"```{{confval}} KDist.{row['name']}", f":type: {row['type']}",
-                    f":default: {_literal(row['default'])}", "", escape(row["help"])]
+            out += [
+                f"```{{confval}} KDist.{row['name']}",
+                f":type: {row['type']}",
+                f":default: {_literal(row['default'])}",
+                "",
+                escape(row["help"]),
+            ]
             if row["choices"]:
                 out += ["", "Accepts: " + ", ".join(_literal(c) for c in row["choices"]) + " (any case)."]
             out += ["```", ""]

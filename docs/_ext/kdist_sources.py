@@ -27,14 +27,18 @@ def executed_dir(root: Path) -> Path:
 
 def _note(executed: bool, name: str) -> dict:
     if executed:
-        text = (f":::{{note}}\nThe outputs below are the ones CI saved when it executed "
-                f"`notebooks/{name}` (`make test`'s notebook tier, `test-output/notebooks/`); "
-                f"the docs build shows them and runs nothing. Each dashboard is its finished view, "
-                f"drawn by its own inline script (a plain summary where scripts are off).\n:::")
+        text = (
+            f":::{{note}}\nThe outputs below are the ones CI saved when it executed "
+            f"`notebooks/{name}` (`make test`'s notebook tier, `test-output/notebooks/`); "
+            f"the docs build shows them and runs nothing. Each dashboard is its finished view, "
+            f"drawn by its own inline script (a plain summary where scripts are off).\n:::"
+        )
     else:
-        text = (f":::{{note}}\nThis build found no executed copy of `notebooks/{name}` "
-                f"(`make test` saves them under `test-output/notebooks/`) of its current cells, so the notebook is "
-                f"shown as committed, without outputs. The docs build never runs notebooks.\n:::")
+        text = (
+            f":::{{note}}\nThis build found no executed copy of `notebooks/{name}` "
+            f"(`make test` saves them under `test-output/notebooks/`) of its current cells, so the notebook is "
+            f"shown as committed, without outputs. The docs build never runs notebooks.\n:::"
+        )
     return {"cell_type": "markdown", "metadata": {}, "source": text}
 
 
@@ -62,9 +66,11 @@ def copy_tutorials(root: Path, dest: Path) -> dict[str, bool]:
 def _same_cells(executed: Path, committed: Path) -> bool:
     """Whether an executed copy ran the committed cells (one saved before the notebook was
     edited shows outputs of code the page no longer has: the committed copy is shown then)."""
+
     def sources(path: Path) -> list[str]:
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+
     try:
         return sources(executed) == sources(committed)
     except (ValueError, KeyError):
@@ -83,11 +89,13 @@ def repo_links(text: str, relative_to: str, page_dir: str = "") -> str:
     for the root) for a docs page in ``docs/<page_dir>``: a target inside ``docs/`` becomes a
     link relative to the page (so Sphinx checks it), any other one a link to the repository on
     GitHub."""
+
     def swap(match):
         target = os.path.normpath(os.path.join(relative_to, match.group(2)))
         if target.startswith("docs/"):
             return f"{match.group(1)}{os.path.relpath(target, os.path.join('docs', page_dir))})"
         return f"{match.group(1)}{REPO_URL}/blob/main/{target})"
+
     return _LINK.sub(swap, text)
 
 
@@ -109,11 +117,21 @@ def copy_markdown(root: Path, source: str, dest: Path, title: str, absent: str) 
 def generate(root: Path, docs: Path) -> None:
     """Every copied page, before Sphinx reads the sources."""
     copy_tutorials(root, docs / "tutorials")
-    copy_markdown(root, "benchmarks/README.md", docs / "performance" / "benchmarks.md",
-                  "Benchmarks in full", "This checkout has no `benchmarks/README.md`.")
-    copy_markdown(root, "ARCHITECTURE.md", docs / "contributing" / "architecture.md",
-                  "Architecture", "This checkout has no `ARCHITECTURE.md` yet; the layout "
-                  "and the flow of a run are on the {doc}`contributing page <index>`.")
+    copy_markdown(
+        root,
+        "benchmarks/README.md",
+        docs / "performance" / "benchmarks.md",
+        "Benchmarks in full",
+        "This checkout has no `benchmarks/README.md`.",
+    )
+    copy_markdown(
+        root,
+        "ARCHITECTURE.md",
+        docs / "contributing" / "architecture.md",
+        "Architecture",
+        "This checkout has no `ARCHITECTURE.md` yet; the layout "
+        "and the flow of a run are on the {doc}`contributing page <index>`.",
+    )
 
 
 __all__ = ["generate", "copy_tutorials", "copy_markdown", "repo_links", "executed_dir"]

@@ -24,12 +24,14 @@ def cell_options() -> list[dict[str, Any]]:
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
             continue
-        rows.append({
-            "flags": list(action.option_strings),
-            "metavar": action.metavar,
-            "choices": list(action.choices) if action.choices else None,
-            "help": formatter._expand_help(action) if action.help else "",
-        })
+        rows.append(
+            {
+                "flags": list(action.option_strings),
+                "metavar": action.metavar,
+                "choices": list(action.choices) if action.choices else None,
+                "help": formatter._expand_help(action) if action.help else "",
+            }
+        )
     return rows
 
 
@@ -62,13 +64,15 @@ def config_settings() -> list[dict[str, Any]]:
     rows = []
     for name, trait in sorted(KDist.class_traits(config=True).items()):
         values = getattr(trait, "values", None)
-        rows.append({
-            "name": name,
-            "type": type(trait).__name__,
-            "default": repr(trait.default_value),
-            "choices": list(values) if values else None,
-            "help": trait.help or "",
-        })
+        rows.append(
+            {
+                "name": name,
+                "type": type(trait).__name__,
+                "default": repr(trait.default_value),
+                "choices": list(values) if values else None,
+                "help": trait.help or "",
+            }
+        )
     return rows
 
 

@@ -34,9 +34,11 @@ def plan(f: dict) -> tuple[tuple[int, int], int] | None:
 
 def words(f: dict) -> str:
     (d, m), share = plan(f)
-    return (f"sharded, mesh {d},{m} (data {d} x model {m}): keras.distribution.ModelParallel "
-            f"splits weights, gradients and optimizer state over {m} devices, ~{human_bytes(share)} "
-            f"per device of {gib(f['device_memory'])}")
+    return (
+        f"sharded, mesh {d},{m} (data {d} x model {m}): keras.distribution.ModelParallel "
+        f"splits weights, gradients and optimizer state over {m} devices, ~{human_bytes(share)} "
+        f"per device of {gib(f['device_memory'])}"
+    )
 
 
 def applies(f: dict) -> bool:
@@ -69,9 +71,14 @@ def planned(user_ns, mesh: tuple[int, int]):
             spec = auto_spec(shape, v.dtype, mesh[1])
             nbytes = math.prod(shape) * _itemsize(v.dtype)
             sharded = any(spec)
-            table.rows.append({"variable": v.path, "shape": shape,
-                               "spec": "(" + ", ".join(a or "-" for a in spec) + ")" if sharded else "replicated",
-                               "bytes_per_device": nbytes // mesh[1] if sharded else nbytes})
+            table.rows.append(
+                {
+                    "variable": v.path,
+                    "shape": shape,
+                    "spec": "(" + ", ".join(a or "-" for a in spec) + ")" if sharded else "replicated",
+                    "bytes_per_device": nbytes // mesh[1] if sharded else nbytes,
+                }
+            )
     if not table.rows:
         return None
     table.optimizer_bytes = 2 * table.weight_bytes  # Adam's two moments follow their weights

@@ -27,6 +27,7 @@ from .rules import RULES, Rule
 
 # -- the decision -------------------------------------------------------------
 
+
 @dataclass
 class Row:
     criterion: str
@@ -50,14 +51,21 @@ class Advice:
 
         widths = (14, 46, 58)
         head = ("criterion", "observation", "consequence")
-        body = [(r.criterion + (" *" if r.role == "decides" else " !" if r.role == "warning" else ""),
-                 r.observation, r.consequence) for r in self.rows]
+        body = [
+            (
+                r.criterion + (" *" if r.role == "decides" else " !" if r.role == "warning" else ""),
+                r.observation,
+                r.consequence,
+            )
+            for r in self.rows
+        ]
         out = [f"kdist advise: {self.strategy} -- {self.reason}", ""]
         for cells in [head, tuple("-" * w for w in widths), *body]:
             wrapped = [textwrap.wrap(c, w) or [""] for c, w in zip(cells, widths)]
             for i in range(max(len(w) for w in wrapped)):
-                out.append("  ".join((col[i] if i < len(col) else "").ljust(w)
-                                     for col, w in zip(wrapped, widths)).rstrip())
+                out.append(
+                    "  ".join((col[i] if i < len(col) else "").ljust(w) for col, w in zip(wrapped, widths)).rstrip()
+                )
         out += ["", "* decides   ! warning"]
         if self.layout is not None:
             out += ["", "planned layout (automatic):", repr(self.layout)]
@@ -70,12 +78,15 @@ class Advice:
             f"<tr style='{'font-weight:bold' if r.role == 'decides' else 'color:#b00' if r.role == 'warning' else ''}'>"
             f"<td>{esc(r.criterion + mark.get(r.role, ''))}</td><td>{esc(r.observation)}</td>"
             f"<td>{esc(r.consequence)}</td></tr>"
-            for r in self.rows)
-        return (f"<div class='kdist-advice'><p><b>kdist advise: {esc(self.strategy)}</b> &mdash; "
-                f"{esc(self.reason)}</p><table><thead><tr><th>criterion</th><th>observation</th>"
-                f"<th>consequence</th></tr></thead><tbody>{rows}</tbody></table>"
-                f"<p style='color:#666'>* decides &nbsp; ! warning</p>"
-                f"{self.layout._repr_html_() if self.layout is not None else ''}</div>")
+            for r in self.rows
+        )
+        return (
+            f"<div class='kdist-advice'><p><b>kdist advise: {esc(self.strategy)}</b> &mdash; "
+            f"{esc(self.reason)}</p><table><thead><tr><th>criterion</th><th>observation</th>"
+            f"<th>consequence</th></tr></thead><tbody>{rows}</tbody></table>"
+            f"<p style='color:#666'>* decides &nbsp; ! warning</p>"
+            f"{self.layout._repr_html_() if self.layout is not None else ''}</div>"
+        )
 
 
 def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
@@ -84,8 +95,10 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
     out: set[str] = set()
     for r in applied:
         out.update(r.removed(f))
-    rows = [Row(r.criterion, r.text("observation", f), r.text("consequence", f),
-                "warning" if r.warn else "") for r in applied]
+    rows = [
+        Row(r.criterion, r.text("observation", f), r.text("consequence", f), "warning" if r.warn else "")
+        for r in applied
+    ]
     chosen = deciding = None
     for r, row in zip(applied, rows):
         alive = [s for s in r.pick if s not in out]
@@ -95,7 +108,8 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
         if r.pick and r.criterion == "your options" and f["engine_opts"]:
             raise StrategyUnavailable(
                 f"{f['engine_opts']} asks for engine ranks, but Keras runs on {f['backend']} and the "
-                f"engine strategies need TensorFlow, JAX or torch")
+                f"engine strategies need TensorFlow, JAX or torch"
+            )
     if deciding is None:  # pragma: no cover - RULES end with a rule that always picks default
         raise StrategyUnavailable("--strategy auto: no rule chose a strategy; give --strategy NAME")
     rule, row = deciding
@@ -103,9 +117,12 @@ def decide(f: dict, rules: tuple[Rule, ...] = RULES) -> Advice:
     rows.append(Row("backend path", f"Keras on {f['backend']}", backend_path(chosen, f["backend"])))
     parts = [f["hardware"]]
     if f["fits"] is False and chosen != "sharded":
-        parts.insert(0, f"warning: model of {human(f['params'])} parameters needs ~{gib(f['train_bytes'])} "
-                        f"to train, more than one {f['device_word']}'s {gib(f['device_memory'])}, and every "
-                        f"strategy copies it to each device: expect out-of-memory (see %kdist advise)")
+        parts.insert(
+            0,
+            f"warning: model of {human(f['params'])} parameters needs ~{gib(f['train_bytes'])} "
+            f"to train, more than one {f['device_word']}'s {gib(f['device_memory'])}, and every "
+            f"strategy copies it to each device: expect out-of-memory (see %kdist advise)",
+        )
     elif f["model"] is not None:
         parts.append(f"model of {human(f['params'])} parameters" + (" fits one device" if f["fits"] else ""))
     if rule.criterion in ("your options", "training time"):
@@ -119,19 +136,24 @@ def backend_path(strategy: str, backend: str) -> str:
     jax_like = backend == "jax"
     paths = {
         "default": "the cell runs in the kernel as written",
-        "mirrored": ("keras.distribution.DataParallel over the kernel's devices" if jax_like
-                     else "tf.distribute.MirroredStrategy in the kernel"),
-        "tpu": ("keras.distribution.DataParallel over the TPU devices" if jax_like
-                else "tf.distribute.TPUStrategy in the kernel"),
+        "mirrored": (
+            "keras.distribution.DataParallel over the kernel's devices"
+            if jax_like
+            else "tf.distribute.MirroredStrategy in the kernel"
+        ),
+        "tpu": (
+            "keras.distribution.DataParallel over the TPU devices"
+            if jax_like
+            else "tf.distribute.TPUStrategy in the kernel"
+        ),
         "horovod": "Horovod ranks on engines (Gloo), with kdist's Keras 3 binding as hvd",
         "sharded": "keras.distribution.ModelParallel over a (batch, model) mesh of the kernel's devices",
         "multiworker": {
             "jax": "one JAX process per engine: jax.distributed, then keras.distribution.DataParallel "
-                   "over every process's devices",
+            "over every process's devices",
             "torch": "one torch process per engine: a torch.distributed process group (Gloo; NCCL when "
-                     "every rank has a GPU), for DistributedDataParallel or kdist's averaged fit",
-        }.get(backend, "tf.distribute.MultiWorkerMirroredStrategy, one TensorFlow worker per engine "
-                       "(TF_CONFIG)"),
+            "every rank has a GPU), for DistributedDataParallel or kdist's averaged fit",
+        }.get(backend, "tf.distribute.MultiWorkerMirroredStrategy, one TensorFlow worker per engine (TF_CONFIG)"),
     }
     return paths.get(strategy, strategy)
 
@@ -170,8 +192,7 @@ def advise(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = No
     return advice
 
 
-def choose(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None,
-           **facts) -> tuple[str, str]:
+def choose(user_ns: Mapping[str, Any], spec=None, hardware: Hardware | None = None, **facts) -> tuple[str, str]:
     """``(strategy_name, one_line_reason)`` for ``--strategy auto``."""
     advice = advise(user_ns, spec, hardware, **facts)
     return advice.strategy, advice.reason

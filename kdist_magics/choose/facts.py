@@ -141,23 +141,34 @@ def epoch_seconds(hw: Hardware, params: int | None, samples: int | None) -> floa
     return 6.0 * params * samples / rate
 
 
-def facts_for(hw: Hardware, spec=None, user_ns: Mapping[str, Any] | None = None,
-              model: dict | None = None, data: dict | None = None,
-              backend: str | None = None) -> dict[str, Any]:
+def facts_for(
+    hw: Hardware,
+    spec=None,
+    user_ns: Mapping[str, Any] | None = None,
+    model: dict | None = None,
+    data: dict | None = None,
+    backend: str | None = None,
+) -> dict[str, Any]:
     """Everything the rules look at, as a flat dict of plain values."""
     if model is None and user_ns is not None:
         model = inspect_model(user_ns)
     if data is None and user_ns is not None:
         data = inspect_data(user_ns)
     given = frozenset(getattr(spec, "given", ()) or ())
-    engine_opts = [f"--{o.replace('_', '-')}" for o in ("np", "push", "pull", "cluster_id", "profile")
-                   if o in given]
+    engine_opts = [f"--{o.replace('_', '-')}" for o in ("np", "push", "pull", "cluster_id", "profile") if o in given]
     f: dict[str, Any] = {
-        "hw": hw, "hardware": hw.describe(), "cores": hw.cpu_cores, "gpus": len(hw.gpus),
-        "hosts": hw.hosts, "engines": hw.engines, "tpu": hw.tpu is not None,
-        "tpu_kind": hw.tpu.kind if hw.tpu else None, "horovod": hw.horovod,
+        "hw": hw,
+        "hardware": hw.describe(),
+        "cores": hw.cpu_cores,
+        "gpus": len(hw.gpus),
+        "hosts": hw.hosts,
+        "engines": hw.engines,
+        "tpu": hw.tpu is not None,
+        "tpu_kind": hw.tpu.kind if hw.tpu else None,
+        "horovod": hw.horovod,
         "backend": backend or keras_backend(),
-        "devices_given": "devices" in given, "devices": getattr(spec, "devices", None),
+        "devices_given": "devices" in given,
+        "devices": getattr(spec, "devices", None),
         "mesh": getattr(spec, "mesh", None),
         "min_np": getattr(spec, "min_np", None) or getattr(spec, "max_np", None),
         "engine_opts": " ".join(engine_opts),
@@ -186,8 +197,7 @@ def facts_for(hw: Hardware, spec=None, user_ns: Mapping[str, Any] | None = None,
 def model_words(f) -> str:
     if f["model"] is None:
         return "no built Keras model in the namespace yet"
-    return (f"model '{f['model']['name']}' of {human(f['params'])} parameters "
-            f"(~{gib(f['train_bytes'])} to train)")
+    return f"model '{f['model']['name']}' of {human(f['params'])} parameters (~{gib(f['train_bytes'])} to train)"
 
 
 def data_words(f) -> str:

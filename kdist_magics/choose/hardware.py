@@ -25,12 +25,19 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-GiB = 1024 ** 3
+GiB = 1024**3
 
 #: HBM per TPU core (TensorFlow replica) by generation, bytes. v4 and later
 #: expose one replica per chip (megacore), so this is per chip there.
-TPU_MEMORY_PER_CORE = {"v2": 8 * GiB, "v3": 16 * GiB, "v4": 32 * GiB, "v5e": 16 * GiB,
-                       "v5litepod": 16 * GiB, "v5p": 95 * GiB, "v6e": 32 * GiB}
+TPU_MEMORY_PER_CORE = {
+    "v2": 8 * GiB,
+    "v3": 16 * GiB,
+    "v4": 32 * GiB,
+    "v5e": 16 * GiB,
+    "v5litepod": 16 * GiB,
+    "v5p": 95 * GiB,
+    "v6e": 32 * GiB,
+}
 
 #: the names Google's runtimes give some generations, as people say them
 TPU_GENERATION_NAMES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e"}
@@ -103,7 +110,9 @@ class Hardware:
         """Short words for the hardware: '2 cores, no GPU', '2 hosts x 4 A100 (80 GiB)'."""
         if self.tpu is not None:
             t = self.tpu
-            return f"TPU {t.name} ({t.cores} {t.unit}{'s' if t.cores != 1 else ''}, {gib(t.memory_per_core_bytes)} each)"
+            return (
+                f"TPU {t.name} ({t.cores} {t.unit}{'s' if t.cores != 1 else ''}, {gib(t.memory_per_core_bytes)} each)"
+            )
         if self.gpus:
             names = sorted({g.name for g in self.gpus})
             gpu = f"{len(self.gpus)} {'/'.join(names)} GPU{'s' if len(self.gpus) > 1 else ''} ({gib(self.gpu_memory_bytes)})"
@@ -117,9 +126,10 @@ class Hardware:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Hardware":
         data = dict(data)
-        gpus = tuple(g if isinstance(g, GPU) else GPU(**{k: (int(v) if k == "memory_bytes" else v)
-                                                          for k, v in g.items()})
-                     for g in data.pop("gpus", ()))
+        gpus = tuple(
+            g if isinstance(g, GPU) else GPU(**{k: (int(v) if k == "memory_bytes" else v) for k, v in g.items()})
+            for g in data.pop("gpus", ())
+        )
         tpu = data.pop("tpu", None)
         if isinstance(tpu, Mapping):
             tpu = TPU(**tpu)
@@ -132,7 +142,7 @@ class Hardware:
 
 
 def gib(n: float) -> str:
-    return f"{n / GiB:.0f} GiB" if n >= GiB else f"{n / 1024 ** 2:.0f} MiB"
+    return f"{n / GiB:.0f} GiB" if n >= GiB else f"{n / 1024**2:.0f} MiB"
 
 
 def tpu_from_kind(kind: str, target: str = "local", found_by: str = "") -> TPU:
@@ -145,6 +155,7 @@ def tpu_from_kind(kind: str, target: str = "local", found_by: str = "") -> TPU:
 
 
 # -- detection ---------------------------------------------------------------
+
 
 def cpu_cores() -> int:
     try:
@@ -183,8 +194,9 @@ def detect_gpus(env: Mapping[str, str] | None = None) -> tuple[GPU, ...]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else name
-            found.append(GPU(name=name.replace("NVIDIA ", ""),
-                             memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)))
+            found.append(
+                GPU(name=name.replace("NVIDIA ", ""), memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
+            )
     except Exception:
         return ()
     finally:
@@ -195,7 +207,7 @@ def detect_gpus(env: Mapping[str, str] | None = None) -> tuple[GPU, ...]:
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         wanted = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
-        found = found[:len(wanted)]
+        found = found[: len(wanted)]
     return tuple(found)
 
 
@@ -228,7 +240,7 @@ def detect_tpu(env: Mapping[str, str] | None = None, root: str = "/") -> TPU | N
         if not kind:
             # v2/v3 chips have two cores each (/dev/accel per chip); later chips one replica each
             kind = f"tpu-{len(found) * 2}" if accel else f"tpu-{len(found)}"
-        return tpu_from_kind(kind, target="local", found_by=found[0][len(root.rstrip('/')):])
+        return tpu_from_kind(kind, target="local", found_by=found[0][len(root.rstrip("/")) :])
     if name == "local" or kind:
         return tpu_from_kind(kind or "tpu", target="local", found_by="TPU_NAME" if name else "TPU_ACCELERATOR_TYPE")
     return None
@@ -242,8 +254,7 @@ def horovod_importable() -> bool:
         return False
     if spec is None:
         return False
-    return any(os.path.isdir(os.path.join(path, "tensorflow"))
-               for path in (spec.submodule_search_locations or ()))
+    return any(os.path.isdir(os.path.join(path, "tensorflow")) for path in (spec.submodule_search_locations or ()))
 
 
 def detect(env: Mapping[str, str] | None = None) -> Hardware:
@@ -253,5 +264,12 @@ def detect(env: Mapping[str, str] | None = None) -> Hardware:
     simulated = env.get("KDIST_HARDWARE")
     if simulated:
         return Hardware.from_dict(json.loads(simulated))
-    return Hardware(cpu_cores=cpu_cores(), memory_bytes=host_memory(), gpus=detect_gpus(env),
-                    tpu=detect_tpu(env), hosts=1, engines=0, horovod=horovod_importable())
+    return Hardware(
+        cpu_cores=cpu_cores(),
+        memory_bytes=host_memory(),
+        gpus=detect_gpus(env),
+        tpu=detect_tpu(env),
+        hosts=1,
+        engines=0,
+        horovod=horovod_importable(),
+    )

@@ -60,9 +60,18 @@ class EngineCluster(Liveness):
     #: a launcher's options (Slurm's, Ray's): a run asking for others needs another cluster
     options = None
 
-    def __init__(self, n: int, cluster_id: str | None = None, profile: str | None = None,
-                 ip: str = "127.0.0.1", start_timeout: float = 120.0, controller_nice: int = 0,
-                 private: bool = False, preload: tuple[str, ...] = (), threads: int = 0):
+    def __init__(
+        self,
+        n: int,
+        cluster_id: str | None = None,
+        profile: str | None = None,
+        ip: str = "127.0.0.1",
+        start_timeout: float = 120.0,
+        controller_nice: int = 0,
+        private: bool = False,
+        preload: tuple[str, ...] = (),
+        threads: int = 0,
+    ):
         self.n = n
         self.preload = tuple(preload)
         if preload:  # the run's rule (engine.threads_per_rank), as the preload must set it first
@@ -174,10 +183,17 @@ class EngineCluster(Liveness):
             self.namespace = Namespace().start()
             self._pids_started.add(self.namespace.pid)
             ip, args = str(self.namespace.folder / "c"), [*args, "--transport=ipc"]
-        self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=ip,
-                                   controller_args=args, log_level=40, shutdown_atexit=True,
-                                   config=launch.config(self.controller_nice, self.namespace and self.namespace.pid,
-                                                     self.preload, self.threads, self.n))
+        self.cluster = ipp.Cluster(
+            n=self.n,
+            cluster_id=self.cluster_id,
+            controller_ip=ip,
+            controller_args=args,
+            log_level=40,
+            shutdown_atexit=True,
+            config=launch.config(
+                self.controller_nice, self.namespace and self.namespace.pid, self.preload, self.threads, self.n
+            ),
+        )
         self.cluster.start_controller_sync()
         self._exits.attach(self.cluster)  # the controller's exit is known at once
         hold("controller", self)
@@ -201,8 +217,11 @@ class EngineCluster(Liveness):
 
     def _start_failed(self, exc: Exception) -> ClusterError:
         """Stop what started, and the error that says why the start failed."""
-        where = ("the local cluster" if self.owned else
-                 f"cluster {self.cluster_id or ''!s} (profile {self.profile or 'default'})")
+        where = (
+            "the local cluster"
+            if self.owned
+            else f"cluster {self.cluster_id or ''!s} (profile {self.profile or 'default'})"
+        )
         gone = self.controller_gone() if self.owned and not isinstance(exc, ClusterError) else None
         self.stop()
         why = str(exc) if isinstance(exc, ClusterError) else f"{type(exc).__name__}: {exc}"
@@ -228,18 +247,24 @@ class EngineCluster(Liveness):
 
     def _launched(self) -> list[int]:
         """Pids of the engines an owned cluster's launchers started."""
-        return [launcher.pid for engine_set in getattr(self.cluster, "engines", {}).values()
-                for launcher in getattr(engine_set, "launchers", {}).values()
-                if (getattr(launcher, "pid", None) or -1) > 0]
+        return [
+            launcher.pid
+            for engine_set in getattr(self.cluster, "engines", {}).values()
+            for launcher in getattr(engine_set, "launchers", {}).values()
+            if (getattr(launcher, "pid", None) or -1) > 0
+        ]
 
     def processes(self) -> dict[str, Any]:
         """Pids so far: an owned cluster's ``controller`` (None when attached or not started),
         the engines its launchers started (``launched``), the registered ``engines``, and the
         holder of their private network (``netns``, None without one)."""
         pid = getattr(getattr(self.cluster, "controller", None), "pid", None)
-        return {"controller": pid if (pid or -1) > 0 else None, "launched": self._launched(),
-                "engines": [e.pid for e in self.engines],
-                "netns": self.namespace.pid if self.namespace is not None else None}
+        return {
+            "controller": pid if (pid or -1) > 0 else None,
+            "launched": self._launched(),
+            "engines": [e.pid for e in self.engines],
+            "netns": self.namespace.pid if self.namespace is not None else None,
+        }
 
     def _identify(self) -> None:
         ids = sorted(self.client.ids)[: self.n]
@@ -248,8 +273,9 @@ class EngineCluster(Liveness):
         try:
             found = self.client[ids].apply_async(_identify).get(timeout=60)
         except Exception as exc:  # a stopped engine stays registered until its heartbeat stops
-            raise ClusterError(f"the engines did not answer within 60 s ({type(exc).__name__}); is "
-                               f"one of them stopped or busy?") from exc
+            raise ClusterError(
+                f"the engines did not answer within 60 s ({type(exc).__name__}); is one of them stopped or busy?"
+            ) from exc
         self.engines = [EngineInfo(eid, *facts) for eid, facts in zip(ids, found)]
         if self.owned:
             self._pids_started |= {e.pid for e in self.engines}
@@ -301,8 +327,9 @@ class EngineCluster(Liveness):
 
     def restart(self) -> "EngineCluster":
         if not self.owned:
-            raise ClusterError("an attached cluster is not kdist's to restart; restart its engines "
-                               "(ipcluster) and run the cell again")
+            raise ClusterError(
+                "an attached cluster is not kdist's to restart; restart its engines (ipcluster) and run the cell again"
+            )
         self.stop()
         self.cluster_id = None
         return self.start()
@@ -351,8 +378,12 @@ class EngineCluster(Liveness):
     def status(self) -> dict[str, Any]:
         if not self.running:
             return {"engines": "not started"}
-        facts = {"engines": len(self.engines), "cluster": self.cluster_id or self.profile,
-                 "owned": self.owned, "hosts": ",".join(sorted({e.hostname for e in self.engines}))}
+        facts = {
+            "engines": len(self.engines),
+            "cluster": self.cluster_id or self.profile,
+            "owned": self.owned,
+            "hosts": ",".join(sorted({e.hostname for e in self.engines})),
+        }
         if self.namespace is not None:  # (its holder's pid and socket folder: cluster.namespace)
             facts["network"] = "private (a network of the engines' own, unreachable to other users)"
         return facts

@@ -54,8 +54,11 @@ class LauncherExits:
 
             threading.Thread(target=run, name="kdist-engine-exits", daemon=True).start()
             self.loop = box.get(timeout=10)
-        launchers = [launcher for engine_set in getattr(cluster, "engines", {}).values()
-                     for launcher in getattr(engine_set, "launchers", {}).values()]
+        launchers = [
+            launcher
+            for engine_set in getattr(cluster, "engines", {}).values()
+            for launcher in getattr(engine_set, "launchers", {}).values()
+        ]
         controller = getattr(cluster, "controller", None)
         done = {id(launcher) for launcher, _ in self.replaced}
         for launcher in ([controller] if controller is not None else []) + launchers:
@@ -64,8 +67,9 @@ class LauncherExits:
             try:
                 self.replaced.append((launcher, launcher.loop))
                 launcher.loop = self.loop
-                launcher.on_stop(lambda data, codes=self.codes:
-                                 codes.__setitem__(data.get("pid"), data.get("exit_code")))
+                launcher.on_stop(
+                    lambda data, codes=self.codes: codes.__setitem__(data.get("pid"), data.get("exit_code"))
+                )
             except Exception:
                 pass
 
@@ -129,7 +133,7 @@ def ipc_urls_as_read() -> None:
         info = {"engine": self.engine_info, "client": self.client_info}.get(kind) or self.internal_info
         interface = info["interface"]
         if interface.startswith("ipc://") and url.startswith(interface + "-"):
-            url = f"{interface}:{url[len(interface) + 1:]}"
+            url = f"{interface}:{url[len(interface) + 1 :]}"
         return url
 
     construct_url._kdist = True

@@ -16,8 +16,11 @@ def describe_exit(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        hint = {"SIGKILL": " (killed: out of memory, or kill -9)", "SIGSEGV": " (segmentation fault)",
-                "SIGABRT": " (aborted)"}.get(name, "")
+        hint = {
+            "SIGKILL": " (killed: out of memory, or kill -9)",
+            "SIGSEGV": " (segmentation fault)",
+            "SIGABRT": " (aborted)",
+        }.get(name, "")
         return f"was killed by {name}{hint}"
     return f"exited with status {code}"
 
@@ -41,8 +44,7 @@ def exiting(pid: int, proc: str = "/proc") -> bool:
         if flags & PF_EXITING:
             return True
         with open(f"{proc}/{pid}/status") as f:
-            return any(line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & kill_bit
-                       for line in f)
+            return any(line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & kill_bit for line in f)
     except (OSError, ValueError, IndexError):
         return False
 

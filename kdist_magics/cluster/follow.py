@@ -40,9 +40,16 @@ def quiet_tf_cpp(env) -> None:
         env.setdefault(name, value)
 
 
-def command(module: str, pid: int | None = None, started: float | None = None,
-            nice: int = 0, netns: int | None = None, preload: tuple[str, ...] = (),
-            threads: int = 0, ranks: int = 1) -> list[str]:
+def command(
+    module: str,
+    pid: int | None = None,
+    started: float | None = None,
+    nice: int = 0,
+    netns: int | None = None,
+    preload: tuple[str, ...] = (),
+    threads: int = 0,
+    ranks: int = 1,
+) -> list[str]:
     """The command line that runs ``python -m module`` following process ``pid`` (this one),
     ``nice`` added to its priority (the controller: it and its schedulers run beside the ranks),
     inside the namespaces of holder ``netns`` (:mod:`.namespace`) when given, importing
@@ -53,11 +60,17 @@ def command(module: str, pid: int | None = None, started: float | None = None,
         pid = os.getpid()
     if started is None:
         started = psutil.Process(pid).create_time()
-    return [sys.executable, "-m", "kdist_magics.cluster.follow", *(["--netns", str(netns)] if netns else []),
-            *(["--nice", str(nice)] if nice else []),
-            *(["--preload", ",".join(preload), "--threads", str(threads), "--ranks", str(ranks)]
-              if preload else []),
-            str(pid), repr(started), module]
+    return [
+        sys.executable,
+        "-m",
+        "kdist_magics.cluster.follow",
+        *(["--netns", str(netns)] if netns else []),
+        *(["--nice", str(nice)] if nice else []),
+        *(["--preload", ",".join(preload), "--threads", str(threads), "--ranks", str(ranks)] if preload else []),
+        str(pid),
+        repr(started),
+        module,
+    ]
 
 
 def preload(modules: list[str], threads: int, ranks: int = 1) -> str:
@@ -172,9 +185,21 @@ def main(argv: list[str]) -> None:
     group = lead_own_group()
     end_with(int(pid), float(started))
     # the guard: started before the module (and its heavy imports) runs, outside this group
-    subprocess.Popen([sys.executable, "-m", "kdist_magics.cluster.follow", "--guard", pid, started,
-                      str(os.getpid()), *(["--group"] if group else [])],
-                     stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kdist_magics.cluster.follow",
+            "--guard",
+            pid,
+            started,
+            str(os.getpid()),
+            *(["--group"] if group else []),
+        ],
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+        start_new_session=True,
+    )
     if module == "ipyparallel.controller":
         from .compat_ipyparallel import ipc_urls_as_read
 

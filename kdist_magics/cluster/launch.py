@@ -26,12 +26,12 @@ def start_failed(cluster, exc: Exception, where: str):
 
 
 def heartbeat_args() -> list[str]:
-    return [f"--HeartMonitor.period={HEARTBEAT_MS}",
-            f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
+    return [f"--HeartMonitor.period={HEARTBEAT_MS}", f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
 
 
-def config(controller_nice: int = 0, netns: int | None = None,
-           preload: tuple[str, ...] = (), threads: int = 0, ranks: int = 1):
+def config(
+    controller_nice: int = 0, netns: int | None = None, preload: tuple[str, ...] = (), threads: int = 0, ranks: int = 1
+):
     """Launcher configuration: an owned cluster's controller and engines start through
     :mod:`kdist_magics.cluster.follow`, so they (and their nannies and schedulers) end with this
     kernel from their first instant, even while they are still starting; the engines inside
@@ -42,8 +42,7 @@ def config(controller_nice: int = 0, netns: int | None = None,
     from .follow import command
 
     config = Config()
-    config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller",
-                                                            nice=controller_nice)
+    config.LocalControllerLauncher.controller_cmd = command("ipyparallel.controller", nice=controller_nice)
     engine = command("ipyparallel.engine", netns=netns, preload=preload, threads=threads, ranks=ranks)
     config.LocalEngineLauncher.engine_cmd = engine
     config.LocalEngineSetLauncher.engine_cmd = engine
@@ -58,8 +57,12 @@ def log_start(cluster) -> None:
         return
     import json
 
-    row = {"owned": cluster.owned, "n": cluster.n, "pid": os.getpid(),
-           "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]}
+    row = {
+        "owned": cluster.owned,
+        "n": cluster.n,
+        "pid": os.getpid(),
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
+    }
     try:
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")

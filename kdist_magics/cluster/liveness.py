@@ -79,8 +79,10 @@ class Liveness:
         url = registration_url(self.client)
         pid = listener(url) if url else None
         if pid == 0:
-            raise ClusterError(f"its controller is not running: nothing listens on {url}, the address in "
-                               f"its connection file; start the cluster again")
+            raise ClusterError(
+                f"its controller is not running: nothing listens on {url}, the address in "
+                f"its connection file; start the cluster again"
+            )
         try:
             return (pid, psutil.Process(pid).create_time()) if pid else None
         except psutil.Error:
@@ -167,8 +169,10 @@ class Liveness:
         if self.owned:
             return describe_exit(self.exit_status(engine))
         if not self._local(engine):  # frozen (no heartbeat), ended, or cut off: it cannot be told
-            return (f"on {engine.hostname} left the cluster (its controller unregistered it: it ended, "
-                    f"or stopped answering ipyparallel's heartbeat)")
+            return (
+                f"on {engine.hostname} left the cluster (its controller unregistered it: it ended, "
+                f"or stopped answering ipyparallel's heartbeat)"
+            )
         return f"has ended (pid {engine.pid}; kdist did not start it, so its exit status is not known here)"
 
     def controller_gone(self) -> str | None:
@@ -217,10 +221,12 @@ class Liveness:
                 self._ended_why[pid] = (
                     f"has been stopped ({how}) for {FROZEN_AFTER:.0f} s while its peers waited for "
                     f"it (kdist does not end engines it did not start: kill -CONT {pid}, or restart "
-                    f"the cluster's engines)")
+                    f"the cluster's engines)"
+                )
                 return
-            self._ended_why[pid] = (f"was stopped ({how}) for {FROZEN_AFTER:.0f} s while its peers "
-                                    f"waited for it; kdist ended it")
+            self._ended_why[pid] = (
+                f"was stopped ({how}) for {FROZEN_AFTER:.0f} s while its peers waited for it; kdist ended it"
+            )
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:

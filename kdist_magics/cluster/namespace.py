@@ -79,9 +79,11 @@ def unavailable() -> str | None:
         if not sys.platform.startswith("linux"):
             _probed["answer"] = "network namespaces are Linux's"
         else:
-            code = ("import sys; from kdist_magics.cluster.namespace import make_private\n"
-                    "try:\n    make_private()\n"
-                    "except OSError as e:\n    sys.exit(f'{e.strerror or e}')")
+            code = (
+                "import sys; from kdist_magics.cluster.namespace import make_private\n"
+                "try:\n    make_private()\n"
+                "except OSError as e:\n    sys.exit(f'{e.strerror or e}')"
+            )
             try:
                 out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
                 why = None if out.returncode == 0 else (out.stderr.strip().splitlines() or ["?"])[-1]
@@ -115,9 +117,20 @@ class Namespace:
 
         me = os.getpid()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "kdist_magics.cluster.namespace", str(me), repr(psutil.Process(me).create_time()),
-             self.control], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            close_fds=True, start_new_session=True)  # a kernel interrupt (SIGINT to its group) passes it by
+            [
+                sys.executable,
+                "-m",
+                "kdist_magics.cluster.namespace",
+                str(me),
+                repr(psutil.Process(me).create_time()),
+                self.control,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            close_fds=True,
+            start_new_session=True,
+        )  # a kernel interrupt (SIGINT to its group) passes it by
         deadline = time.monotonic() + START_WITHIN
         line = b""
         os.set_blocking(self.process.stdout.fileno(), False)

@@ -61,8 +61,9 @@ def engine_address(mode: str) -> str:
     try:
         target = ipaddress.ip_address(mode)
     except ValueError:
-        raise LookupError(f"KDist.worker_network {mode!r} is not an interface of "
-                          f"{socket.gethostname()}, a network or an address") from None
+        raise LookupError(
+            f"KDist.worker_network {mode!r} is not an interface of {socket.gethostname()}, a network or an address"
+        ) from None
     family = socket.AF_INET6 if target.version == 6 else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect((str(target), 9))  # UDP: picks the route, sends nothing
@@ -73,8 +74,7 @@ def _controller_side_address() -> str:
     """The local address of this engine's established TCP connections (to the controller)."""
     import psutil
 
-    conns = [c for c in net_connections(psutil.Process(), "tcp")
-             if c.status == psutil.CONN_ESTABLISHED and c.raddr]
+    conns = [c for c in net_connections(psutil.Process(), "tcp") if c.status == psutil.CONN_ESTABLISHED and c.raddr]
     controller = _controller_ip()
     towards = [c.laddr.ip for c in conns if controller and c.raddr.ip == controller]
     if towards:

@@ -26,7 +26,7 @@ TABLES = {socket.AF_INET: "/proc/net/tcp", socket.AF_INET6: "/proc/net/tcp6"}
 def _hex_address(host: str, port: int, family: int) -> str:
     """An address as ``/proc/net/tcp*`` writes it: host bytes in 32-bit little-endian words."""
     packed = socket.inet_pton(family, host)
-    words = [packed[i:i + 4][::-1] for i in range(0, len(packed), 4)]
+    words = [packed[i : i + 4][::-1] for i in range(0, len(packed), 4)]
     return "".join(w.hex().upper() for w in words) + f":{port:04X}"
 
 
@@ -129,8 +129,11 @@ def listener(url: str) -> int | None:
     except (psutil.Error, OSError):
         return None
     wildcard = ("0.0.0.0", "::", host)
-    found = [c for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == int(port)
-             and c.laddr.ip in wildcard]
+    found = [
+        c
+        for c in conns
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == int(port) and c.laddr.ip in wildcard
+    ]
     if not found:
         return 0
     return found[0].pid or None

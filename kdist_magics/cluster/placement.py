@@ -54,8 +54,9 @@ def visible_gpus(env, root: str = "/") -> list[str]:
     return [str(i) for i in sorted(int(m.group(1)) for m in found if m)]
 
 
-def gpu_env(gpus: list[str], local_rank: int, local_size: int, policy: str = "own",
-            host: str = "this host") -> dict[str, str]:
+def gpu_env(
+    gpus: list[str], local_rank: int, local_size: int, policy: str = "own", host: str = "this host"
+) -> dict[str, str]:
     """The environment that gives a rank its GPU (set before any framework starts).
 
     ``own``: rank ``local_rank`` sees only GPU ``gpus[local_rank]`` (so every framework's
@@ -73,9 +74,12 @@ def gpu_env(gpus: list[str], local_rank: int, local_size: int, policy: str = "ow
             f"{local_size} ranks on {host}, which has {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}: "
             f"kdist gives every rank a GPU of its own. Ask for --np {len(gpus)} per host, or share: "
             f"%config KDist.rank_gpus = 'shared' (each rank gets part of a GPU's memory) or 'all' "
-            f"(every rank sees every GPU)")
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's numbering = NVML's (the dashboard's)
-           "CUDA_VISIBLE_DEVICES": gpus[local_rank % len(gpus)]}
+            f"(every rank sees every GPU)"
+        )
+    env = {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's numbering = NVML's (the dashboard's)
+        "CUDA_VISIBLE_DEVICES": gpus[local_rank % len(gpus)],
+    }
     sharing = -(-local_size // len(gpus))  # ranks per GPU, rounded up
     if sharing > 1:
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.9 / sharing:.2f}"

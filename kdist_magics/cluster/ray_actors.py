@@ -81,8 +81,13 @@ def connect(options: RayOptions) -> bool:
     worker_log = logging.getLogger("ray._private.worker")
     worker_log.addFilter(_no_sigterm_warning)
     try:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False)
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            configure_logging=False,
+        )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         if "AuthToken" in f"{exc} {exc.__cause__}":
             raise ClusterError(ray_asks_token(address)) from None
@@ -145,8 +150,7 @@ def node_alive(node_id: str, wait: float = 2.0) -> bool:
     if node is None or not node.get("Alive"):
         return False
     try:
-        socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
-                                 timeout=wait).close()
+        socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=wait).close()
     except (OSError, KeyError, ValueError):
         return False
     return True
@@ -165,8 +169,11 @@ def reserve(n: int, share: dict[str, float], placement: str, timeout: float, nam
         remove_placement_group(group)
         if not isinstance(exc, ray.exceptions.GetTimeoutError):
             raise ClusterError(f"Ray could not make the placement group: {exc}") from None
-        raise ClusterError(ray_unplaceable(n, share, placement, timeout, ray.cluster_resources(),
-                                           ray.available_resources(), live_nodes())) from None
+        raise ClusterError(
+            ray_unplaceable(
+                n, share, placement, timeout, ray.cluster_resources(), ray.available_resources(), live_nodes()
+            )
+        ) from None
     return group
 
 
@@ -177,13 +184,18 @@ def hosts(group, n: int, share: dict[str, float], name: str) -> list:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     actor = ray.remote(EngineHost)
-    devices = {"num_gpus": share.get("GPU", 0)} | (
-        {"resources": {"TPU": share["TPU"]}} if "TPU" in share else {})
-    return [actor.options(num_cpus=share["CPU"], max_restarts=0, **devices,
-                          name=f"{name}-{i}", namespace=NAMESPACE,
-                          scheduling_strategy=PlacementGroupSchedulingStrategy(
-                              placement_group=group, placement_group_bundle_index=i)).remote()
-            for i in range(n)]
+    devices = {"num_gpus": share.get("GPU", 0)} | ({"resources": {"TPU": share["TPU"]}} if "TPU" in share else {})
+    return [
+        actor.options(
+            num_cpus=share["CPU"],
+            max_restarts=0,
+            **devices,
+            name=f"{name}-{i}",
+            namespace=NAMESPACE,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i),
+        ).remote()
+        for i in range(n)
+    ]
 
 
 def held(all_drivers: bool = False) -> dict[str, list[str]]:
@@ -194,10 +206,16 @@ def held(all_drivers: bool = False) -> dict[str, list[str]]:
     from ray.util.placement_group import placement_group_table
 
     mine = "kdist-" if all_drivers else f"kdist-{os.getpid()}-"
-    groups = [v.get("name", "") for v in placement_group_table().values()
-              if v.get("state") != "REMOVED" and (v.get("name") or "").startswith(mine)]
-    actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-              if a.get("namespace") == NAMESPACE and a["name"].startswith(mine)]
+    groups = [
+        v.get("name", "")
+        for v in placement_group_table().values()
+        if v.get("state") != "REMOVED" and (v.get("name") or "").startswith(mine)
+    ]
+    actors = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a.get("namespace") == NAMESPACE and a["name"].startswith(mine)
+    ]
     return {"placement groups": sorted(groups), "actors": sorted(actors)}
 
 
@@ -243,10 +261,13 @@ class EngineHost:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kdist_magics.cluster.ray_actors", "engine", *args],
-                env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-        return {"pid": self.proc.pid, "host": socket.gethostname(),
-                "node": ray.get_runtime_context().get_node_id()}
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        return {"pid": self.proc.pid, "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id()}
 
     def poll(self) -> int | None:
         return self.proc.poll() if self.proc is not None else None

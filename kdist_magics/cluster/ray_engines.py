@@ -27,8 +27,7 @@ from . import launch
 from .cluster import EngineCluster
 from .lifetime import process_tree
 from ..errors import ClusterError
-from ..messages import (ray_actor_ended, ray_engine_ended, ray_node_died,
-                        ray_placing)
+from ..messages import ray_actor_ended, ray_engine_ended, ray_node_died, ray_placing
 
 
 #: each engine's command, as the actor runs it (``python``: the node's own)
@@ -40,8 +39,9 @@ class RayEngines(EngineLauncher):
 
     entrypoint_name = "ray"
     address = Unicode("", config=True, help="the Ray cluster ('' : RAY_ADDRESS, else this machine's)")
-    placement = CaselessStrEnum(ray_actors.PLACEMENTS, "spread", config=True,
-                                help="spread the ranks over Ray's nodes, or pack them on few")
+    placement = CaselessStrEnum(
+        ray_actors.PLACEMENTS, "spread", config=True, help="spread the ranks over Ray's nodes, or pack them on few"
+    )
     ready_timeout = Float(60.0, config=True, help="seconds Ray may take to place every rank")
     #: how kdist says what it does (the run's ``say``; None: silent, as under ipcluster)
     news = Any(None)
@@ -65,16 +65,25 @@ class RayEngines(EngineLauncher):
         self.joined = ray_actors.connect(options)
         share = ray_actors.bundle(n)
         if self.news is not None:
-            self.news(ray_placing(n, options.where(), ray_actors.live_nodes(),
-                                  ray.cluster_resources().get("CPU", 0), share, self.placement))
+            self.news(
+                ray_placing(
+                    n,
+                    options.where(),
+                    ray_actors.live_nodes(),
+                    ray.cluster_resources().get("CPU", 0),
+                    share,
+                    self.placement,
+                )
+            )
         try:
             name = ray_actors.new_name()
             self.group = ray_actors.reserve(n, share, self.placement, self.ready_timeout, name)
             self.actors = ray_actors.hosts(self.group, n, share, name)
-            env, args = self.get_env(), self.find_args()[len(ENGINE):]
-            self.placed = ray.get([actor.start.remote(args, env, f"kdist-{self.cluster_id}-{i}")
-                                   for i, actor in enumerate(self.actors)],
-                                  timeout=self.ready_timeout)
+            env, args = self.get_env(), self.find_args()[len(ENGINE) :]
+            self.placed = ray.get(
+                [actor.start.remote(args, env, f"kdist-{self.cluster_id}-{i}") for i, actor in enumerate(self.actors)],
+                timeout=self.ready_timeout,
+            )
         except BaseException:
             self._release()
             raise
@@ -110,9 +119,11 @@ class RayEngines(EngineLauncher):
             except ray.exceptions.GetTimeoutError:
                 continue  # busy, not gone
             except Exception as exc:  # RayActorError, ActorUnavailableError: its node too?
-                out[rank] = (ray_actor_ended(where["host"], type(exc).__name__)
-                             if ray_actors.node_alive(where["node"])
-                             else ray_node_died(where["node"], where["host"]))
+                out[rank] = (
+                    ray_actor_ended(where["host"], type(exc).__name__)
+                    if ray_actors.node_alive(where["node"])
+                    else ray_node_died(where["node"], where["host"])
+                )
                 continue
             if code is not None:
                 out[rank] = ray_engine_ended(where["host"], code)
@@ -122,8 +133,9 @@ class RayEngines(EngineLauncher):
 class RayCluster(EngineCluster):
     """An owned :class:`~.cluster.EngineCluster` whose engines Ray places (see module doc)."""
 
-    def __init__(self, n: int, options: ray_actors.RayOptions, ip: str,
-                 start_timeout: float = 120.0, controller_nice: int = 0):
+    def __init__(
+        self, n: int, options: ray_actors.RayOptions, ip: str, start_timeout: float = 120.0, controller_nice: int = 0
+    ):
         super().__init__(n, ip=ip, start_timeout=start_timeout, controller_nice=controller_nice)
         self.options = options
         self.news = None
@@ -144,9 +156,16 @@ class RayCluster(EngineCluster):
         config = launch.config(self.controller_nice)
         config.RayEngines.address = self.options.address or ""
         config.RayEngines.placement = self.options.placement
-        self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
-                                   controller_args=launch.heartbeat_args(), log_level=40,
-                                   shutdown_atexit=True, engines=RayEngines, config=config)
+        self.cluster = ipp.Cluster(
+            n=self.n,
+            cluster_id=self.cluster_id,
+            controller_ip=self.ip,
+            controller_args=launch.heartbeat_args(),
+            log_level=40,
+            shutdown_atexit=True,
+            engines=RayEngines,
+            config=config,
+        )
         self.cluster.start_controller_sync()
         self._exits.attach(self.cluster)
         self._pids_started |= set(self._process_tree_pids())
@@ -167,8 +186,7 @@ class RayCluster(EngineCluster):
     def dead(self, settle: bool = False) -> dict[int, str]:
         launcher = self._launcher()
         if launcher is not None and launcher.actors:
-            by_pid = {p["pid"]: words for rank, words in launcher.lost().items()
-                      for p in [launcher.placed[rank]]}
+            by_pid = {p["pid"]: words for rank, words in launcher.lost().items() for p in [launcher.placed[rank]]}
             named = {e.engine_id: by_pid[e.pid] for e in self.engines if e.pid in by_pid}
             if named:
                 return named
@@ -211,14 +229,15 @@ class RayCluster(EngineCluster):
         launcher = self._launcher()
         if launcher is not None and launcher.placed:
             nodes = sorted({p["node"][:12] for p in launcher.placed})
-            facts["ray"] = (f"{self.options.where()}, {self.options.placement}, "
-                            f"node{'s' if len(nodes) != 1 else ''} {', '.join(nodes)}")
+            facts["ray"] = (
+                f"{self.options.where()}, {self.options.placement}, "
+                f"node{'s' if len(nodes) != 1 else ''} {', '.join(nodes)}"
+            )
         return facts
 
 
 def submit(n: int, ctx, news) -> RayCluster:
     """The run's Ray cluster, not yet started (``news``: how kdist tells what it does)."""
-    cluster = RayCluster(n, ctx.spec.ray, ip=ctx.options.bind_address,
-                         controller_nice=ctx.options.helper_nice)
+    cluster = RayCluster(n, ctx.spec.ray, ip=ctx.options.bind_address, controller_nice=ctx.options.helper_nice)
     cluster.news = news
     return cluster

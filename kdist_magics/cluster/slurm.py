@@ -17,8 +17,19 @@ from dataclasses import dataclass
 COMMAND_TIMEOUT = 30.0  # seconds any Slurm command may take
 #: job states in which Slurm has started nothing yet, and in which it has ended the job
 WAITING = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SUSPENDED")
-ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT")
+ENDED = (
+    "CANCELLED",
+    "COMPLETED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+    "REVOKED",
+    "SPECIAL_EXIT",
+)
 
 
 @dataclass(frozen=True)
@@ -33,8 +44,16 @@ class SlurmOptions:
     extra: tuple[str, ...] = ()
 
     def args(self) -> list[str]:
-        named = [f"--{k}={v}" for k, v in (("partition", self.partition), ("time", self.time),
-                                           ("account", self.account), ("gres", self.gres)) if v]
+        named = [
+            f"--{k}={v}"
+            for k, v in (
+                ("partition", self.partition),
+                ("time", self.time),
+                ("account", self.account),
+                ("gres", self.gres),
+            )
+            if v
+        ]
         return named + list(self.extra)
 
     @classmethod
@@ -42,8 +61,7 @@ class SlurmOptions:
         words = (sbatch or "").strip()
         if len(words) > 1 and words[0] == words[-1] and words[0] in "'\"":
             words = words[1:-1]  # IPython's magic arguments keep a quoted value's quotes
-        return cls(partition or None, time or None, account or None, gres or None,
-                   tuple(shlex.split(words)))
+        return cls(partition or None, time or None, account or None, gres or None, tuple(shlex.split(words)))
 
 
 @dataclass(frozen=True)
@@ -72,8 +90,9 @@ def run(argv: list[str]) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
     except subprocess.TimeoutExpired as exc:
-        raise OSError(f"`{' '.join(argv[:2])}` did not answer within {COMMAND_TIMEOUT:g} s "
-                      f"(is slurmctld running?)") from exc
+        raise OSError(
+            f"`{' '.join(argv[:2])}` did not answer within {COMMAND_TIMEOUT:g} s (is slurmctld running?)"
+        ) from exc
 
 
 def refusal(stderr: str) -> str:
@@ -140,10 +159,13 @@ def start_guard(job: str) -> subprocess.Popen:
     import psutil
 
     me = psutil.Process(os.getpid())
-    return subprocess.Popen([sys.executable, "-m", "kdist_magics.cluster.slurm", "guard", str(me.pid),
-                             repr(me.create_time()), str(job)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kdist_magics.cluster.slurm", "guard", str(me.pid), repr(me.create_time()), str(job)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def engine(args: list[str]) -> None:

@@ -29,8 +29,18 @@ from . import launch
 from .cluster import EngineCluster
 from .lifetime import process_tree
 from ..errors import ClusterError
-from ..messages import (SLURM_STEP_CANCELLED, phase_engines, phase_queue, slurm_ended, slurm_ended_early,
-                       slurm_gave_up, slurm_interrupted, slurm_loopback, slurm_queued, slurm_refused)
+from ..messages import (
+    SLURM_STEP_CANCELLED,
+    phase_engines,
+    phase_queue,
+    slurm_ended,
+    slurm_ended_early,
+    slurm_gave_up,
+    slurm_interrupted,
+    slurm_loopback,
+    slurm_queued,
+    slurm_refused,
+)
 
 #: the engines' batch script (ipyparallel fills in the braces); TensorFlow's C++ INFO lines off
 #: unless the kernel's environment sets them (as for local engines: cluster/follow.py)
@@ -67,8 +77,9 @@ class SlurmEngines(SlurmEngineSetLauncher):
         return ["sbatch", *self.sbatch_args, self.batch_file]
 
     def _run_command(self, command, **kwargs):
-        done = subprocess.run(command, capture_output=True, text=True, env=kwargs.get("env"),
-                              timeout=slurm.COMMAND_TIMEOUT)
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=kwargs.get("env"), timeout=slurm.COMMAND_TIMEOUT
+        )
         if done.returncode != 0 and command[0] == "sbatch":
             raise ClusterError(slurm_refused(slurm.refusal(done.stderr)))
         return done.stdout
@@ -82,8 +93,15 @@ class SlurmCluster(EngineCluster):
 
     loopback = False  # the ranks are on the job's nodes
 
-    def __init__(self, n: int, options: slurm.SlurmOptions, ip: str, start_timeout: float = 120.0,
-                 queue_timeout: float | None = None, controller_nice: int = 0):
+    def __init__(
+        self,
+        n: int,
+        options: slurm.SlurmOptions,
+        ip: str,
+        start_timeout: float = 120.0,
+        queue_timeout: float | None = None,
+        controller_nice: int = 0,
+    ):
         super().__init__(n, ip=ip, start_timeout=start_timeout, controller_nice=controller_nice)
         self.options = options
         self.queue_timeout = queue_timeout
@@ -106,10 +124,16 @@ class SlurmCluster(EngineCluster):
         import ipyparallel as ipp
 
         self.cluster_id = self.cluster_id or f"kdist-{uuid.uuid4().hex[:10]}"
-        self.cluster = ipp.Cluster(n=self.n, cluster_id=self.cluster_id, controller_ip=self.ip,
-                                   controller_args=launch.heartbeat_args(), log_level=40,
-                                   shutdown_atexit=True, engines=SlurmEngines,
-                                   config=launch.config(self.controller_nice))
+        self.cluster = ipp.Cluster(
+            n=self.n,
+            cluster_id=self.cluster_id,
+            controller_ip=self.ip,
+            controller_args=launch.heartbeat_args(),
+            log_level=40,
+            shutdown_atexit=True,
+            engines=SlurmEngines,
+            config=launch.config(self.controller_nice),
+        )
         self.cluster.start_controller_sync()
         self._exits.attach(self.cluster)
         self._pids_started |= set(self._process_tree_pids())
@@ -146,8 +170,7 @@ class SlurmCluster(EngineCluster):
             state = self.job_state = slurm.job_state(self.job)
             waited = time.monotonic() - self.submitted
             if state is None or state.ended:
-                raise ClusterError(slurm_ended_early(self.job, slurm_ended(state and state.state),
-                                                     self._output()))
+                raise ClusterError(slurm_ended_early(self.job, slurm_ended(state and state.state), self._output()))
             if not state.waiting:
                 if queued and self.on_phase is not None:  # the queue phase ends: engines start
                     self.on_phase(phase_engines(self.n))
@@ -224,8 +247,10 @@ class SlurmCluster(EngineCluster):
         return same_machine(engine)
 
     def _gone_words(self, engine) -> str:
-        return (f"on {engine.hostname} left the cluster (its controller unregistered it: it ended, "
-                f"or stopped answering ipyparallel's heartbeat; Slurm job {self.job})")
+        return (
+            f"on {engine.hostname} left the cluster (its controller unregistered it: it ended, "
+            f"or stopped answering ipyparallel's heartbeat; Slurm job {self.job})"
+        )
 
     def _process_tree_pids(self) -> list[int]:
         """The controller's processes only: the engines run on the job's nodes."""
@@ -264,7 +289,8 @@ def submit(n: int, ctx, news) -> SlurmCluster:
 
     address = ctx.options.bind_address
     news(slurm_submitting(n, address))
-    cluster = SlurmCluster(n, ctx.spec.slurm, ip=address, queue_timeout=ctx.spec.timeout,
-                           controller_nice=ctx.options.helper_nice)
+    cluster = SlurmCluster(
+        n, ctx.spec.slurm, ip=address, queue_timeout=ctx.spec.timeout, controller_nice=ctx.options.helper_nice
+    )
     cluster.news = news
     return cluster

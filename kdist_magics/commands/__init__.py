@@ -18,7 +18,6 @@ def dispatch(magics, line: str):
     """Run ``%kdist <command> <rest>`` for the :class:`~kdist_magics.magics.KDist` magics."""
     words = line.split()
     if not words or words[0] not in LINE_COMMANDS:
-        raise UsageError(f"%kdist takes one of: {', '.join(LINE_COMMANDS)} "
-                         f"(to run a cell distributed, use %%kdist)")
-    command, rest = words[0], line.strip()[len(words[0]):].strip()  # quoting kept (run)
+        raise UsageError(f"%kdist takes one of: {', '.join(LINE_COMMANDS)} (to run a cell distributed, use %%kdist)")
+    command, rest = words[0], line.strip()[len(words[0]) :].strip()  # quoting kept (run)
     return import_module(f".{command}", __name__).run(magics, rest)

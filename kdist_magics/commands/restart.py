@@ -8,5 +8,4 @@ from ..messages import say
 def run(magics, rest: str) -> None:
     names = list(magics._strategies)
     magics.close()
-    say(f"restarted ({', '.join(names) or 'nothing was running'}); "
-        "engines start again with the next cell")
+    say(f"restarted ({', '.join(names) or 'nothing was running'}); engines start again with the next cell")

@@ -15,11 +15,19 @@ def run(magics, rest: str) -> None:
     last = magics.last_record
     lines.append(f"  last run: {last.summary() if last else 'none'}")
     if not magics.same_user_only:
-        lines.append("  isolation: off (KDist.same_user_only = False): kdist's rendezvous and "
-                     "abort line accept any local user's connections")
+        lines.append(
+            "  isolation: off (KDist.same_user_only = False): kdist's rendezvous and "
+            "abort line accept any local user's connections"
+        )
     why = namespace.unavailable() if magics.private_network else None
-    lines.append("  private network: " + (
-        f"not here ({why}): the engines share this host's loopback" if why else
-        "on: a cluster kdist starts gets a network of its own" if magics.private_network else
-        "off (KDist.private_network = False): the engines share this host's loopback"))
+    lines.append(
+        "  private network: "
+        + (
+            f"not here ({why}): the engines share this host's loopback"
+            if why
+            else "on: a cluster kdist starts gets a network of its own"
+            if magics.private_network
+            else "off (KDist.private_network = False): the engines share this host's loopback"
+        )
+    )
     print("\n".join(lines))

@@ -27,11 +27,33 @@ from __future__ import annotations
 import importlib
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
-    "cross_size", "cross_rank", "DistributedOptimizer", "PartialDistributedOptimizer", "allreduce", "allgather", "broadcast",
-    "reducescatter", "broadcast_variables", "broadcast_global_variables", "load_model",
-    "Compression", "Average", "Sum", "Adasum", "callbacks", "install", "uninstall",
-    "is_installed", "keras3_active",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "size",
+    "rank",
+    "local_size",
+    "local_rank",
+    "cross_size",
+    "cross_rank",
+    "DistributedOptimizer",
+    "PartialDistributedOptimizer",
+    "allreduce",
+    "allgather",
+    "broadcast",
+    "reducescatter",
+    "broadcast_variables",
+    "broadcast_global_variables",
+    "load_model",
+    "Compression",
+    "Average",
+    "Sum",
+    "Adasum",
+    "callbacks",
+    "install",
+    "uninstall",
+    "is_installed",
+    "keras3_active",
 ]
 
 
@@ -56,9 +78,11 @@ def init(comm=None, process_sets=None):
             # Horovod would re-initialise; on a running job that is never what a cell wants.
             import warnings
 
-            warnings.warn("hvd.init(process_sets=...) ignored: Horovod is already initialised; "
-                          "use hvd.add_process_set(...) (needs process_sets='dynamic' at start)",
-                          stacklevel=2)
+            warnings.warn(
+                "hvd.init(process_sets=...) ignored: Horovod is already initialised; "
+                "use hvd.add_process_set(...) (needs process_sets='dynamic' at start)",
+                stacklevel=2,
+            )
         return
     hvd_tf.init(comm=comm, process_sets=process_sets)
 
@@ -97,11 +121,32 @@ def cross_rank():
 
 # Names that come straight from horovod.tensorflow, resolved on first access.
 _FORWARDED = {
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
-    "add_process_set", "remove_process_set", "start_timeline", "stop_timeline",
-    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "is_homogeneous",
-    "join", "allgather_object", "broadcast_object",
+    "Average",
+    "Sum",
+    "Adasum",
+    "Min",
+    "Max",
+    "Product",
+    "ProcessSet",
+    "global_process_set",
+    "add_process_set",
+    "remove_process_set",
+    "start_timeline",
+    "stop_timeline",
+    "mpi_threads_supported",
+    "mpi_enabled",
+    "mpi_built",
+    "gloo_enabled",
+    "gloo_built",
+    "nccl_built",
+    "ddl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "is_homogeneous",
+    "join",
+    "allgather_object",
+    "broadcast_object",
 }
 _SUBMODULES = {"callbacks", "elastic"}
 
@@ -122,11 +167,22 @@ def __dir__():
 
 # ----------------------------------------------------------------------------------------
 # The optimizer
-def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
-                         compression=Compression.none, sparse_as_dense=False,
-                         gradient_predivide_factor=1.0, op=None, backward_passes_per_step=1,
-                         average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=None, scale_local_gradients=True):
+def DistributedOptimizer(
+    optimizer,
+    name=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=None,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=None,
+    scale_local_gradients=True,
+):
     """Wrap a Keras 3 optimizer so that gradients are allreduced across ranks before the update.
 
     Same arguments and meaning as ``horovod.tensorflow.keras.DistributedOptimizer``
@@ -143,20 +199,39 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     from ._optimizer import create_distributed_optimizer
 
     return create_distributed_optimizer(
-        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
-        compression=compression, sparse_as_dense=sparse_as_dense,
-        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        optimizer,
+        name=name,
+        device_dense=device_dense,
+        device_sparse=device_sparse,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
         backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
-        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+        average_aggregated_gradients=average_aggregated_gradients,
+        num_groups=num_groups,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
 
 
-def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
-                                compression=Compression.none, sparse_as_dense=False,
-                                gradient_predivide_factor=1.0, op=None,
-                                backward_passes_per_step=1, average_aggregated_gradients=False,
-                                groups=None, process_set=None, local_layers=None,
-                                scale_local_gradients=True):
+def PartialDistributedOptimizer(
+    optimizer,
+    name=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=None,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    groups=None,
+    process_set=None,
+    local_layers=None,
+    scale_local_gradients=True,
+):
     """``DistributedOptimizer`` whose ``local_layers`` keep their gradients to themselves.
 
     Horovod's ``horovod.keras.PartialDistributedOptimizer``: the trainable weights of
@@ -175,12 +250,20 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sp
     elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
         raise ValueError("All local layers must be of keras.layers.Layer type.")
     opt = DistributedOptimizer(
-        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
-        compression=compression, sparse_as_dense=sparse_as_dense,
-        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        optimizer,
+        name=name,
+        device_dense=device_dense,
+        device_sparse=device_sparse,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
         backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
     for layer in local_layers:
         for var in layer.trainable_weights:
             opt.register_local_var(var)
@@ -189,14 +272,20 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sp
 
 # ----------------------------------------------------------------------------------------
 # Collectives on tensor-compatible values (eager), as in Horovod's Keras API
-def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
-              op=None, compression=Compression.none):
+def allreduce(
+    value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None, compression=Compression.none
+):
     """Allreduce a tensor-compatible value (Average unless ``op`` says otherwise)."""
     import tensorflow as tf
 
-    return _hvd().allreduce(tf.convert_to_tensor(value, name=name), average=average,
-                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                            op=op, compression=compression)
+    return _hvd().allreduce(
+        tf.convert_to_tensor(value, name=name),
+        average=average,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        op=op,
+        compression=compression,
+    )
 
 
 def allgather(value, name=None):
@@ -218,8 +307,7 @@ def reducescatter(value, name=None, op=None):
     import tensorflow as tf
 
     hvd_tf = _hvd()
-    return hvd_tf.reducescatter(tf.convert_to_tensor(value, name=name),
-                                op=hvd_tf.Average if op is None else op)
+    return hvd_tf.reducescatter(tf.convert_to_tensor(value, name=name), op=hvd_tf.Average if op is None else op)
 
 
 def broadcast_variables(variables, root_rank, process_set=None):
@@ -230,8 +318,7 @@ def broadcast_variables(variables, root_rank, process_set=None):
     tf_vars = [tf_variable(v) for v in variables]
     if not tf_vars:
         return None
-    return hvd_tf.broadcast_variables(tf_vars, root_rank,
-                                      process_set=process_set or hvd_tf.global_process_set)
+    return hvd_tf.broadcast_variables(tf_vars, root_rank, process_set=process_set or hvd_tf.global_process_set)
 
 
 def broadcast_global_variables(root_rank):
@@ -243,8 +330,7 @@ def broadcast_global_variables(root_rank):
     )
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none, legacy_opts=False):
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, legacy_opts=False):
     """Load a ``.keras`` model and wrap its optimizer in ``DistributedOptimizer``.
 
     The optimizer's saved state (iterations, moments) is restored into the wrapped
@@ -252,10 +338,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     named; pass your own classes in ``custom_optimizers``.
     """
     if legacy_opts:
-        raise ValueError("legacy_opts=True: Keras 3 has no legacy optimizers "
-                         "(tf.keras.optimizers.legacy is a tf_keras / Keras 2 feature)")
+        raise ValueError(
+            "legacy_opts=True: Keras 3 has no legacy optimizers "
+            "(tf.keras.optimizers.legacy is a tf_keras / Keras 2 feature)"
+        )
     from ._optimizer import load_model as _load
 
     return _load(filepath, custom_optimizers, custom_objects, compression)
-
-

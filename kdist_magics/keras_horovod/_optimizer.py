@@ -17,7 +17,8 @@ def _check_backend():
     if keras.backend.backend() != "tensorflow":
         raise RuntimeError(
             "the Keras 3 Horovod binding needs Keras' TensorFlow backend "
-            f"(KERAS_BACKEND=tensorflow); the active backend is {keras.backend.backend()!r}")
+            f"(KERAS_BACKEND=tensorflow); the active backend is {keras.backend.backend()!r}"
+        )
 
 
 def collective_timing(optimizer) -> tuple[float, int] | None:
@@ -110,10 +111,22 @@ def _aggregate(opt, base_apply, grads, variables, trainable_variables) -> None:
     tf.cond(tf.equal(state.counter, k), allreduce_and_apply, count_only)
 
 
-def _settings(name, base_cls, device_dense='', device_sparse='', compression=None,
-              sparse_as_dense=False, gradient_predivide_factor=1.0, op=None,
-              backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
-              groups=None, process_set=None, scale_local_gradients=True):
+def _settings(
+    name,
+    base_cls,
+    device_dense="",
+    device_sparse="",
+    compression=None,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=None,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=None,
+    scale_local_gradients=True,
+):
     from ._compression import Compression
 
     op = hvd_tf.Average if op is None else op
@@ -126,24 +139,30 @@ def _settings(name, base_cls, device_dense='', device_sparse='', compression=Non
     if int(backward_passes_per_step) < 1:
         raise ValueError("backward_passes_per_step must be > 0")
     if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` "
-                      "and will be removed in v0.23.0.", DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         if groups is None:
             groups = num_groups
     if groups is not None:
-        if isinstance(groups, bool) or not (isinstance(groups, list) or
-                                            (isinstance(groups, int) and groups > 0)):
-            raise ValueError("groups should be a non-negative integer or "
-                             "a list of list of tf.Variable.")
+        if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+            raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
     return _Settings(
-        name=name or f"Distributed{base_cls.__name__}", device_dense=device_dense,
+        name=name or f"Distributed{base_cls.__name__}",
+        device_dense=device_dense,
         device_sparse=device_sparse,
         compression=Compression.none if compression is None else compression,
-        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor,
-        op=op, backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups,
         process_set=hvd_tf.global_process_set if process_set is None else process_set,
-        scale_local_gradients=scale_local_gradients)
+        scale_local_gradients=scale_local_gradients,
+    )
 
 
 def create_distributed_optimizer(optimizer, name=None, **kwargs):
@@ -155,11 +174,13 @@ def create_distributed_optimizer(optimizer, name=None, **kwargs):
             "DistributedOptimizer expects a Keras 3 optimizer (keras.optimizers.*), got "
             f"{type(optimizer).__module__}.{type(optimizer).__name__}. tf.compat.v1 optimizers "
             "belong to horovod.tensorflow.DistributedOptimizer; tf_keras optimizers to "
-            "Horovod's own horovod.tensorflow.keras (with TF_USE_LEGACY_KERAS=1).")
+            "Horovod's own horovod.tensorflow.keras (with TF_USE_LEGACY_KERAS=1)."
+        )
     if hasattr(type(optimizer), "_kdist_hvd_settings"):
         raise ValueError("this optimizer is already a DistributedOptimizer")
-    if (keras.config.dtype_policy().name == "mixed_float16"
-            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+    if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ):
         # compile() would wrap us in a LossScaleOptimizer, which checks for inf/nan *before*
         # our allreduce: one rank could skip the step (and the collective) while the other
         # waits in it. Loss-scale first, allreduce outermost: every rank sees the same

@@ -45,9 +45,21 @@ def _split(items, n):
 class _Settings:
     """What DistributedOptimizer was asked for (plain object: Keras does not track it)."""
 
-    def __init__(self, name, device_dense, device_sparse, compression, sparse_as_dense,
-                 gradient_predivide_factor, op, backward_passes_per_step,
-                 average_aggregated_gradients, groups, process_set, scale_local_gradients):
+    def __init__(
+        self,
+        name,
+        device_dense,
+        device_sparse,
+        compression,
+        sparse_as_dense,
+        gradient_predivide_factor,
+        op,
+        backward_passes_per_step,
+        average_aggregated_gradients,
+        groups,
+        process_set,
+        scale_local_gradients,
+    ):
         self.name = name
         self.device_dense = device_dense
         self.device_sparse = device_sparse
@@ -68,8 +80,8 @@ class _State:
 
     def __init__(self, settings: _Settings):
         self.s = settings
-        self.local = []          # registered worker-local tf.Variables
-        self.counter = None      # tf.Variable int32, backward passes since the last allreduce
+        self.local = []  # registered worker-local tf.Variables
+        self.counter = None  # tf.Variable int32, backward passes since the last allreduce
         self.accumulators = None  # list of tf.Variable or None (for None gradients)
         #: the allreduce timed where it runs: its seconds summed, and how many (tf.Variables,
         #: made by the first traced step; read by kdist's telemetry: :func:`collective_timing`)
@@ -89,10 +101,8 @@ class _State:
         ps = s.process_set
         grads = list(grads)
         if s.sparse_as_dense:
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                     for g in grads]
-        todo = [i for i, (g, v) in enumerate(zip(grads, variables))
-                if g is not None and not self.is_local(v)]
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        todo = [i for i, (g, v) in enumerate(zip(grads, variables)) if g is not None and not self.is_local(v)]
         out = list(grads)
         # elastic: the world size changes between resets, so it is read when the step runs
         if todo and ps.included() and (elastic() or ps.size() > 1):
@@ -110,9 +120,15 @@ class _State:
                     with tf.control_dependencies([began]):
                         given = [_after(grads[i]) for i in chunk]
                     reduced = hvd_tf.grouped_allreduce(
-                        given, device_dense=s.device_dense,
-                        device_sparse=s.device_sparse, compression=s.compression, op=s.op,
-                        prescale_factor=pre, postscale_factor=post, process_set=ps)
+                        given,
+                        device_dense=s.device_dense,
+                        device_sparse=s.device_sparse,
+                        compression=s.compression,
+                        op=s.op,
+                        prescale_factor=pre,
+                        postscale_factor=post,
+                        process_set=ps,
+                    )
                     for i, r in zip(chunk, reduced):
                         out[i] = r
                 with tf.control_dependencies(_tensors([out[i] for i in todo])):
@@ -155,10 +171,8 @@ class _State:
     def ensure_timer(self):
         if self.collective_s is None:
             with tf.init_scope():  # eager variables even when first called while tracing
-                self.collective_s = tf.Variable(0.0, dtype=tf.float64, trainable=False,
-                                                name="hvd_collective_seconds")
-                self.collectives = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                               name="hvd_collectives")
+                self.collective_s = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_collective_seconds")
+                self.collectives = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_collectives")
 
     # -- local gradient aggregation (backward_passes_per_step > 1) ---------------------
     def ensure_accumulators(self, grads, variables):
@@ -166,27 +180,29 @@ class _State:
             if len(self.accumulators) != len(variables):
                 raise ValueError(
                     "DistributedOptimizer(backward_passes_per_step>1) was applied to a different "
-                    f"number of variables ({len(variables)}) than before ({len(self.accumulators)})")
+                    f"number of variables ({len(variables)}) than before ({len(self.accumulators)})"
+                )
             return
         with tf.init_scope():  # eager variables even when first called while tracing
-            self.counter = tf.Variable(0, dtype=tf.int32, trainable=False,
-                                       name="hvd_aggregation_counter")
+            self.counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="hvd_aggregation_counter")
             accs = []
             for g, v in zip(grads, variables):
                 if g is None:
                     accs.append(None)
                     continue
                 tv = tf_variable(v)
-                accs.append(tf.Variable(tf.zeros(tv.shape, dtype=tv.dtype), trainable=False,
-                                        name="hvd_aggregated_gradient"))
+                accs.append(
+                    tf.Variable(tf.zeros(tv.shape, dtype=tv.dtype), trainable=False, name="hvd_aggregated_gradient")
+                )
             self.accumulators = accs
 
     def dense(self, g):
         if isinstance(g, tf.IndexedSlices):
             if self.s.sparse_as_dense:
                 return tf.convert_to_tensor(g)
-            raise ValueError("IndexedSlices are not supported when `backward_passes_per_step` > 1 "
-                             "and `sparse_as_dense` is False.")
+            raise ValueError(
+                "IndexedSlices are not supported when `backward_passes_per_step` > 1 and `sparse_as_dense` is False."
+            )
         return g
 
 

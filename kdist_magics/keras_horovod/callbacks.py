@@ -10,8 +10,13 @@ import horovod.tensorflow as hvd_tf
 
 from ._state import tf_variable
 
-__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "MetricAverageCallback",
+    "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback",
+    "BestModelCheckpoint",
+]
 
 
 def _is_seed_state(v):
@@ -28,7 +33,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     point is broadcast after its first batch, as in Horovod.
     """
 
-    def __init__(self, root_rank, device='', local_variables=None):
+    def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
@@ -55,9 +60,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             opt.build(model.trainable_variables)
         # Random-seed states (Dropout's SeedGenerator) stay per rank, so ranks keep drawing
         # different dropout masks as they did under Keras 2, which had no such variables.
-        model_vars = [v for v in model.variables
-                      if tf_variable(v).ref() not in self._local_vars
-                      and not _is_seed_state(v)]
+        model_vars = [
+            v for v in model.variables if tf_variable(v).ref() not in self._local_vars and not _is_seed_state(v)
+        ]
         opt_vars = list(opt.variables) if opt is not None else []
         return model_vars, opt_vars
 
@@ -73,8 +78,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         with tf.device(self.device):
             for group in (model_vars, opt_vars):
                 if group:
-                    hvd_tf.broadcast_variables([tf_variable(v) for v in group],
-                                               root_rank=self.root_rank)
+                    hvd_tf.broadcast_variables([tf_variable(v) for v in group], root_rank=self.root_rank)
         self.broadcast_done = True
         return True
 
@@ -93,7 +97,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
     Put it before callbacks that read metrics (ReduceLROnPlateau, EarlyStopping, ...).
     """
 
-    def __init__(self, device=''):
+    def __init__(self, device=""):
         super().__init__()
         self.device = device
 
@@ -103,8 +107,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         names = sorted(logs)  # the same order on every rank
         values = [np.asarray(logs[n], dtype=np.float64) for n in names]
         with tf.device(self.device):
-            reduced = hvd_tf.grouped_allreduce([tf.constant(v) for v in values],
-                                               op=hvd_tf.Average)
+            reduced = hvd_tf.grouped_allreduce([tf.constant(v) for v in values], op=hvd_tf.Average)
         for name, value in zip(names, reduced):
             value = value.numpy()
             logs[name] = float(value) if np.ndim(value) == 0 else value
@@ -123,7 +126,8 @@ def _set_lr(opt, value):
     except TypeError as err:
         raise TypeError(
             "this callback sets the optimizer's learning rate, but the optimizer uses a "
-            "LearningRateSchedule; give it a float learning rate instead") from err
+            "LearningRateSchedule; give it a float learning rate instead"
+        ) from err
 
 
 def _momentum_slots(opt):
@@ -147,8 +151,16 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     momentum; for Nesterov SGD the look-ahead term keeps the unscaled momentum).
     """
 
-    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
-                 momentum_correction=True, steps_per_epoch=None):
+    def __init__(
+        self,
+        initial_lr,
+        multiplier,
+        start_epoch=0,
+        end_epoch=None,
+        staircase=True,
+        momentum_correction=True,
+        steps_per_epoch=None,
+    ):
         super().__init__()
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
@@ -169,17 +181,18 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             return self.params["steps"]
         if self.params.get("samples") and self.params.get("batch_size"):
             return self.params["samples"] // self.params["batch_size"]
-        raise ValueError("Could not autodetect the number of steps per epoch. Please specify the "
-                         f"steps_per_epoch parameter to the {type(self).__name__}() "
-                         "(fit() on a dataset of unknown length does not tell callbacks).")
+        raise ValueError(
+            "Could not autodetect the number of steps per epoch. Please specify the "
+            f"steps_per_epoch parameter to the {type(self).__name__}() "
+            "(fit() on a dataset of unknown length does not tell callbacks)."
+        )
 
     def _adjust_learning_rate(self, epoch):
         opt = self.model.optimizer
         old_lr = _get_lr(opt)
         new_lr = self.initial_lr * self.multiplier(epoch)
         _set_lr(opt, new_lr)
-        if (self.momentum_correction and getattr(opt, "momentum", 0) and old_lr > 0
-                and new_lr != old_lr):
+        if self.momentum_correction and getattr(opt, "momentum", 0) and old_lr > 0 and new_lr != old_lr:
             ratio = new_lr / old_lr
             for slot in _momentum_slots(opt):
                 slot.assign(slot * ratio)
@@ -194,8 +207,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.current_epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        if (self.current_epoch < self.start_epoch or
-                (self.end_epoch is not None and self.current_epoch >= self.end_epoch)):
+        if self.current_epoch < self.start_epoch or (
+            self.end_epoch is not None and self.current_epoch >= self.end_epoch
+        ):
             return
         if self.staircase and batch == 0:
             self._adjust_learning_rate(self.current_epoch)
@@ -215,24 +229,30 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         lr     = initial_lr / size * (epoch' * (size - 1) / warmup_epochs + 1)
     """
 
-    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None,
-                 verbose=0):
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
         def multiplier(epoch):
             # Round numbers at the end of each epoch, as in Horovod.
             epoch += 1.0 / self.steps_per_epoch
             n = hvd_tf.size()
             return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
 
-        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
-                         staircase=False, momentum_correction=momentum_correction,
-                         steps_per_epoch=steps_per_epoch)
+        super().__init__(
+            initial_lr,
+            multiplier,
+            start_epoch=0,
+            end_epoch=warmup_epochs,
+            staircase=False,
+            momentum_correction=momentum_correction,
+            steps_per_epoch=steps_per_epoch,
+        )
         self.verbose = verbose
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and hvd_tf.rank() == 0:
-            print("\nEpoch %d: finished gradual learning rate warmup to %g." %
-                  (epoch + 1, _get_lr(self.model.optimizer)))
+            print(
+                "\nEpoch %d: finished gradual learning rate warmup to %g." % (epoch + 1, _get_lr(self.model.optimizer))
+            )
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -242,10 +262,17 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     ``save_weights_only``, ``.weights.h5``) path, so one may be given here.
     """
 
-    def __init__(self, monitor='val_loss', verbose=0, save_weights_only=False, mode='auto',
-                 save_freq='epoch', filepath=None):
+    def __init__(
+        self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto", save_freq="epoch", filepath=None
+    ):
         if filepath is None:
             filepath = "best_model.weights.h5" if save_weights_only else "best_model.keras"
-        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose,
-                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
-                         save_freq=save_freq)
+        super().__init__(
+            filepath=filepath,
+            monitor=monitor,
+            verbose=verbose,
+            save_best_only=True,
+            save_weights_only=save_weights_only,
+            mode=mode,
+            save_freq=save_freq,
+        )

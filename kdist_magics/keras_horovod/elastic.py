@@ -37,8 +37,15 @@ from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 
 from ._state import tf_variable
 
-__all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback",
-           "UpdateEpochStateCallback", "run", "HorovodInternalError", "HostsUpdatedInterrupt"]
+__all__ = [
+    "KerasState",
+    "CommitStateCallback",
+    "UpdateBatchStateCallback",
+    "UpdateEpochStateCallback",
+    "run",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
+]
 
 
 def _is_seed_state(v) -> bool:
@@ -237,4 +244,3 @@ def _loop(func, state, args, kwargs):
             skip_sync = False
         _reset()
         state.on_reset()
-

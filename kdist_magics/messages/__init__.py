@@ -31,8 +31,10 @@ def say(text: str, *, warn: bool = False) -> None:
 def lost_batches(n: int) -> str:
     """The words for telemetry batches that did not arrive: the record's summary, the dashboard's
     static view and its live widget (which gets them in its state) all use these."""
-    return (f"{n} telemetry batch{'' if n == 1 else 'es'} lost in transit: curves and last_run() "
-            f"have gaps there (training was not affected)")
+    return (
+        f"{n} telemetry batch{'' if n == 1 else 'es'} lost in transit: curves and last_run() "
+        f"have gaps there (training was not affected)"
+    )
 
 
 def died_after(deaths: dict[int, str]) -> str:
@@ -59,24 +61,26 @@ PHASE_TRAINING = "training"
 PHASE_FINISHING = "finishing"
 
 
-def straggler(rank: int, ratio: float, own_s: float, others_s: float,
-              cpu_percent: float | None) -> str:
+def straggler(rank: int, ratio: float, own_s: float, others_s: float, cpu_percent: float | None) -> str:
     """A rank clearly slower than the others (dashboard and ``last_run().summary()``)."""
     cpu = f", CPU {cpu_percent:.0f} %" if cpu_percent is not None else ""
-    return (f"rank {rank}: steps {ratio:.1f}x the others' median ({own_s * 1e3:.0f} ms vs "
-            f"{others_s * 1e3:.0f} ms of its own work per step){cpu}")
+    return (
+        f"rank {rank}: steps {ratio:.1f}x the others' median ({own_s * 1e3:.0f} ms vs "
+        f"{others_s * 1e3:.0f} ms of its own work per step){cpu}"
+    )
 
 
 def tensorboard_line(directory: str) -> str:
-    return (f"writing every rank's metrics for TensorBoard to {directory}/rank<N> "
-            f"(%tensorboard --logdir {directory})")
+    return f"writing every rank's metrics for TensorBoard to {directory}/rank<N> (%tensorboard --logdir {directory})"
 
 
 # -- %kdist start -----------------------------------------------------------------------
 def warm_started(n: int, strategy: str, modules: tuple[str, ...]) -> str:
     what = f" and importing {', '.join(modules)} there" if modules else ""
-    return (f"starting {n} {strategy} engines in the background{what}; the first %%kdist "
-            f"--strategy {strategy} cell uses them (%kdist status says how far it got)")
+    return (
+        f"starting {n} {strategy} engines in the background{what}; the first %%kdist "
+        f"--strategy {strategy} cell uses them (%kdist status says how far it got)"
+    )
 
 
 def warm_waiting(n: int) -> str:
@@ -92,52 +96,68 @@ def warm_failed(error: str) -> str:
 
 
 #: what stays open to other local users, per engine strategy (docs: guide/shared-hosts.md)
-EXPOSED = {"horovod": "the ranks' Gloo pairs", "multiworker": "TensorFlow's gRPC workers",
-           "jax": "the JAX coordinator and Gloo pairs", "torch": "torch's TCPStore and Gloo pairs"}
+EXPOSED = {
+    "horovod": "the ranks' Gloo pairs",
+    "multiworker": "TensorFlow's gRPC workers",
+    "jax": "the JAX coordinator and Gloo pairs",
+    "torch": "torch's TCPStore and Gloo pairs",
+}
 
 
 def shared_host(uids: list[int], exposed: str, no_namespace: str | None = None) -> str:
     """Other users are here and the engines share their loopback: the private network is off
     (``no_namespace`` None) or this host gives none (``no_namespace`` says why)."""
     who = ", ".join(str(u) for u in uids[:5]) + (" ..." if len(uids) > 5 else "")
-    mend = (f"this host gives kdist no private network ({no_namespace}): for a private run use a "
-            f"container or an exclusive node" if no_namespace else
-            "KDist.private_network = True (the default) gives the engines a network of their own")
-    return (f"other users have processes on this host (uid {who}): kdist's own listeners serve "
-            f"only you, but {exposed} accept connections from anyone here; {mend} "
-            f"(docs: User guide, Shared hosts)")
+    mend = (
+        f"this host gives kdist no private network ({no_namespace}): for a private run use a "
+        f"container or an exclusive node"
+        if no_namespace
+        else "KDist.private_network = True (the default) gives the engines a network of their own"
+    )
+    return (
+        f"other users have processes on this host (uid {who}): kdist's own listeners serve "
+        f"only you, but {exposed} accept connections from anyone here; {mend} "
+        f"(docs: User guide, Shared hosts)"
+    )
 
 
 #: the example data (kdist_magics.datasets) without scikit-learn, which ships the digits
-NO_SKLEARN = ("the example data (scikit-learn's digits, bundled with scikit-learn, no download) "
-              "needs scikit-learn, which is not installed here. Install it with: "
-              "pip install scikit-learn")
+NO_SKLEARN = (
+    "the example data (scikit-learn's digits, bundled with scikit-learn, no download) "
+    "needs scikit-learn, which is not installed here. Install it with: "
+    "pip install scikit-learn"
+)
 
 
 def missing_prerequisites(missing: dict[str, str]) -> str:
     """What a notebook's first cell says when something it needs is missing: one line per
     thing, each with the one command that fixes it ({what: command})."""
-    lines = [f"this notebook needs {len(missing)} thing{'s' if len(missing) != 1 else ''} "
-             f"this environment lacks:"]
+    lines = [f"this notebook needs {len(missing)} thing{'s' if len(missing) != 1 else ''} this environment lacks:"]
     lines += [f"  - {what}: {command}" for what, command in missing.items()]
     return "\n".join(lines)
 
 
 def cell_timed_out(seconds: float) -> str:
     """An in-kernel cell stopped by ``--timeout`` (the engines' words: errors.RunTimedOut)."""
-    return (f"the run exceeded --timeout {seconds:g} s, so kdist interrupted the cell; "
-            f"the kernel is ready for the next cell")
+    return (
+        f"the run exceeded --timeout {seconds:g} s, so kdist interrupted the cell; "
+        f"the kernel is ready for the next cell"
+    )
 
 
 def backend_changed(strategy: str, before: str, now: str) -> str:  # engines that follow it
-    return (f"Keras' backend is now {now} (it was {before} for the running {strategy} engines): "
-            f"starting new engines for {now}")
+    return (
+        f"Keras' backend is now {now} (it was {before} for the running {strategy} engines): "
+        f"starting new engines for {now}"
+    )
 
 
 def ranks_changed(n: int, had: int, attached: bool) -> str:  # another N on running engines
-    return (f"{n} rank{'s' if n != 1 else ''} requested; "
-            + (f"taking {n} of the attached cluster's engines (had {had})" if attached
-               else f"restarting the engines (had {had})"))
+    return f"{n} rank{'s' if n != 1 else ''} requested; " + (
+        f"taking {n} of the attached cluster's engines (had {had})"
+        if attached
+        else f"restarting the engines (had {had})"
+    )
 
 
 def restarting_engines(why: str) -> str:
@@ -149,14 +169,18 @@ def interrupted_start(n: int) -> str:  # Stop while engines started: nothing is 
 
 
 def interrupted(stopped: list[int]) -> str:  # the one line after Stop during an engine run
-    return (f"Stop: {len(stopped)} rank{'s' if len(stopped) != 1 else ''} stopped; what the cell "
-            f"made so far stays on the ranks (and in last_run())")
+    return (
+        f"Stop: {len(stopped)} rank{'s' if len(stopped) != 1 else ''} stopped; what the cell "
+        f"made so far stays on the ranks (and in last_run())"
+    )
 
 
 #: under the dashboard's curves: what a point of a training curve is
-CURVES_NOTE = ("training curves: at each step, Keras' running mean over the epoch so far (as its "
-               "progress bar shows), so a line steps down where an epoch begins; hollow points: "
-               "validation, once per epoch")
+CURVES_NOTE = (
+    "training curves: at each step, Keras' running mean over the epoch so far (as its "
+    "progress bar shows), so a line steps down where an epoch begins; hollow points: "
+    "validation, once per epoch"
+)
 #: a finished run's dashboard when its cell trained nothing (no fit() reported a step)
 TRAINED_NOTHING = "finished: this cell trained nothing (no fit())"
 #: the run's status where it never began (StrategyUnavailable: "The cell did not run.")
@@ -164,58 +188,71 @@ NOT_RUN = "not run"
 
 
 def no_layout(strategy: str, status: str) -> str:  # last_run().layout() with none to show
-    return (f"layout(): this run was {strategy}; only --strategy sharded runs have a layout" if
-            strategy != "sharded" else f"layout(): this sharded run ({status}) built no model to lay out")
+    return (
+        f"layout(): this run was {strategy}; only --strategy sharded runs have a layout"
+        if strategy != "sharded"
+        else f"layout(): this sharded run ({status}) built no model to lay out"
+    )
 
 
 def pull_not_global(name: str, script: str) -> str:  # %kdist run --pull of a main()'s local
-    return (f"--pull {name}: {script} never binds '{name}' at its top level, and only a script's "
-            f"globals travel back (a main()'s locals end with it): make it a global (`global "
-            f"{name}` in main(), or return it) to pull it")
+    return (
+        f"--pull {name}: {script} never binds '{name}' at its top level, and only a script's "
+        f"globals travel back (a main()'s locals end with it): make it a global (`global "
+        f"{name}` in main(), or return it) to pull it"
+    )
 
 
 def one_tpu_chip(device: str) -> str:  # --strategy tpu on Colab's one chip (v5e-1, v6e-1)
-    return (f"one TPU chip ({device}) is one replica: the cell runs on it as it would without "
-            f"kdist; splitting batches needs several chips (Kaggle's v5e-8)")
+    return (
+        f"one TPU chip ({device}) is one replica: the cell runs on it as it would without "
+        f"kdist; splitting batches needs several chips (Kaggle's v5e-8)"
+    )
 
 
 def push_missing(name: str) -> str:  # a rank's NameError for a name the notebook has
-    return (f"'{name}' is in the notebook, not on the engines: add --push {name} to the %%kdist "
-            f"line (each engine is a process of its own and sees only what --push sends)")
+    return (
+        f"'{name}' is in the notebook, not on the engines: add --push {name} to the %%kdist "
+        f"line (each engine is a process of its own and sees only what --push sends)"
+    )
 
 
 def run_chose(strategy: str, script: str) -> str:
     """``%kdist run`` with no --strategy: a launcher script runs on engines."""
     why = "it imports horovod" if strategy == "horovod" else "a launcher script runs on engine ranks"
-    return (f"%kdist run: no --strategy given, so {script} runs under --strategy {strategy} ({why}); "
-            f"--strategy chooses another")
+    return (
+        f"%kdist run: no --strategy given, so {script} runs under --strategy {strategy} ({why}); "
+        f"--strategy chooses another"
+    )
 
 
 def torch_code_other_backend(backend: str) -> str:
     """torch.distributed code under multiworker on another Keras backend."""
-    return (f"this code uses torch.distributed, but Keras' backend here is {backend}: --strategy "
-            f"multiworker sets torch's launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) "
-            f"under KERAS_BACKEND=torch only. Set os.environ['KERAS_BACKEND'] = 'torch' before "
-            f"anything imports Keras (or restart the kernel with it). The cell did not run.")
+    return (
+        f"this code uses torch.distributed, but Keras' backend here is {backend}: --strategy "
+        f"multiworker sets torch's launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) "
+        f"under KERAS_BACKEND=torch only. Set os.environ['KERAS_BACKEND'] = 'torch' before "
+        f"anything imports Keras (or restart the kernel with it). The cell did not run."
+    )
 
 
 #: ``%kdist`` line commands and what each does: the line magic's help (``%kdist?``), its usage
 #: error and the docs' reference are all made from this table
 LINE_COMMANDS = {
     "start": "start the engines for the options given (the options a %%kdist cell takes) and "
-             "import the strategy's framework there, in the background; the first cell finds "
-             "them warm (%kdist status says how far it got)",
+    "import the strategy's framework there, in the background; the first cell finds "
+    "them warm (%kdist status says how far it got)",
     "run": "run an existing script on every rank as __main__, with its own sys.argv: "
-           "%kdist run --strategy multiworker --np 2 train.py --epochs 3 (%kdist run? says more)",
+    "%kdist run --strategy multiworker --np 2 train.py --epochs 3 (%kdist run? says more)",
     "status": "what each strategy holds (engines, warming), the last run's summary, and whether "
-              "the private network and the same-user check are on",
+    "the private network and the same-user check are on",
     "stop": "stop the controller, the engines and every other process kdist started, by pid",
     "restart": "stop everything kdist started, as stop does; the next cell starts new engines",
     "advise": "show --strategy auto's reasoning as a table (criterion, observation, consequence), "
-              "the deciding row marked; takes the options a %%kdist cell takes",
+    "the deciding row marked; takes the options a %%kdist cell takes",
     "scale": "will more devices help? probe the last %%kdist cell that trained at 1, 2, ... ranks "
-             "(up to its --np, or the --np given), measure the link, predict more; "
-             "kdist_magics.last_scale() holds the table (%%kdist scale [options] probes its own cell)",
+    "(up to its --np, or the --np given), measure the link, predict more; "
+    "kdist_magics.last_scale() holds the table (%%kdist scale [options] probes its own cell)",
 }
 
 
@@ -224,20 +261,29 @@ def line_help() -> str:
     import textwrap
 
     width = max(len(name) for name in LINE_COMMANDS)
-    rows = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:<{width}}  ",
-                                    subsequent_indent=" " * (width + 4))
-                      for name, text in LINE_COMMANDS.items())
-    usage = " | ".join(f"{name} [options]" if name in ("start", "advise", "scale") else
-                        "run [options] script.py [args]" if name == "run" else name
-                        for name in LINE_COMMANDS)
-    return (f"%kdist {usage}\n\n{rows}\n\n"
-            "Example: %kdist start --strategy horovod --np 4 (then write the first cell).\n")
+    rows = "\n".join(
+        textwrap.fill(text, 88, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
+        for name, text in LINE_COMMANDS.items()
+    )
+    usage = " | ".join(
+        f"{name} [options]"
+        if name in ("start", "advise", "scale")
+        else "run [options] script.py [args]"
+        if name == "run"
+        else name
+        for name in LINE_COMMANDS
+    )
+    return f"%kdist {usage}\n\n{rows}\n\nExample: %kdist start --strategy horovod --np 4 (then write the first cell).\n"
 
 
 # -- code written for a launcher (torchrun, TF_CONFIG, jax.distributed), inside a run -------
-def launcher_mismatch(call: str, given: str, run: str, option: str,
-                      otherwise: str = "leave the argument out (the run's own group is set up "
-                                       "already and this call joins it)") -> str:
+def launcher_mismatch(
+    call: str,
+    given: str,
+    run: str,
+    option: str,
+    otherwise: str = "leave the argument out (the run's own group is set up already and this call joins it)",
+) -> str:
     """A framework's own set-up call asks for something other than the run it is in."""
     return f"{call} asks for {given}, but this kdist run has {run}: {option}, or {otherwise}"
 
@@ -320,15 +366,18 @@ from .scale import (  # noqa: E402
 # -- kdist_magics.datasets: each rank its own files ----------------------------------------
 def too_few_files(found: int, files, positions: int) -> str:
     where = f" matching {str(files)!r}" if isinstance(files, (str, __import__("os").PathLike)) else ""
-    return (f"{found} files{where} for {positions} data positions: give every rank at least one "
-            f"file (split them finer, or run fewer ranks)")
+    return (
+        f"{found} files{where} for {positions} data positions: give every rank at least one "
+        f"file (split them finer, or run fewer ranks)"
+    )
 
 
 def files_left_out(found: int, positions: int, extra: int) -> str:
-    return (f"{found} files over {positions} ranks: leaving out the last {extra} so every rank "
-            f"reads as many")
+    return f"{found} files over {positions} ranks: leaving out the last {extra} so every rank reads as many"
 
 
 def no_batches(batch_size: int, positions: int) -> str:
-    return (f"no rank's files hold a whole batch of {batch_size} rows for each of the "
-            f"{positions} data positions: give a smaller batch_size or more rows per file")
+    return (
+        f"no rank's files hold a whole batch of {batch_size} rows for each of the "
+        f"{positions} data positions: give a smaller batch_size or more rows per file"
+    )

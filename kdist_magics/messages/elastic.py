@@ -12,8 +12,10 @@ def world_resized(before: int, after: int) -> str:
 def went_on_without(lost: dict[int, str], size: int, before: int) -> str:
     """The line kdist prints when an elastic run re-forms without ranks ``lost`` ({rank: how})."""
     what = "; ".join(f"rank {r} {how}" for r, how in sorted(lost.items()))
-    return (f"{what}: going on with {size} ranks ({world_resized(before, size)}) from the last "
-            f"commit; the next cell starts a full set of engines")
+    return (
+        f"{what}: going on with {size} ranks ({world_resized(before, size)}) from the last "
+        f"commit; the next cell starts a full set of engines"
+    )
 
 
 def too_few_left(size: int, min_np: int) -> str:

@@ -4,9 +4,14 @@ through :mod:`kdist_magics.messages`."""
 from __future__ import annotations
 
 
-SLURM_ENDED = {"CANCELLED": "the Slurm job was cancelled", "TIMEOUT": "the Slurm job reached its time limit",
-               "NODE_FAIL": "its node failed (Slurm: NODE_FAIL)", "PREEMPTED": "the Slurm job was preempted",
-               "OUT_OF_MEMORY": "the Slurm job ran out of memory", "DEADLINE": "the Slurm job missed its deadline"}
+SLURM_ENDED = {
+    "CANCELLED": "the Slurm job was cancelled",
+    "TIMEOUT": "the Slurm job reached its time limit",
+    "NODE_FAIL": "its node failed (Slurm: NODE_FAIL)",
+    "PREEMPTED": "the Slurm job was preempted",
+    "OUT_OF_MEMORY": "the Slurm job ran out of memory",
+    "DEADLINE": "the Slurm job missed its deadline",
+}
 
 
 SLURM_STEP_CANCELLED = "the Slurm job step was cancelled"
@@ -33,8 +38,7 @@ def slurm_queued(job: str, words: str, waited: float) -> str:
 
 
 def slurm_gave_up(job: str, words: str, seconds: float) -> str:
-    return (f"Slurm job {job} was still {words} after --timeout {seconds:g} s; kdist cancelled it. "
-            f"The cell did not run")
+    return f"Slurm job {job} was still {words} after --timeout {seconds:g} s; kdist cancelled it. The cell did not run"
 
 
 def slurm_interrupted(job: str, words: str) -> str:
@@ -46,8 +50,10 @@ def slurm_ended_early(job: str, how: str, log: str) -> str:
 
 
 def slurm_loopback(address: str) -> str:
-    return (f"--launcher slurm: the controller would listen on {address}, which no node reaches; set "
-            f"%config KDist.bind_address = '<this host's address on the cluster network>'")
+    return (
+        f"--launcher slurm: the controller would listen on {address}, which no node reaches; set "
+        f"%config KDist.bind_address = '<this host's address on the cluster network>'"
+    )
 
 
 def phase_queue(n: int) -> str:
@@ -56,7 +62,10 @@ def phase_queue(n: int) -> str:
 
 def unresolved_hosts(problems: dict[tuple[int, str], list[str]]) -> str:
     """Ranks that cannot resolve their peers' hostnames (``{(rank, host): [names]}``)."""
-    what = "; ".join(f"rank {r} on {host} cannot resolve {', '.join(names)}"
-                     for (r, host), names in sorted(problems.items()))
-    return (f"{what}. Horovod's Gloo finds each rank by its hostname: every node must resolve every "
-            f"node's name (DNS or /etc/hosts). The cell did not run")
+    what = "; ".join(
+        f"rank {r} on {host} cannot resolve {', '.join(names)}" for (r, host), names in sorted(problems.items())
+    )
+    return (
+        f"{what}. Horovod's Gloo finds each rank by its hostname: every node must resolve every "
+        f"node's name (DNS or /etc/hosts). The cell did not run"
+    )

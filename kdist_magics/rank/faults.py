@@ -40,8 +40,7 @@ def hold(phase: str, cluster: Any = None, **facts: Any) -> None:
     gate = Path(where) / phase
     if not gate.exists():
         return
-    facts = {"phase": phase, "kernel": os.getpid(), **facts,
-             **(cluster.processes() if cluster is not None else {})}
+    facts = {"phase": phase, "kernel": os.getpid(), **facts, **(cluster.processes() if cluster is not None else {})}
     held = gate.with_name(phase + ".held")
     part = held.with_name(phase + ".held.part")
     part.write_text(json.dumps(facts))

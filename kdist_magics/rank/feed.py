@@ -58,14 +58,20 @@ class Feed:
             try:
                 from ipykernel.jsonutil import json_clean
             except ImportError:  # pragma: no cover
+
                 def json_clean(x):
                     return x
+
             # ipykernel's DisplayPublisher sends to the open cell only; a batch must carry the
             # parent the cell had when the row was made, so kdist sends through its session
             # (session, pub_socket, topic: ipykernel 6.17 to 7.x)
-            pub.session.send(pub.pub_socket, "display_data",
-                             json_clean({"data": {FEED_MIME: payload}, "metadata": {}, "transient": {}}),
-                             parent=parent, ident=getattr(pub, "topic", None))
+            pub.session.send(
+                pub.pub_socket,
+                "display_data",
+                json_clean({"data": {FEED_MIME: payload}, "metadata": {}, "transient": {}}),
+                parent=parent,
+                ident=getattr(pub, "topic", None),
+            )
 
     def arm(self, *args) -> None:
         """``pre_run_cell`` hook: rows published from now on belong to this cell's request."""

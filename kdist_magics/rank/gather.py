@@ -37,8 +37,12 @@ def whole(model):
     import numpy as np
     from jax.experimental import multihost_utils
 
-    values = [np.asarray(v.value) if getattr(v.value, "is_fully_addressable", True)
-              else np.asarray(multihost_utils.process_allgather(v.value, tiled=True)) for v in model.weights]
+    values = [
+        np.asarray(v.value)
+        if getattr(v.value, "is_fully_addressable", True)
+        else np.asarray(multihost_utils.process_allgather(v.value, tiled=True))
+        for v in model.weights
+    ]
     with no_distribution():
         copy = keras.models.clone_model(model)
         if not copy.built:

@@ -33,8 +33,13 @@ def thread_env(threads: int, ranks_here: int = 1) -> dict[str, str]:
     return env
 
 
-def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = None,
-            gpu: tuple[int, int, str] | None = None, ranks_here: int = 1) -> dict[str, Any]:
+def prepare(
+    env: dict[str, str],
+    threads: int | None = None,
+    cwd: str | None = None,
+    gpu: tuple[int, int, str] | None = None,
+    ranks_here: int = 1,
+) -> dict[str, Any]:
     """Set environment variables before the cell (and before TF is first imported here).
 
     ``threads``: intra-op threads for this rank, one of ``ranks_here`` on this host
@@ -57,8 +62,12 @@ def prepare(env: dict[str, str], threads: int | None = None, cwd: str | None = N
     tf_loaded = "tensorflow" in sys.modules
     if threads and not tf_loaded:
         os.environ.update(thread_env(threads, ranks_here))
-    out = {"pid": os.getpid(), "host": socket.gethostname(), "tf_loaded": tf_loaded,
-           "threads": os.environ.get("TF_NUM_INTRAOP_THREADS")}
+    out = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "tf_loaded": tf_loaded,
+        "threads": os.environ.get("TF_NUM_INTRAOP_THREADS"),
+    }
     if gpu is not None:
         if "host_gpus" not in _engine:  # what the engine saw before kdist chose for it
             _engine["host_gpus"] = visible_gpus(os.environ)
@@ -88,10 +97,16 @@ def threads_per_rank(ranks_here: int, chosen: int | None = 0) -> int:
     return chosen or max(1, cpu_count() // max(1, ranks_here))
 
 
-def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
-          checkpoint: str | None = None, freeze_gc: bool = True,
-          tf_info_logs: bool = False, helper_nice: int = 0,
-          probe: tuple[int, float | None] | None = None) -> dict[str, Any]:
+def begin(
+    rank: int,
+    telemetry: bool = True,
+    interval: float = 0.25,
+    checkpoint: str | None = None,
+    freeze_gc: bool = True,
+    tf_info_logs: bool = False,
+    helper_nice: int = 0,
+    probe: tuple[int, float | None] | None = None,
+) -> dict[str, Any]:
     """Before the cell: telemetry around ``fit``, a checkpoint callback (rank 0 saves), TF's INFO
     lines quiet (see :mod:`kdist_magics.watch.tf_logs`); the engine's helper threads (IOPub,
     heartbeat, control, telemetry) ``helper_nice`` below the main thread, which runs the cell
@@ -119,8 +134,7 @@ def begin(rank: int, telemetry: bool = True, interval: float = 0.25,
         from ..watch.telemetry import attached
 
         stop_after, batch_scale = probe or (None, None)
-        stack.enter_context(attached(feed.sink, rank=rank, stop_after=stop_after,
-                                     batch_scale=batch_scale))
+        stack.enter_context(attached(feed.sink, rank=rank, stop_after=stop_after, batch_scale=batch_scale))
         stack.enter_context(sampling(feed.sink, rank=rank))
     if checkpoint:
         stack.enter_context(_checkpointing(checkpoint, rank))
@@ -184,7 +198,7 @@ def _atomic_checkpoint(path: str, write: bool = True):
         def on_epoch_end(self, epoch, logs=None):
             from .gather import save
 
-            tmp = f"{path[:-len('.keras')]}.saving-{os.getpid()}.keras"
+            tmp = f"{path[: -len('.keras')]}.saving-{os.getpid()}.keras"
             try:
                 save(self.model, tmp, write)
                 if not write:
@@ -205,8 +219,7 @@ def _saves_collectively() -> bool:
     tf = sys.modules.get("tensorflow")
     if tf is None or not tf.distribute.has_strategy():
         return False
-    return type(tf.distribute.get_strategy()).__name__ in (
-        "CollectiveAllReduceStrategy", "MultiWorkerMirroredStrategy")
+    return type(tf.distribute.get_strategy()).__name__ in ("CollectiveAllReduceStrategy", "MultiWorkerMirroredStrategy")
 
 
 @contextlib.contextmanager

@@ -139,6 +139,7 @@ def fingerprint(value) -> str:
                 data = os.urandom(16)
             digest.update(f"p{len(data)}".encode())
             digest.update(data)
+
     add(value)
     return digest.hexdigest()
 
@@ -156,8 +157,7 @@ def describe(value, segment) -> Any:
         return ("array", name, value.shape, value.dtype, value.nbytes, order)
     columns = frame_columns(value)
     if columns is not None:
-        return ("frame", [(k, describe(np.ascontiguousarray(a), segment)) for k, a in columns],
-                value.index)
+        return ("frame", [(k, describe(np.ascontiguousarray(a), segment)) for k, a in columns], value.index)
     if type(value) in (tuple, list):
         return (type(value).__name__, [describe(v, segment) for v in value])
     if type(value) is dict:
@@ -268,8 +268,7 @@ def new_segment(made: list, nbytes: int):
     its name and writable buffer, as :func:`describe` takes them."""
     from multiprocessing import shared_memory
 
-    mem = shared_memory.SharedMemory(create=True, size=nbytes,
-                                     name=f"kdist-{os.getpid()}-{os.urandom(4).hex()}")
+    mem = shared_memory.SharedMemory(create=True, size=nbytes, name=f"kdist-{os.getpid()}-{os.urandom(4).hex()}")
     made.append(mem)
     return mem.name, mem.buf
 

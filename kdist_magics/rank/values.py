@@ -34,8 +34,9 @@ def fetch(names: list[str]) -> dict[str, Any]:
             try:
                 serialize_object(value)  # what ipyparallel will do with the reply
             except Exception as exc:
-                raise TypeError(f"{name} ({type(value).__name__}) cannot travel to the notebook: "
-                                f"{type(exc).__name__}: {exc}") from None
+                raise TypeError(
+                    f"{name} ({type(value).__name__}) cannot travel to the notebook: {type(exc).__name__}: {exc}"
+                ) from None
             packed = ("value", value)
         out[name] = packed
     return out
@@ -78,9 +79,15 @@ def pack(value: Any):
                 return ("keras_model", f.read())
     if isinstance(value, keras.callbacks.History):
         model = getattr(value, "model", None)
-        return ("keras_history", {"history": dict(value.history), "params": dict(value.params or {}),
-                                  "epoch": list(getattr(value, "epoch", [])),
-                                  "model": pack(model) if model is not None else None})
+        return (
+            "keras_history",
+            {
+                "history": dict(value.history),
+                "params": dict(value.params or {}),
+                "epoch": list(getattr(value, "epoch", [])),
+                "model": pack(model) if model is not None else None,
+            },
+        )
     return None
 
 
@@ -125,7 +132,8 @@ def pushable(ns: dict, names) -> dict:
         try:
             serialize_object(ns[name])
         except Exception as exc:
-            raise KDistError(f"--push: {name} ({type(ns[name]).__name__}) cannot travel to the "
-                             f"engines: {type(exc).__name__}: {exc}") from None
+            raise KDistError(
+                f"--push: {name} ({type(ns[name]).__name__}) cannot travel to the engines: {type(exc).__name__}: {exc}"
+            ) from None
         out[name] = ns[name]
     return out

@@ -124,7 +124,7 @@ def _ring_allreduce(data, n: int, rank: int) -> None:
     scratch = np.empty_like(chunks[0])
     for k in range(n - 1):  # reduce-scatter
         send, recv = chunks[(rank - k) % n], chunks[(rank - k - 1) % n]
-        buf = scratch[:len(recv)]
+        buf = scratch[: len(recv)]
         _exchange(np.ascontiguousarray(send), buf)
         recv += buf
     for k in range(n - 1):  # all-gather
@@ -132,8 +132,7 @@ def _ring_allreduce(data, n: int, rank: int) -> None:
         _exchange(np.ascontiguousarray(send), recv)
 
 
-def allreduce(peers: list[str], rank: int, nbytes: int, repeats: int,
-              timeout: float = 60.0) -> dict[str, Any]:
+def allreduce(peers: list[str], rank: int, nbytes: int, repeats: int, timeout: float = 60.0) -> dict[str, Any]:
     """On an engine: ``repeats`` ring all-reduces of ``nbytes`` and of :data:`TINY` bytes; the
     seconds of each, and whether the sums were right."""
     import time
@@ -172,8 +171,9 @@ def _timings(cluster, mode: str, nbytes: int, repeats: int) -> tuple[float, floa
     engines = list(cluster.engines)
     client = cluster.client
     peers = [client[e.engine_id].apply_sync(listen, mode) for e in engines]
-    runs = [client[e.engine_id].apply_async(allreduce, peers, rank, int(nbytes), repeats)
-            for rank, e in enumerate(engines)]
+    runs = [
+        client[e.engine_id].apply_async(allreduce, peers, rank, int(nbytes), repeats) for rank, e in enumerate(engines)
+    ]
     try:
         results = [r.get(timeout=600) for r in runs]
     except KeyboardInterrupt:  # Stop: the engines' ring is interrupted too, then one line
@@ -251,12 +251,12 @@ def horovod_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
     n, names = core.size(), itertools.count()
 
     def sum_ones(count: int):
-        return core.allreduce(tf.ones([count], tf.float32), op=core.Sum,
-                              name=f"kdist_link_{next(names)}").numpy()
+        return core.allreduce(tf.ones([count], tf.float32), op=core.Sum, name=f"kdist_link_{next(names)}").numpy()
 
     def agree(big: float, tiny: float) -> tuple[float, float]:
-        both = core.allreduce(tf.constant([big, tiny], tf.float64), op=core.Max,
-                              name=f"kdist_link_{next(names)}").numpy()
+        both = core.allreduce(
+            tf.constant([big, tiny], tf.float64), op=core.Max, name=f"kdist_link_{next(names)}"
+        ).numpy()
         return float(both[0]), float(both[1])
 
     return {**_timed_link(sum_ones, agree, n, nbytes, repeats), "via": HOROVOD}
@@ -276,8 +276,7 @@ def torch_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
     import torch
 
     n, backend = dist.get_world_size(), str(dist.get_backend())
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if backend == "nccl" else torch.device("cpu"))
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
     def sum_ones(count: int):
         data = torch.ones(count, dtype=torch.float32, device=device)

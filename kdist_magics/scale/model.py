@@ -83,8 +83,7 @@ def link_fitted(communication: dict[int, float], nbytes: float, n: int) -> Link:
     where no engines can time an all-reduce): ``comm(N) = 2 (N - 1) / N * G / B + 2 (N - 1) * a``
     fitted by least squares with ``1/B`` and ``a`` at least 0 (one N: ``a`` = 0). No
     communication at all is an infinite bandwidth (the predictions add none)."""
-    points = [(2 * (k - 1) / k * nbytes, 2 * (k - 1), max(c, 0.0))
-              for k, c in communication.items() if k > 1]
+    points = [(2 * (k - 1) / k * nbytes, 2 * (k - 1), max(c, 0.0)) for k, c in communication.items() if k > 1]
 
     def one(i):  # least squares with only the byte term (i = 0) or only the latency term (i = 1)
         den = sum(p[i] ** 2 for p in points)
@@ -97,7 +96,7 @@ def link_fitted(communication: dict[int, float], nbytes: float, n: int) -> Link:
         sxy = sum(p[0] * p[1] for p in points)
         sxc = sum(p[0] * p[2] for p in points)
         syc = sum(p[1] * p[2] for p in points)
-        det = sxx * syy - sxy ** 2
+        det = sxx * syy - sxy**2
         if det > 0:
             inv_b, a = (syy * sxc - sxy * syc) / det, (sxx * syc - sxy * sxc) / det
             if a < 0:
@@ -129,15 +128,24 @@ class Row:
         return self.communication_s / self.step_s
 
 
-def predict(n: int, compute: float, rest: float, batch: int, grad_bytes: float, link: Link,
-            base_samples_per_s: float) -> Row:
+def predict(
+    n: int, compute: float, rest: float, batch: int, grad_bytes: float, link: Link, base_samples_per_s: float
+) -> Row:
     """The model's row for ``n`` ranks (see the module doc)."""
     comm = link.allreduce(grad_bytes, n)
     step = compute + rest + comm
     sps = n * batch / step
-    return Row(n=n, samples_per_s=sps, step_s=step, compute_s=compute, communication_s=comm,
-               rest_s=rest, speedup=sps / base_samples_per_s, efficiency=sps / base_samples_per_s / n,
-               measured=False)
+    return Row(
+        n=n,
+        samples_per_s=sps,
+        step_s=step,
+        compute_s=compute,
+        communication_s=comm,
+        rest_s=rest,
+        speedup=sps / base_samples_per_s,
+        efficiency=sps / base_samples_per_s / n,
+        measured=False,
+    )
 
 
 def with_speedup(row: Row, base_samples_per_s: float) -> Row:
@@ -147,8 +155,7 @@ def with_speedup(row: Row, base_samples_per_s: float) -> Row:
     return replace(row, speedup=speedup, efficiency=speedup / row.n)
 
 
-def advice(rows: list[Row], batch: int | None, grad_bytes: float, link: Link,
-           horovod: bool) -> list[str]:
+def advice(rows: list[Row], batch: int | None, grad_bytes: float, link: Link, horovod: bool) -> list[str]:
     """What the figures say, each suggestion with the figure behind it (``%kdist advise`` and
     ``--strategy auto`` quote these). ``batch`` None: not known (the rows count batches)."""
     if not rows:
@@ -161,34 +168,46 @@ def advice(rows: list[Row], batch: int | None, grad_bytes: float, link: Link,
     out = []
     share = top.communication_share
     link_s = link.allreduce(grad_bytes, top.n)
-    contention = (share is not None and share >= COMM_BOUND and top.communication_s is not None
-                  and top.communication_s > CONTENTION * link_s + CONTENTION_S)
+    contention = (
+        share is not None
+        and share >= COMM_BOUND
+        and top.communication_s is not None
+        and top.communication_s > CONTENTION * link_s + CONTENTION_S
+    )
     if contention:
         out.append(messages.contention(top.n, top.communication_s, link_s, top.speedup))
     elif share is not None and top.n > 1:
         kind = "communication-bound" if share >= COMM_BOUND else "compute-bound"
-        out.append(f"{kind}: {share:.0%} of a step is all-reduce at {top.n} ranks "
-                   f"(speed-up {top.speedup:.2f}x, efficiency {top.efficiency:.0%})")
+        out.append(
+            f"{kind}: {share:.0%} of a step is all-reduce at {top.n} ranks "
+            f"(speed-up {top.speedup:.2f}x, efficiency {top.efficiency:.0%})"
+        )
     if top.n > 1 and max(r.speedup for r in rows) < WORTH_IT:
-        out.append(f"more ranks will not help this model here ({top.n} ranks give "
-                   f"{top.speedup:.2f}x): use 1 and a bigger batch")
+        out.append(
+            f"more ranks will not help this model here ({top.n} ranks give "
+            f"{top.speedup:.2f}x): use 1 and a bigger batch"
+        )
         return out
     more = [r for r in rows if not r.measured and r.n > top.n]
     if more:
         r = more[0]
         out.append(f"{r.n} ranks would give ~{r.speedup:.1f}x (predicted)")
     if share is not None and share >= COMM_BOUND and top.compute_s and base and not contention:
-        bigger = predict(top.n, top.compute_s * 2, top.rest_s or 0.0, batch * 2, grad_bytes, link,
-                         base.samples_per_s)  # the step's compute grows with the batch
+        bigger = predict(
+            top.n, top.compute_s * 2, top.rest_s or 0.0, batch * 2, grad_bytes, link, base.samples_per_s
+        )  # the step's compute grows with the batch
         twice = f"a per-rank batch of {batch * 2}" if known else "twice the per-rank batch"
         at = f"at batch {batch}" if known else "at today's batch"
-        out.append(f"{twice} would give ~{bigger.speedup:.1f}x at {top.n} ranks over 1 rank "
-                   f"{at} (predicted: the step's compute grows with the batch, its all-reduce "
-                   f"does not)")
+        out.append(
+            f"{twice} would give ~{bigger.speedup:.1f}x at {top.n} ranks over 1 rank "
+            f"{at} (predicted: the step's compute grows with the batch, its all-reduce "
+            f"does not)"
+        )
         if horovod:
-            half = predict(top.n, top.compute_s, top.rest_s or 0.0, batch, grad_bytes / 2, link,
-                           base.samples_per_s)
-            out.append(f"fp16 gradient compression (hvd.DistributedOptimizer(..., "
-                       f"compression=hvd.Compression.fp16)) would give ~{half.speedup:.1f}x at "
-                       f"{top.n} ranks (predicted: half the bytes)")
+            half = predict(top.n, top.compute_s, top.rest_s or 0.0, batch, grad_bytes / 2, link, base.samples_per_s)
+            out.append(
+                f"fp16 gradient compression (hvd.DistributedOptimizer(..., "
+                f"compression=hvd.Compression.fp16)) would give ~{half.speedup:.1f}x at "
+                f"{top.n} ranks (predicted: half the bytes)"
+            )
     return out

@@ -58,8 +58,11 @@ def scale(magics, spec, cell: str) -> ScaleTable:
     magics.last_scale = table
     table.cell = cell
     last = magics.last_record
-    if last is not None and magics.last_trained and table.describes(last.strategy, magics.last_trained[1],
-                                                                     last.size, backends.keras_backend()):
+    if (
+        last is not None
+        and magics.last_trained
+        and table.describes(last.strategy, magics.last_trained[1], last.size, backends.keras_backend())
+    ):
         table.lend(last)  # last_run().split() splits its steps now
     return table
 
@@ -77,16 +80,16 @@ def probe(magics, spec, cell: str, steps: int = STEPS) -> ScaleTable:
     figures, record = {}, None
     for n in ranks_to_probe(top):
         scale = n / top if spec.strategy in GLOBAL_BATCH else None
-        run_spec = replace(spec, np=n, dashboard=False, telemetry=True, out="none",
-                           tensorboard=None, checkpoint=None)
+        run_spec = replace(spec, np=n, dashboard=False, telemetry=True, out="none", tensorboard=None, checkpoint=None)
         record = RunRecord(spec.strategy, size=n, spec=run_spec, reason="kdist scale")
         magics.execute(strategy, cell, run_spec, record, probe=(steps, scale))
         figures[n] = _figures(record, n, spec.strategy)
     hosts = len({s.host for s in record.ranks.values() if s.host}) or 1
     grad = figures[top]["grad_bytes"]
     timed = [m for m in record.metrics if m.get("kind") == "probe" and m.get("link")]
-    link = (linkmod.from_ranks(list({m["rank"]: m for m in timed}.values()), top, hosts)
-            or linkmod.measure(strategy.cluster, magics.worker_network, grad, hosts=hosts))
+    link = linkmod.from_ranks(list({m["rank"]: m for m in timed}.values()), top, hosts) or linkmod.measure(
+        strategy.cluster, magics.worker_network, grad, hosts=hosts
+    )
     return _table(spec.strategy, figures, link, grad, top, time.monotonic() - started)
 
 
@@ -96,8 +99,7 @@ def _engines_to_probe(spec, asked: int) -> int:
     said in one line. Fewer than 2 is one line and nothing runs."""
     if not spec.attach:
         return asked  # kdist starts as many as asked
-    where = (f"cluster {spec.cluster_id}" if spec.cluster_id
-             else f"the cluster of profile {spec.profile}")
+    where = f"cluster {spec.cluster_id}" if spec.cluster_id else f"the cluster of profile {spec.profile}"
     if spec.strategy == "multiworker":
         if (backend := backends.keras_backend()) in ("tensorflow", "jax"):  # set up once per process
             raise StrategyUnavailable(messages.scale_attached_once(backend, where))
@@ -153,12 +155,11 @@ def _probe_devices(magics, spec, cell: str, steps: int) -> ScaleTable:
         if n is None:  # the largest: the line's own devices and mesh (all of them where not given)
             run_spec = spec
         else:
-            run_spec = replace(spec, devices=n * model_axis,
-                               mesh=(n, model_axis) if spec.strategy == "sharded" else None)
-        run_spec = replace(run_spec, dashboard=False, telemetry=True, tensorboard=None,
-                           checkpoint=None)
-        record = RunRecord(spec.strategy, size=strategy.size(run_spec), spec=run_spec,
-                           reason="kdist scale")
+            run_spec = replace(
+                spec, devices=n * model_axis, mesh=(n, model_axis) if spec.strategy == "sharded" else None
+            )
+        run_spec = replace(run_spec, dashboard=False, telemetry=True, tensorboard=None, checkpoint=None)
+        record = RunRecord(spec.strategy, size=strategy.size(run_spec), spec=run_spec, reason="kdist scale")
         with capture_output() as held:
             try:
                 magics.execute(strategy, cell, run_spec, record, probe=(steps, scale))
@@ -189,14 +190,20 @@ def _figures(record: RunRecord, n: int, strategy: str) -> dict:
     rows = [m for m in record.metrics if m.get("kind") == "probe"]
     usable = [r for r in rows if r.get("step_s") is not None and r.get("period_s")]
     if not usable:
-        raise StrategyUnavailable(messages.scale_trained_nothing(
-            "trained nothing" if not rows else f"trained {max(r['steps'] for r in rows)} steps"))
+        raise StrategyUnavailable(
+            messages.scale_trained_nothing(
+                "trained nothing" if not rows else f"trained {max(r['steps'] for r in rows)} steps"
+            )
+        )
     batch = usable[0]["batch_size"]  # None: fit was given data whose batch is not known
     per_rank = batch // n if batch and strategy in GLOBAL_BATCH else batch
-    return {"step": statistics.median(r["step_s"] for r in usable),
-            "period": statistics.median(r["period_s"] for r in usable),
-            "rest": statistics.median(r["rest_s"] for r in usable),
-            "batch": per_rank, "grad_bytes": usable[0].get("grad_bytes") or 0}
+    return {
+        "step": statistics.median(r["step_s"] for r in usable),
+        "period": statistics.median(r["period_s"] for r in usable),
+        "rest": statistics.median(r["rest_s"] for r in usable),
+        "batch": per_rank,
+        "grad_bytes": usable[0].get("grad_bytes") or 0,
+    }
 
 
 def _table(strategy: str, figures: dict, link, grad: int, top: int, cost: float) -> ScaleTable:
@@ -209,16 +216,34 @@ def _table(strategy: str, figures: dict, link, grad: int, top: int, cost: float)
     rows = []
     for n, f in sorted(figures.items()):
         comm = max(f["step"] - compute1, 0.0) if n > 1 else 0.0
-        rows.append(with_speedup(Row(n=n, samples_per_s=n * batch / f["period"], step_s=f["period"],
-                                     compute_s=compute1, communication_s=comm, rest_s=f["rest"]), base))
+        rows.append(
+            with_speedup(
+                Row(
+                    n=n,
+                    samples_per_s=n * batch / f["period"],
+                    step_s=f["period"],
+                    compute_s=compute1,
+                    communication_s=comm,
+                    rest_s=f["rest"],
+                ),
+                base,
+            )
+        )
     last = figures[top]
     compute_top = max(last["step"] - link.allreduce(grad, top), 0.0) if top > 1 else compute1
     for n in (top * 2, top * 4):
         rows.append(predict(n, compute_top, last["rest"], batch, grad, link, base))
-    from_one = {n: predict(n, compute1, one["rest"], batch, grad, link, base).step_s
-                for n in figures if n > 1}
-    table = ScaleTable(strategy, rows, link, grad, one["batch"], predicted_from_one=from_one,
-                       cost_s=cost, backend=backends.keras_backend())
+    from_one = {n: predict(n, compute1, one["rest"], batch, grad, link, base).step_s for n in figures if n > 1}
+    table = ScaleTable(
+        strategy,
+        rows,
+        link,
+        grad,
+        one["batch"],
+        predicted_from_one=from_one,
+        cost_s=cost,
+        backend=backends.keras_backend(),
+    )
     table.advice = advice(rows, one["batch"], grad, link, horovod=strategy == "horovod")
     return table
 

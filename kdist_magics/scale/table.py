@@ -10,8 +10,18 @@ from ..messages import BATCH_UNKNOWN, LINK_FITTED, LINK_NONE, SCALE_COMM_INFERRE
 from .figure import svg
 from .model import ASSUMPTIONS, GLOBAL_BATCH, Link, Row
 
-COLUMNS = ("N", "samples/s", "speed-up", "efficiency", "step ms", "compute ms",
-           "communication ms", "rest ms", "comm share", "")
+COLUMNS = (
+    "N",
+    "samples/s",
+    "speed-up",
+    "efficiency",
+    "step ms",
+    "compute ms",
+    "communication ms",
+    "rest ms",
+    "comm share",
+    "",
+)
 #: the throughput column where the batch is not known: batches (steps of every rank) per second
 BATCHES_COLUMN = "batches/s"
 
@@ -51,8 +61,12 @@ class ScaleTable:
         """Whether the probe's compute describes a run: the same cell and strategy, on the same
         backend, at an N it measured (its per-rank batch is checked against the run's own rows,
         :meth:`kdist_magics.watch.record.RunRecord.probed_compute`)."""
-        return (strategy == self.strategy and cell == self.cell and backend == self.backend
-                and any(r.n == n and r.measured for r in self.rows))
+        return (
+            strategy == self.strategy
+            and cell == self.cell
+            and backend == self.backend
+            and any(r.n == n and r.measured for r in self.rows)
+        )
 
     def lend(self, record) -> None:
         """Give a run this probe's compute to split its steps with (:meth:`describes` first)."""
@@ -66,11 +80,18 @@ class ScaleTable:
 
     def cells(self, row: Row) -> list[str]:
         share = row.communication_share
-        return [str(row.n), f"{row.samples_per_s:,.0f}", f"{row.speedup:.2f}x",
-                f"{row.efficiency:.0%}", _ms(row.step_s), _ms(row.compute_s),
-                _ms(row.communication_s), _ms(row.rest_s),
-                "-" if share is None else f"{share:.0%}",
-                "measured" if row.measured else "predicted"]
+        return [
+            str(row.n),
+            f"{row.samples_per_s:,.0f}",
+            f"{row.speedup:.2f}x",
+            f"{row.efficiency:.0%}",
+            _ms(row.step_s),
+            _ms(row.compute_s),
+            _ms(row.communication_s),
+            _ms(row.rest_s),
+            "-" if share is None else f"{share:.0%}",
+            "measured" if row.measured else "predicted",
+        ]
 
     def head(self) -> str:
         link = self.link
@@ -78,22 +99,28 @@ class ScaleTable:
             said = LINK_NONE
         else:
             via = f" ({link.via})" if link.via else ""
-            said = (f"{LINK_FITTED + ': ' if link.fitted else f'link{via} '}"
-                    f"{link.bandwidth / 2**20:,.0f} MiB/s bus bandwidth, {link.latency * 1e6:,.0f} us "
-                    f"per ring step ({link.ranks} {'devices' if link.fitted else 'ranks'}"
-                    f"{f', {link.hosts} hosts' if link.hosts > 1 else ''})")
+            said = (
+                f"{LINK_FITTED + ': ' if link.fitted else f'link{via} '}"
+                f"{link.bandwidth / 2**20:,.0f} MiB/s bus bandwidth, {link.latency * 1e6:,.0f} us "
+                f"per ring step ({link.ranks} {'devices' if link.fitted else 'ranks'}"
+                f"{f', {link.hosts} hosts' if link.hosts > 1 else ''})"
+            )
         batch = self.batch if self.batch is not None else BATCH_UNKNOWN
-        return (f"kdist scale: {self.strategy}, per-{'replica' if link.fitted else 'rank'} batch "
-                f"{batch}, gradients {self.grad_bytes / 2**20:.2f} MiB; {said}; probe took "
-                f"{self.cost_s:.0f} s")
+        return (
+            f"kdist scale: {self.strategy}, per-{'replica' if link.fitted else 'rank'} batch "
+            f"{batch}, gradients {self.grad_bytes / 2**20:.2f} MiB; {said}; probe took "
+            f"{self.cost_s:.0f} s"
+        )
 
     def __repr__(self) -> str:
         table = [list(self.columns)] + [self.cells(r) for r in self.rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(self.columns))]
         text = [self.head()]
         text += ["  " + "  ".join(c.rjust(w) for c, w in zip(line, widths)).rstrip() for line in table]
-        text += [f"  checked: {n} ranks predicted {_ms(p)} ms a step from 1 rank, measured "
-                 f"{_ms(self.step_of(n))} ms" for n, p in sorted(self.predicted_from_one.items())]
+        text += [
+            f"  checked: {n} ranks predicted {_ms(p)} ms a step from 1 rank, measured {_ms(self.step_of(n))} ms"
+            for n, p in sorted(self.predicted_from_one.items())
+        ]
         text += ["  " + SCALE_COMM_INFERRED]
         text += ["  assumes: " + "; ".join(ASSUMPTIONS)]
         text += [f"  note: {n}" for n in self.notes]
@@ -101,28 +128,31 @@ class ScaleTable:
         return "\n".join(text)
 
     def _repr_html_(self) -> str:
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self.cells(r)) + "</tr>"
-                       for r in self.rows)
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self.cells(r)) + "</tr>" for r in self.rows
+        )
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         extra = "".join(f"<li>{html.escape(a)}</li>" for a in self.advice + self.notes)
-        return (f"<div class='kdist-scale'><p>{html.escape(self.head())}</p>{svg(self.rows)}"
-                f"<table><tr>{head}</tr>"
-                f"{rows}</table><p><small>{html.escape(SCALE_COMM_INFERRED)}</small></p><p><small>assumes: {html.escape('; '.join(ASSUMPTIONS))}</small></p>"
-                f"<ul>{extra}</ul></div>")
+        return (
+            f"<div class='kdist-scale'><p>{html.escape(self.head())}</p>{svg(self.rows)}"
+            f"<table><tr>{head}</tr>"
+            f"{rows}</table><p><small>{html.escape(SCALE_COMM_INFERRED)}</small></p><p><small>assumes: {html.escape('; '.join(ASSUMPTIONS))}</small></p>"
+            f"<ul>{extra}</ul></div>"
+        )
 
     def step_of(self, n: int) -> float | None:
         return next((r.step_s for r in self.rows if r.n == n and r.measured), None)
 
     def prediction_errors(self) -> dict[int, float]:
         """|predicted - measured| / measured of each measured N > 1, predicted from 1 rank."""
-        return {n: abs(p - self.step_of(n)) / self.step_of(n)
-                for n, p in self.predicted_from_one.items() if self.step_of(n)}
+        return {
+            n: abs(p - self.step_of(n)) / self.step_of(n) for n, p in self.predicted_from_one.items() if self.step_of(n)
+        }
 
     def to_pandas(self):
         import pandas as pd
 
-        return pd.DataFrame([{**asdict(r), "communication_share": r.communication_share}
-                             for r in self.rows])
+        return pd.DataFrame([{**asdict(r), "communication_share": r.communication_share} for r in self.rows])
 
     def what_if(self):
         """A control for teaching: drag N, the link's bandwidth and latency and the per-rank
@@ -141,8 +171,9 @@ class ScaleTable:
         for measured, style in ((True, "o-"), (False, "o--")):
             pts = [(r.n, r.speedup) for r in self.rows if r.measured is measured]
             if pts:
-                ax.plot(*zip(*pts), style, mfc=None if measured else "none",
-                        label="measured" if measured else "predicted")
+                ax.plot(
+                    *zip(*pts), style, mfc=None if measured else "none", label="measured" if measured else "predicted"
+                )
         ax.set_xlabel("ranks (N)")
         ax.set_ylabel("speed-up over 1 rank")
         ax.set_title(f"kdist scale: {self.strategy}")

@@ -12,9 +12,9 @@ from __future__ import annotations
 from .figure import svg
 from .model import Link, Row, predict
 
-MiB = 2 ** 20
+MiB = 2**20
 #: the N the control offers (powers of two) and the batch factors (of the probed batch)
-NS = tuple(2 ** k for k in range(1, 11))
+NS = tuple(2**k for k in range(1, 11))
 FACTORS = (0.25, 0.5, 1, 2, 4, 8, 16, 32)
 
 
@@ -27,8 +27,15 @@ def rows(table, n: int, bandwidth: float, latency: float, factor: float = 1.0) -
     rest = one.rest_s or 0.0
     link = Link(bandwidth=bandwidth, latency=latency, ranks=n, hosts=table.link.hosts)
     base = batch / (compute + rest)
-    first = Row(n=1, samples_per_s=base, step_s=compute + rest, compute_s=compute,
-                communication_s=0.0, rest_s=rest, measured=False)
+    first = Row(
+        n=1,
+        samples_per_s=base,
+        step_s=compute + rest,
+        compute_s=compute,
+        communication_s=0.0,
+        rest_s=rest,
+        measured=False,
+    )
     out, k = [first], 2
     while k <= n:
         out.append(predict(k, compute, rest, batch, table.grad_bytes, link, base))
@@ -41,10 +48,15 @@ def rows(table, n: int, bandwidth: float, latency: float, factor: float = 1.0) -
 def verdict(table, row: Row, factor: float) -> str:
     """One line under the plot: the prediction at the N asked."""
     share = row.communication_share or 0.0
-    batch = (f"per-rank batch {round(table.batch * factor)}" if table.batch is not None
-             else f"{factor:g} x today's per-rank batch")
-    return (f"predicted: {row.n} ranks give {row.speedup:.1f}x over 1 rank (efficiency "
-            f"{row.efficiency:.0%}; {share:.0%} of a step is all-reduce) at {batch}")
+    batch = (
+        f"per-rank batch {round(table.batch * factor)}"
+        if table.batch is not None
+        else f"{factor:g} x today's per-rank batch"
+    )
+    return (
+        f"predicted: {row.n} ranks give {row.speedup:.1f}x over 1 rank (efficiency "
+        f"{row.efficiency:.0%}; {share:.0%} of a step is all-reduce) at {batch}"
+    )
 
 
 def control(table):
@@ -53,12 +65,25 @@ def control(table):
 
     link = table.link
     bandwidth = link.bandwidth if link.bandwidth != float("inf") else 1e12
-    n = w.SelectionSlider(options=NS, value=min((k for k in NS if k >= 4), default=4),
-                          description="ranks N")
-    bw = w.FloatLogSlider(value=min(max(bandwidth / MiB, 1.0), 1e6), base=10, min=0, max=6,
-                          step=0.05, description="MiB/s", readout_format=",.0f")
-    lat = w.FloatLogSlider(value=min(max(link.latency * 1e6, 1.0), 1e5), base=10, min=0, max=5,
-                           step=0.05, description="latency us", readout_format=",.0f")
+    n = w.SelectionSlider(options=NS, value=min((k for k in NS if k >= 4), default=4), description="ranks N")
+    bw = w.FloatLogSlider(
+        value=min(max(bandwidth / MiB, 1.0), 1e6),
+        base=10,
+        min=0,
+        max=6,
+        step=0.05,
+        description="MiB/s",
+        readout_format=",.0f",
+    )
+    lat = w.FloatLogSlider(
+        value=min(max(link.latency * 1e6, 1.0), 1e5),
+        base=10,
+        min=0,
+        max=5,
+        step=0.05,
+        description="latency us",
+        readout_format=",.0f",
+    )
     factor = w.SelectionSlider(options=FACTORS, value=1, description="batch x")
     out = w.HTML()
 
@@ -74,8 +99,10 @@ def control(table):
 
 
 #: above the sliders
-INTRO = ("what if: the probe's compute per step and gradient bytes, on another link, at another "
-         "N or batch (the speed-up is over 1 rank at that batch)")
+INTRO = (
+    "what if: the probe's compute per step and gradient bytes, on another link, at another "
+    "N or batch (the speed-up is over 1 rank at that batch)"
+)
 
 
 def _with_static_view(box):
@@ -87,8 +114,10 @@ def _with_static_view(box):
         def _repr_mimebundle_(self, **kwargs):
             own = getattr(super(), "_repr_mimebundle_", None)  # ipywidgets 8 (7 displays itself)
             bundle = (own(**kwargs) if own else None) or {}
-            bundle["text/html"] = (f"<div class='kdist-what-if'><small>{INTRO}; its sliders move "
-                                   f"in a running notebook</small>{self.children[-1].value}</div>")
+            bundle["text/html"] = (
+                f"<div class='kdist-what-if'><small>{INTRO}; its sliders move "
+                f"in a running notebook</small>{self.children[-1].value}</div>"
+            )
             return bundle
 
     return WhatIf

@@ -17,12 +17,38 @@ from typing import Any, Mapping
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
-from .options import (ENGINE_STRATEGIES, KERNEL_STRATEGIES, KINDS, LAUNCHERS, OPTIONS, OUT_MODES, RAY_OPTIONS,
-                      SLURM_OPTIONS, STRATEGIES, _kdist, declare)
+from .options import (
+    ENGINE_STRATEGIES,
+    KERNEL_STRATEGIES,
+    KINDS,
+    LAUNCHERS,
+    OPTIONS,
+    OUT_MODES,
+    RAY_OPTIONS,
+    SLURM_OPTIONS,
+    STRATEGIES,
+    _kdist,
+    declare,
+)
 
-__all__ = ["ENGINE_STRATEGIES", "KERNEL_STRATEGIES", "KINDS", "LAUNCHERS", "OPTIONS", "OUT_MODES", "RAY_OPTIONS",
-           "SLURM_OPTIONS", "STRATEGIES", "RunSpec", "declare", "from_args", "launcher_given", "parse_line",
-           "sharded_on_engines", "validate"]
+__all__ = [
+    "ENGINE_STRATEGIES",
+    "KERNEL_STRATEGIES",
+    "KINDS",
+    "LAUNCHERS",
+    "OPTIONS",
+    "OUT_MODES",
+    "RAY_OPTIONS",
+    "SLURM_OPTIONS",
+    "STRATEGIES",
+    "RunSpec",
+    "declare",
+    "from_args",
+    "launcher_given",
+    "parse_line",
+    "sharded_on_engines",
+    "validate",
+]
 
 
 @dataclass(frozen=True)
@@ -129,8 +155,7 @@ def validate(spec: RunSpec) -> RunSpec:
 
         if s not in ("auto", "sharded"):
             raise UsageError(f"--mesh applies to sharded, not {s}")
-        check_mesh(spec.mesh, spec.devices if "devices" in given else None,
-                   spec.np if "np" in given else None)
+        check_mesh(spec.mesh, spec.devices if "devices" in given else None, spec.np if "np" in given else None)
     _check_launcher(spec)
     if s in ENGINE_STRATEGIES and "devices" in given:
         raise UsageError(f"--devices applies to mirrored; for {s} give the number of ranks with --np N")
@@ -142,8 +167,13 @@ def validate(spec: RunSpec) -> RunSpec:
 def _check_in_kernel(spec: RunSpec) -> None:
     """Options only engine strategies take, refused for a cell that runs in the notebook."""
     s, given = spec.strategy, spec.given
-    for opt, name in (("--np", "np"), ("--push", "push"), ("--pull", "pull"),
-                      ("--cluster-id", "cluster_id"), ("--profile", "profile")):
+    for opt, name in (
+        ("--np", "np"),
+        ("--push", "push"),
+        ("--pull", "pull"),
+        ("--cluster-id", "cluster_id"),
+        ("--profile", "profile"),
+    ):
         if name in given:
             raise UsageError(
                 f"{opt} applies to engine strategies (horovod, multiworker), not {s}:\n"
@@ -162,8 +192,7 @@ def _check_launcher(spec: RunSpec) -> None:
         named = [f"--{n}" for n in options if n in spec.given]
         if spec.launcher != name and named:
             what = "a cluster kdist submits to Slurm" if name == "slurm" else "engines Ray places"
-            raise UsageError(f"{', '.join(named)} applies to --launcher {name} ({what}); add "
-                             f"--launcher {name}")
+            raise UsageError(f"{', '.join(named)} applies to --launcher {name} ({what}); add --launcher {name}")
     if spec.launcher == "local":
         return
     # (sharded runs in the notebook, or across engines: --np N, or a Slurm job's or Ray's engines)
@@ -172,8 +201,10 @@ def _check_launcher(spec: RunSpec) -> None:
     if spec.strategy in KERNEL_STRATEGIES and spec.strategy != "sharded" and "launcher" in spec.given:
         raise UsageError(f"{named} starts engines (horovod, multiworker, sharded), not {spec.strategy}")
     if spec.attach:
-        raise UsageError(f"--launcher {spec.launcher} starts a cluster kdist owns; --cluster-id/--profile "
-                         f"attach to one somebody started (give one or the other)")
+        raise UsageError(
+            f"--launcher {spec.launcher} starts a cluster kdist owns; --cluster-id/--profile "
+            f"attach to one somebody started (give one or the other)"
+        )
 
 
 def _launcher_options(args: Any, launcher: str, values: dict[str, Any], given: set[str]) -> None:
@@ -200,7 +231,19 @@ def from_args(args: Any, defaults: Mapping[str, Any] | None = None) -> RunSpec:
     defaults = dict(defaults or {})
     given = set()
     values: dict[str, Any] = {}
-    for key in ("strategy", "np", "min_np", "max_np", "devices", "timeout", "out", "checkpoint", "tensorboard", "cluster_id", "profile"):
+    for key in (
+        "strategy",
+        "np",
+        "min_np",
+        "max_np",
+        "devices",
+        "timeout",
+        "out",
+        "checkpoint",
+        "tensorboard",
+        "cluster_id",
+        "profile",
+    ):
         v = getattr(args, key)
         if v is None:
             v = defaults.get(key)

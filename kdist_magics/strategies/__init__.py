@@ -42,8 +42,7 @@ def create(name: str) -> Strategy:
     target = REGISTRY.get(name)
     if target is None:
         raise StrategyUnavailable(
-            f"--strategy {name} is not available in this version of kdist_magics "
-            f"(built: {', '.join(sorted(REGISTRY))})"
+            f"--strategy {name} is not available in this version of kdist_magics (built: {', '.join(sorted(REGISTRY))})"
         )
     module_name, _, cls = target.partition(":")
     module = importlib.import_module(module_name, __name__)

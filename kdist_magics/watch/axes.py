@@ -50,9 +50,8 @@ def log_range(lo: float, hi: float) -> tuple[float, float, list[float]]:
     decades = b - a
     mults = (1, 2, 5) if decades <= 1 else (1, 3) if decades <= 3 else (1,)
     every = max(1, math.ceil(decades / 6))
-    ticks = [_clean(m * 10.0 ** e) for e in range(a, b + 1) if (e - a) % every == 0
-             for m in mults if e < b or m == 1]
-    return _clean(10.0 ** a), _clean(10.0 ** b), ticks
+    ticks = [_clean(m * 10.0**e) for e in range(a, b + 1) if (e - a) % every == 0 for m in mults if e < b or m == 1]
+    return _clean(10.0**a), _clean(10.0**b), ticks
 
 
 def wants_log(values: Iterable[float]) -> bool:
@@ -67,7 +66,7 @@ def smooth(values: list[float], weight: float = SMOOTHING) -> list[float]:
     out, last = [], 0.0
     for i, v in enumerate(values, 1):
         last = last * weight + (1 - weight) * v
-        out.append(last / (1 - weight ** i))
+        out.append(last / (1 - weight**i))
     return out
 
 

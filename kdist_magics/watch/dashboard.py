@@ -28,8 +28,17 @@ from typing import Any
 from . import stragglers
 from ..messages import SPLIT_TIMED
 from ..messages import CURVES_NOTE, NOT_RUN, TRAINED_NOTHING, lost_batches, resized_note, say, straggler
-from .dashboard_rows import (add_sample, current_phase, fraction_eta, layout_note, rounded,
-                             slowest_progress, split_entry, split_legend, thinned)
+from .dashboard_rows import (
+    add_sample,
+    current_phase,
+    fraction_eta,
+    layout_note,
+    rounded,
+    slowest_progress,
+    split_entry,
+    split_legend,
+    thinned,
+)
 from .widget import DashboardWidget
 from .offline import finished_view
 from .record import RunRecord
@@ -39,9 +48,25 @@ from ..spec import KERNEL_STRATEGIES
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 #: row fields that are not curves
-NOT_CURVES = frozenset({"rank", "epoch", "step", "batch", "fit", "time", "kind", "steps_per_s",
-                        "samples_per_s", "size", "num_steps", "step_time", "gap_time",
-                        "collective_time", "batch_size"})
+NOT_CURVES = frozenset(
+    {
+        "rank",
+        "epoch",
+        "step",
+        "batch",
+        "fit",
+        "time",
+        "kind",
+        "steps_per_s",
+        "samples_per_s",
+        "size",
+        "num_steps",
+        "step_time",
+        "gap_time",
+        "collective_time",
+        "batch_size",
+    }
+)
 #: at most this many distinct step-level series (loss first)
 MAX_SERIES = 8
 
@@ -54,8 +79,9 @@ class Dashboard:
     rank sent to the front end.
     """
 
-    def __init__(self, record: RunRecord, interval: float | None = 0.5, max_points: int = 200,
-                 clock=time.time, nice: int = 0):
+    def __init__(
+        self, record: RunRecord, interval: float | None = 0.5, max_points: int = 200, clock=time.time, nice: int = 0
+    ):
         self.record = record
         self.interval = interval
         self.max_points = max_points
@@ -69,7 +95,7 @@ class Dashboard:
         self.progress_by_rank: dict[int, dict[str, Any]] = {}
         self.curves: dict[str, Any] = {"names": [], "series": {}}  # what the front end has
         self._curves_version = 0  # bumped by every new curve point
-        self._sent_version = -1   # the version the front end has
+        self._sent_version = -1  # the version the front end has
         self.sends = 0  # front-end updates sent (coalesced)
         self.handle = None
         self._lock = threading.Lock()
@@ -99,8 +125,7 @@ class Dashboard:
         with self._lock:
             if kind == "step":
                 self.latest_step[rank] = row
-                self.recent_steps.setdefault(
-                    rank, collections.deque(maxlen=stragglers.WINDOW)).append(row)
+                self.recent_steps.setdefault(rank, collections.deque(maxlen=stragglers.WINDOW)).append(row)
             for key, value in row.items():
                 if key in NOT_CURVES or not isinstance(value, (int, float)):
                     continue
@@ -164,37 +189,47 @@ class Dashboard:
             recent = [row for rows in self.recent_steps.values() for row in rows]
         timed = stragglers.timings(recent)
         cpu = {r: s.get("cpu_percent") for r, s in self.latest_sample.items()}
-        slow = {s.rank: straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
-                for s in stragglers.find(recent, cpu)}
+        slow = {
+            s.rank: straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent) for s in stragglers.find(recent, cpu)
+        }
         slowest_progress(progress, per_rank)
         rows = rec.split_rows(recent)
         splits = {s["rank"]: split_entry(s) for s in rows}
         ranks, throughput = self._rank_entries(rank_states, timed, slow, splits)
         state = self._state(now, phases, progress, ranks, throughput, slow)
-        state["split_legend"] = split_legend(splits, rec.probed_compute(recent),
-                                             any(s["source"] == SPLIT_TIMED for s in rows))
+        state["split_legend"] = split_legend(
+            splits, rec.probed_compute(recent), any(s["source"] == SPLIT_TIMED for s in rows)
+        )
         if not with_curves:
             return state, None
         return state, self._curves()
 
-    def _rank_entries(self, rank_states, timed, slow,
-                      splits) -> tuple[list[dict[str, Any]], float | None]:
+    def _rank_entries(self, rank_states, timed, slow, splits) -> tuple[list[dict[str, Any]], float | None]:
         """One entry per rank for the table; the ranks' summed samples/s (None: none said)."""
         ranks = []
         throughput = None
         for r, st in rank_states:
             sample, shared = self._sample_for(r, st.get("device"))
             step = self.latest_step.get(r, {})
-            entry = {"rank": r, "state": st.get("state"), "host": st.get("host"),
-                     "node": st.get("node"), "pid": st.get("pid"), "device": st.get("device"), "error": st.get("error"),
-                     "loss": rounded(step.get("loss")), "step": step.get("step"),
-                     "epoch": step.get("epoch"), "shared": shared,
-                     "total_steps": self.progress_by_rank.get(r, {}).get("total_steps"),
-                     "own_step_s": rounded(timed[r][0]) if r in timed else None,
-                     "wait_step_s": rounded(timed[r][1]) if r in timed else None,
-                     "straggler": slow.get(r),
-                     # the step split's bar: mean seconds per step (watch/split.py)
-                     "split": splits.get(r)}
+            entry = {
+                "rank": r,
+                "state": st.get("state"),
+                "host": st.get("host"),
+                "node": st.get("node"),
+                "pid": st.get("pid"),
+                "device": st.get("device"),
+                "error": st.get("error"),
+                "loss": rounded(step.get("loss")),
+                "step": step.get("step"),
+                "epoch": step.get("epoch"),
+                "shared": shared,
+                "total_steps": self.progress_by_rank.get(r, {}).get("total_steps"),
+                "own_step_s": rounded(timed[r][0]) if r in timed else None,
+                "wait_step_s": rounded(timed[r][1]) if r in timed else None,
+                "straggler": slow.get(r),
+                # the step split's bar: mean seconds per step (watch/split.py)
+                "split": splits.get(r),
+            }
             if sample:
                 add_sample(entry, sample, st, shared)
             sps = step.get("samples_per_s") or None
@@ -212,16 +247,21 @@ class Dashboard:
         failed_ranks = [r for r in ranks if r["state"] == "failed"]
         error = rec.error or next((r["error"] for r in failed_ranks if r["error"]), None)
         return {
-            "status": rec.status, "strategy": rec.strategy, "size": len(ranks),
+            "status": rec.status,
+            "strategy": rec.strategy,
+            "size": len(ranks),
             "mesh": "x".join(map(str, rec.mesh)) if rec.mesh else None,
             # --strategy sharded, once the cell has built its model: each device's share
             "layout_note": layout_note(rec.layout_table),
-            "reason": rec.reason, "error": (error or "").strip().splitlines()[-1] if error else None,
-            "elapsed": round(rec.duration, 1), "running": rec.status == "running",
+            "reason": rec.reason,
+            "error": (error or "").strip().splitlines()[-1] if error else None,
+            "elapsed": round(rec.duration, 1),
+            "running": rec.status == "running",
             # a finished cell that trained nothing: said where the progress bar would be
             "curves_note": CURVES_NOTE,
-            "idle_note": TRAINED_NOTHING if rec.status != "running" and total is None
-            and progress.get("epochs") is None else "",
+            "idle_note": TRAINED_NOTHING
+            if rec.status != "running" and total is None and progress.get("epochs") is None
+            else "",
             "lost_batches": rec.lost_batches,
             "world_size": rec.world_size,
             # the current phase, with its time so far; and every phase's time (the summary)
@@ -230,13 +270,19 @@ class Dashboard:
             "resize_note": resized_note(rec.first_size, rec.resizes) if rec.resizes else "",
             "lost_note": lost_batches(rec.lost_batches) if rec.lost_batches else "",
             "stragglers": [slow[r] for r in sorted(slow)],
-            "progress": {"fraction": rounded(fraction), "step": done, "total_steps": total,
-                         "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
-                         "steps_per_epoch": progress.get("steps_per_epoch"),
-                         "eta_s": rounded(eta),
-                         "samples_per_s": rounded(throughput) if throughput is not None else
-                         rounded(progress.get("samples_per_s")),
-                         "steps_per_s": rounded(progress.get("steps_per_s"))},
+            "progress": {
+                "fraction": rounded(fraction),
+                "step": done,
+                "total_steps": total,
+                "epoch": progress.get("epoch"),
+                "epochs": progress.get("epochs"),
+                "steps_per_epoch": progress.get("steps_per_epoch"),
+                "eta_s": rounded(eta),
+                "samples_per_s": rounded(throughput)
+                if throughput is not None
+                else rounded(progress.get("samples_per_s")),
+                "steps_per_s": rounded(progress.get("steps_per_s")),
+            },
             "ranks": ranks,
         }
 
@@ -244,9 +290,10 @@ class Dashboard:
         """The curves, thinned to ``max_points`` per rank: loss first, validation last."""
         with self._lock:
             names = sorted(self.series, key=lambda k: (k != "loss", k.startswith("val_"), k))
-            series = {name: {str(r): thinned(pts, self.max_points)
-                             for r, pts in sorted(self.series[name].items())}
-                      for name in names}
+            series = {
+                name: {str(r): thinned(pts, self.max_points) for r, pts in sorted(self.series[name].items())}
+                for name in names
+            }
         return {"names": names, "series": series}
 
     def flush(self) -> bool:
@@ -280,8 +327,7 @@ class Dashboard:
         return {
             "text/plain": f"kdist dashboard: {self.record.summary()}",
             "text/html": self.html(),
-            WIDGET_MIME: {"version_major": 2, "version_minor": 0,
-                          "model_id": self.widget.model_id},
+            WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id},
         }
 
     def display(self):
@@ -315,8 +361,7 @@ class Dashboard:
             pass
         if self.handle is not None:
             try:  # a cell that never began keeps its one error line, and no dashboard
-                bundle = ({"text/plain": ""} if self.record.status == NOT_RUN
-                          else self.finished_bundle())
+                bundle = {"text/plain": ""} if self.record.status == NOT_RUN else self.finished_bundle()
                 self.handle.update(bundle, raw=True)
             except Exception:
                 pass
@@ -333,8 +378,7 @@ class Dashboard:
     def finished_bundle(self) -> dict[str, Any]:
         """What the output holds once the run ended: no widget, the view drawn from the final
         state by the widget's own script where scripts run, the static summary where not."""
-        return {"text/plain": f"kdist dashboard: {self.record.summary()}",
-                "text/html": finished_view(*self.snapshot())}
+        return {"text/plain": f"kdist dashboard: {self.record.summary()}", "text/html": finished_view(*self.snapshot())}
 
 
 def show(record: RunRecord, **kwargs: Any) -> Dashboard:  # kwargs: Dashboard's (nice, interval)

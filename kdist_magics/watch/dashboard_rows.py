@@ -29,7 +29,7 @@ def thinned(points: list, limit: int) -> list:
     stride = math.ceil(n / limit)
     out = points[::stride]
     if out[-1] is not points[-1]:
-        out = out[:limit - 1] + [points[-1]]
+        out = out[: limit - 1] + [points[-1]]
     return out
 
 
@@ -54,24 +54,26 @@ def slowest_progress(progress: dict[str, Any], per_rank: list[dict[str, Any]]) -
     progress["fit_started"] = min(starts) if starts else None
 
 
-def add_sample(entry: dict[str, Any], sample: dict[str, Any], st: dict[str, Any],
-                shared: bool) -> None:
+def add_sample(entry: dict[str, Any], sample: dict[str, Any], st: dict[str, Any], shared: bool) -> None:
     """A rank's table entry with its utilisation sample (in-kernel replicas: their own GPU)."""
     gpus = list(sample.get("gpus") or [])
     dev = str(st.get("device") or "")
     if shared and gpus and dev.rsplit(":", 1)[-1].isdigit():
         idx = int(dev.rsplit(":", 1)[-1])
         gpus = [g for g in gpus if g.get("index") == idx] or gpus
-    entry.update({
-        "host": entry["host"] or sample.get("host"),
-        "pid": entry["pid"] or sample.get("pid"),
-        "cpu_percent": rounded(sample.get("cpu_percent")),
-        "cpu_count": sample.get("cpu_count"),
-        "rss_bytes": sample.get("rss_bytes"),
-        "pss_bytes": sample.get("pss_bytes"),
-        "gpus": gpus, "tpus": sample.get("tpus") or [],
-        "accelerator_note": sample.get("accelerator_note"),
-    })
+    entry.update(
+        {
+            "host": entry["host"] or sample.get("host"),
+            "pid": entry["pid"] or sample.get("pid"),
+            "cpu_percent": rounded(sample.get("cpu_percent")),
+            "cpu_count": sample.get("cpu_count"),
+            "rss_bytes": sample.get("rss_bytes"),
+            "pss_bytes": sample.get("pss_bytes"),
+            "gpus": gpus,
+            "tpus": sample.get("tpus") or [],
+            "accelerator_note": sample.get("accelerator_note"),
+        }
+    )
 
 
 def layout_note(table) -> str:
@@ -103,8 +105,11 @@ def split_entry(row: dict[str, Any]) -> dict[str, Any] | None:
     ``rest``; None where its rows carry no step timing (Keras on JAX)."""
     if row["in_step_s"] is None:
         return None
-    parts = ({"compute": row["compute_s"], "communication": row["communication_s"]}
-             if row["compute_s"] is not None else {"in_step": row["in_step_s"]})
+    parts = (
+        {"compute": row["compute_s"], "communication": row["communication_s"]}
+        if row["compute_s"] is not None
+        else {"in_step": row["in_step_s"]}
+    )
     if row.get("wait_s") is not None:
         parts["wait"] = row["wait_s"]
     parts["rest"] = row["rest_s"] or 0.0

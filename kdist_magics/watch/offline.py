@@ -82,13 +82,14 @@ def _json(value: Any) -> str:
 def finished_view(state: dict[str, Any], curves: dict[str, Any]) -> str:
     """The finished run's output: the drawn view where scripts run, the static summary where not."""
     box = f"kdist-offline-{uuid.uuid4().hex}"  # unique across kernels a notebook has had
-    return "\n".join([
-        f'<div class="kdist-offline" id="{box}">',
-        f"<style>{_css()}</style>",
-        f'<script type="application/json" class="kdist-data">'
-        f'{_json({"state": state, "curves": curves})}</script>',
-        '<div class="kdist-drawn"></div>',
-        static_summary(state, curves),
-        f"<script>{_RUNNER.replace('$ID', box).replace('$MODULE', _module())}</script>",
-        "</div>",
-    ])
+    return "\n".join(
+        [
+            f'<div class="kdist-offline" id="{box}">',
+            f"<style>{_css()}</style>",
+            f'<script type="application/json" class="kdist-data">{_json({"state": state, "curves": curves})}</script>',
+            '<div class="kdist-drawn"></div>',
+            static_summary(state, curves),
+            f"<script>{_RUNNER.replace('$ID', box).replace('$MODULE', _module())}</script>",
+            "</div>",
+        ]
+    )

@@ -31,15 +31,19 @@ def plot(record, metric: str = "loss", ax=None, log: bool | None = None, smooth:
     try:
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ImportError("last_run().plot() draws with matplotlib: pip install matplotlib "
-                          "(the live dashboard and last_run().to_pandas() need nothing more)") from None
+        raise ImportError(
+            "last_run().plot() draws with matplotlib: pip install matplotlib "
+            "(the live dashboard and last_run().to_pandas() need nothing more)"
+        ) from None
     with record._lock:
         metrics = list(record.metrics)
     train = lines(metrics, metric)
     val = lines(metrics, f"val_{metric}") if not metric.startswith("val_") else {}
     if not train and not val:
-        names = sorted({k for row in metrics for k, v in row.items() if isinstance(v, (int, float))}
-                       - {"rank", "epoch", "step", "batch", "fit", "time"})
+        names = sorted(
+            {k for row in metrics for k, v in row.items() if isinstance(v, (int, float))}
+            - {"rank", "epoch", "step", "batch", "fit", "time"}
+        )
         raise ValueError(f"no {metric!r} in this run's metrics; there are: {', '.join(names) or 'none'}")
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -51,8 +55,14 @@ def plot(record, metric: str = "loss", ax=None, log: bool | None = None, smooth:
             ys = _smooth(ys)
         ax.plot(xs, ys, color=colour, linewidth=1.6, label=f"rank {rank}")
     for rank, pts in val.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", mfc="white",
-                mec=PALETTE[rank % len(PALETTE)], label=f"rank {rank} val_{metric}")
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            "o",
+            mfc="white",
+            mec=PALETTE[rank % len(PALETTE)],
+            label=f"rank {rank} val_{metric}",
+        )
     values = [v for pts in [*train.values(), *val.values()] for _, v in pts]
     if (wants_log(values) if log is None else log) and min(values) > 0:
         ax.set_yscale("log")

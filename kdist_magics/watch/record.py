@@ -129,8 +129,7 @@ class RunRecord:
         self.phases.append({"name": name, "started": now, "ended": None, "detail": detail})
         return dict(self.phases[-1])
 
-    def note_resize(self, lost: list[int], size: int, error: str = "",
-                    added: list[int] | None = None) -> None:
+    def note_resize(self, lost: list[int], size: int, error: str = "", added: list[int] | None = None) -> None:
         """An elastic run went on without ranks ``lost`` (or took in ranks ``added``); it has
         ``size`` ranks now."""
         with self._lock:
@@ -140,8 +139,15 @@ class RunRecord:
             for rank in lost:
                 state = self.ranks.setdefault(rank, RankState(rank))
                 state.state, state.error = "lost", error or state.error
-            self.resizes.append({"time": time.time(), "lost": sorted(lost),
-                                 "added": sorted(added or []), "before": before, "size": int(size)})
+            self.resizes.append(
+                {
+                    "time": time.time(),
+                    "lost": sorted(lost),
+                    "added": sorted(added or []),
+                    "before": before,
+                    "size": int(size),
+                }
+            )
         self._notify("resize", self.resizes[-1])
 
     @property
@@ -198,8 +204,11 @@ class RunRecord:
     def cpu_by_rank(self) -> dict[int, float | None]:
         """Each rank's latest CPU reading (percent of one core)."""
         with self._lock:
-            return {int(s.get("rank", 0) or 0): s.get("cpu_percent") for s in self.samples
-                    if s.get("cpu_percent") is not None}
+            return {
+                int(s.get("rank", 0) or 0): s.get("cpu_percent")
+                for s in self.samples
+                if s.get("cpu_percent") is not None
+            }
 
     def stragglers(self, window: int | None = None) -> list[_stragglers.Straggler]:
         """Ranks clearly slower than the others, over the whole run (or each rank's last
@@ -209,8 +218,7 @@ class RunRecord:
         return _stragglers.find(rows, self.cpu_by_rank(), window)
 
     def straggler_notes(self, window: int | None = None) -> list[str]:
-        return [straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent)
-                for s in self.stragglers(window)]
+        return [straggler(s.rank, s.ratio, s.own_s, s.others_s, s.cpu_percent) for s in self.stragglers(window)]
 
     def plot(self, metric: str = "loss", ax=None, log: bool | None = None, smooth: bool = False):
         """The dashboard's curves with matplotlib: ``metric`` per rank, ``val_<metric>`` per
@@ -240,8 +248,9 @@ class RunRecord:
         row that says its batch was trained at the batch the probe measured."""
         if self.probe_compute_s is None:
             return None
-        batches = {r.get("batch_size") for r in rows if r.get("kind", "step") == "step"
-                   and r.get("batch_size") is not None}
+        batches = {
+            r.get("batch_size") for r in rows if r.get("kind", "step") == "step" and r.get("batch_size") is not None
+        }
         return self.probe_compute_s if batches <= {self.probe_batch} else None
 
     def split_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -263,12 +272,13 @@ class RunRecord:
         last = self.metrics[-1] if self.metrics else {}
         loss = f", last loss {last['loss']:.4g}" if isinstance(last.get("loss"), (int, float)) else ""
         lost = f"; {lost_batches(self.lost_batches)}" if self.lost_batches else ""
-        shrunk = f", {resized_summary(self.first_size, self.world_size, self.resizes)}" \
-            if self.resizes else ""
+        shrunk = f", {resized_summary(self.first_size, self.world_size, self.resizes)}" if self.resizes else ""
         slow = "".join(f"; {note}" for note in self.straggler_notes())
         pushed = f"; {push_report(self.pushed)}" if self.pushed else ""
-        return (f"{self.strategy}: {self.status} in {self.duration:.1f} s, "
-                f"{done}/{len(self.ranks)} ranks done{shrunk}{loss}{lost}{slow}{pushed}")
+        return (
+            f"{self.strategy}: {self.status} in {self.duration:.1f} s, "
+            f"{done}/{len(self.ranks)} ranks done{shrunk}{loss}{lost}{slow}{pushed}"
+        )
 
     def __repr__(self) -> str:
         return f"<RunRecord {self.summary()}>"

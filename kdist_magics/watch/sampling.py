@@ -110,8 +110,9 @@ class _NvmlProbe:
 CPU_ONLY = "CPU only"
 
 
-def _accelerators(nvml, pid: int, gpu_present: Callable[[], bool] | None,
-                  tpu_probe: Callable[[], Any] | None) -> tuple["_NvmlProbe | None", str | None]:
+def _accelerators(
+    nvml, pid: int, gpu_present: Callable[[], bool] | None, tpu_probe: Callable[[], Any] | None
+) -> tuple["_NvmlProbe | None", str | None]:
     """The GPU probe (NVML) for process ``pid`` and the device line where there is none
     (:class:`Sampler`'s arguments of the same names)."""
     gpu, note = None, None
@@ -156,11 +157,20 @@ class Sampler:
     one the device line is "CPU only", with one that NVML cannot read, NVML's reason.
     """
 
-    def __init__(self, sink: Sink, rank: int = 0, interval: float = SAMPLE_INTERVAL, *,
-                 psutil=None, nvml=None, tpu_probe: Callable[[], Any] | None = None,
-                 pid: int | None = None, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic,
-                 gpu_present: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        sink: Sink,
+        rank: int = 0,
+        interval: float = SAMPLE_INTERVAL,
+        *,
+        psutil=None,
+        nvml=None,
+        tpu_probe: Callable[[], Any] | None = None,
+        pid: int | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        gpu_present: Callable[[], bool] | None = None,
+    ):
         self.sink = sink
         self.monotonic = monotonic
         self.rank = rank
@@ -189,9 +199,15 @@ class Sampler:
 
     def sample(self) -> dict[str, Any]:
         """One sample row (also usable without the thread)."""
-        row: dict[str, Any] = {"rank": self.rank, "time": self.clock(), "pid": self.pid,
-                               "host": self.host, "cpu_count": self.cpu_count,
-                               "cpu_percent": None, "rss_bytes": None}
+        row: dict[str, Any] = {
+            "rank": self.rank,
+            "time": self.clock(),
+            "pid": self.pid,
+            "host": self.host,
+            "cpu_count": self.cpu_count,
+            "cpu_percent": None,
+            "rss_bytes": None,
+        }
         if self.process is not None:
             # CPU % is over the time since the last reading; under a quarter of the
             # interval (the sample at start, or one at the end right after a periodic one)
@@ -254,8 +270,7 @@ class Sampler:
     def start(self) -> "Sampler":
         with contextlib.suppress(Exception):
             self.sink("sample", self.sample())
-        self._thread = threading.Thread(target=self._loop, name=f"kdist-sampler-{self.rank}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"kdist-sampler-{self.rank}", daemon=True)
         self._thread.start()
         return self
 
@@ -272,8 +287,7 @@ class Sampler:
 
 
 @contextlib.contextmanager
-def sampling(sink: Sink, rank: int = 0, interval: float = SAMPLE_INTERVAL, nice: int = 0,
-             **probes: Any):
+def sampling(sink: Sink, rank: int = 0, interval: float = SAMPLE_INTERVAL, nice: int = 0, **probes: Any):
     """Within the block, sample this process's utilisation every ``interval`` s into ``sink``.
 
     One sample is sent at the start and one at the end, so even a short cell

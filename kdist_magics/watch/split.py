@@ -39,8 +39,12 @@ def split(rows: Iterable[dict[str, Any]], compute: float | None = None) -> list[
     if len(out) > 1 and len(timed) == len(out):
         least = min(r["collective_s"] for r in timed)  # the last to arrive waited for no one
         for r in timed:
-            r.update(compute_s=max(r["in_step_s"] - r["collective_s"], 0.0), communication_s=least,
-                     wait_s=r["collective_s"] - least, source=SPLIT_TIMED)
+            r.update(
+                compute_s=max(r["in_step_s"] - r["collective_s"], 0.0),
+                communication_s=least,
+                wait_s=r["collective_s"] - least,
+                source=SPLIT_TIMED,
+            )
     for r in out:
         del r["collective_s"]
     return out
@@ -52,13 +56,25 @@ def rank_split(rank: int, steps: list[dict[str, Any]], compute: float | None) ->
     reduced = [r["collective_time"] for r in steps if isinstance(r.get("collective_time"), (int, float))]
     collective = statistics.fmean(reduced) if reduced else None
     if not timed:
-        return {"rank": rank, "in_step_s": None, "compute_s": None, "communication_s": None,
-                "wait_s": None, "rest_s": None, "source": SPLIT_UNTIMED, "collective_s": collective}
+        return {
+            "rank": rank,
+            "in_step_s": None,
+            "compute_s": None,
+            "communication_s": None,
+            "wait_s": None,
+            "rest_s": None,
+            "source": SPLIT_UNTIMED,
+            "collective_s": collective,
+        }
     in_step = statistics.fmean(timed)
     gaps = [r["gap_time"] for r in steps if isinstance(r.get("gap_time"), (int, float))]
     return {
-        "rank": rank, "in_step_s": in_step,
+        "rank": rank,
+        "in_step_s": in_step,
         "compute_s": min(compute, in_step) if compute is not None else None,
         "communication_s": max(in_step - compute, 0.0) if compute is not None else None,
-        "wait_s": None, "rest_s": statistics.fmean(gaps) if gaps else None,
-        "source": SPLIT_PROBED if compute is not None else SPLIT_LIVE, "collective_s": collective}
+        "wait_s": None,
+        "rest_s": statistics.fmean(gaps) if gaps else None,
+        "source": SPLIT_PROBED if compute is not None else SPLIT_LIVE,
+        "collective_s": collective,
+    }

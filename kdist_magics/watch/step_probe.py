@@ -25,8 +25,9 @@ class StepProbe:
 
     kdist_probe = True
 
-    def __init__(self, sink: Callable[[str, dict[str, Any]], None], rank: int, stop_after: int,
-                 batch_size: int | None, clock):
+    def __init__(
+        self, sink: Callable[[str, dict[str, Any]], None], rank: int, stop_after: int, batch_size: int | None, clock
+    ):
         super().__init__()
         self.sink, self.rank, self.stop_after = sink, rank, stop_after
         self.batch_size, self.clock = batch_size, clock
@@ -58,9 +59,17 @@ class StepProbe:
         step = statistics.median(steps) if steps else None
         period = statistics.median(periods) if periods else None
         rest = max(period - step, 0.0) if step is not None and period is not None else None
-        return {"rank": self.rank, "kind": "probe", "steps": n, "measured_steps": len(steps),
-                "step_s": step, "period_s": period, "rest_s": rest,
-                "batch_size": self.batch_size, "grad_bytes": gradient_bytes(self.model)}
+        return {
+            "rank": self.rank,
+            "kind": "probe",
+            "steps": n,
+            "measured_steps": len(steps),
+            "step_s": step,
+            "period_s": period,
+            "rest_s": rest,
+            "batch_size": self.batch_size,
+            "grad_bytes": gradient_bytes(self.model),
+        }
 
 
 def cells_own_link(grad_bytes: int | None) -> dict[str, Any] | None:
@@ -131,8 +140,14 @@ def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
         return None
 
 
-def probe_for_fit(sink: Callable[[str, dict[str, Any]], None], rank: int, stop_after: int, batch_scale: float | None,
-           args: tuple, kwargs: dict[str, Any]):
+def probe_for_fit(
+    sink: Callable[[str, dict[str, Any]], None],
+    rank: int,
+    stop_after: int,
+    batch_scale: float | None,
+    args: tuple,
+    kwargs: dict[str, Any],
+):
     """The probe's callback for one ``fit``; its ``batch_size`` scaled first where asked."""
     batch = _batch_size(args, kwargs)
     if batch_scale and batch and (kwargs.get("batch_size") or (args and hasattr(args[0], "shape"))):

@@ -38,9 +38,9 @@ WINDOW = 10
 @dataclass(frozen=True)
 class Straggler:
     rank: int
-    ratio: float        # own time per step / the others' median
-    own_s: float        # this rank's own seconds per step
-    others_s: float     # the others' median
+    ratio: float  # own time per step / the others' median
+    own_s: float  # this rank's own seconds per step
+    others_s: float  # the others' median
     cpu_percent: float | None = None
 
 
@@ -49,8 +49,7 @@ def own_times(rows: Iterable[dict[str, Any]], window: int | None = None) -> dict
     return {rank: own for rank, (own, _) in timings(rows, window).items()}
 
 
-def timings(rows: Iterable[dict[str, Any]],
-            window: int | None = None) -> dict[int, tuple[float, float]]:
+def timings(rows: Iterable[dict[str, Any]], window: int | None = None) -> dict[int, tuple[float, float]]:
     """Each rank's (own seconds per step, seconds per step it waits for the others)."""
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
@@ -62,17 +61,19 @@ def timings(rows: Iterable[dict[str, Any]],
     for rank, own in by_rank.items():
         own = own[-window:] if window else own
         if len(own) >= MIN_ROWS:
-            medians[rank] = (statistics.median(1.0 / r["steps_per_s"] for r in own),
-                             statistics.median(r["step_time"] for r in own))
+            medians[rank] = (
+                statistics.median(1.0 / r["steps_per_s"] for r in own),
+                statistics.median(r["step_time"] for r in own),
+            )
     if len(medians) < 2:
         return {}
     least = min(step for _, step in medians.values())
-    return {rank: (max(period - (step - least), 1e-6), step - least)
-            for rank, (period, step) in medians.items()}
+    return {rank: (max(period - (step - least), 1e-6), step - least) for rank, (period, step) in medians.items()}
 
 
-def find(rows: Iterable[dict[str, Any]], cpu: dict[int, float | None] | None = None,
-         window: int | None = None) -> list[Straggler]:
+def find(
+    rows: Iterable[dict[str, Any]], cpu: dict[int, float | None] | None = None, window: int | None = None
+) -> list[Straggler]:
     """The ranks clearly slower than the others (none on a balanced run)."""
     own = own_times(rows, window)
     out = []

@@ -66,9 +66,15 @@ def _learning_rate(model) -> float | None:
             return None
 
 
-def make_callback(sink: Sink, rank: int = 0, batch_size: int | None = None,
-                  min_interval: float = MIN_INTERVAL, clock: Callable[[], float] = time.time,
-                  step_offset: int = 0, fit_index: int = 0):
+def make_callback(
+    sink: Sink,
+    rank: int = 0,
+    batch_size: int | None = None,
+    min_interval: float = MIN_INTERVAL,
+    clock: Callable[[], float] = time.time,
+    step_offset: int = 0,
+    fit_index: int = 0,
+):
     """A Keras callback sending throttled step rows, epoch rows and progress to ``sink``.
 
     ``batch_size`` (samples per step, when known) turns steps/s into samples/s.
@@ -93,8 +99,10 @@ def _keras_classes() -> tuple:
         import keras
 
         base = keras.callbacks.Callback
-        _classes = (type("KDistCallback", (_Telemetry, base), {"__doc__": _Telemetry.__doc__}),
-                    type("_StepMark", (_Mark, base), {"__doc__": _Mark.__doc__}))
+        _classes = (
+            type("KDistCallback", (_Telemetry, base), {"__doc__": _Telemetry.__doc__}),
+            type("_StepMark", (_Mark, base), {"__doc__": _Mark.__doc__}),
+        )
     return _classes
 
 
@@ -155,16 +163,24 @@ class _Telemetry:
         if not dt or dt <= 0 or steps <= 0:
             return {"steps_per_s": None, "samples_per_s": None}
         sps = steps / dt
-        return {"steps_per_s": sps,
-                "samples_per_s": sps * self.batch_size if self.batch_size else None}
+        return {"steps_per_s": sps, "samples_per_s": sps * self.batch_size if self.batch_size else None}
 
     def _progress(self, now: float, rates: dict[str, Any]) -> None:
-        total = (self.epochs * self.steps_per_epoch
-                 if self.epochs and self.steps_per_epoch else None)
-        self._sink("progress", {"rank": self.rank, "epochs": self.epochs,
-                                "steps_per_epoch": self.steps_per_epoch, "epoch": self.epoch,
-                                "step": self.step, "total_steps": total,
-                                "fit_started": self.fit_started, "time": now, **rates})
+        total = self.epochs * self.steps_per_epoch if self.epochs and self.steps_per_epoch else None
+        self._sink(
+            "progress",
+            {
+                "rank": self.rank,
+                "epochs": self.epochs,
+                "steps_per_epoch": self.steps_per_epoch,
+                "epoch": self.epoch,
+                "step": self.step,
+                "total_steps": total,
+                "fit_started": self.fit_started,
+                "time": now,
+                **rates,
+            },
+        )
 
     # -- Keras hooks -----------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -192,8 +208,10 @@ class _Telemetry:
         self._ended = now
 
     def _timings(self) -> dict[str, Any]:
-        out = {"step_time": self._in_step / self._n_in if self._n_in else None,
-               "gap_time": self._between / self._n_between if self._n_between else None}
+        out = {
+            "step_time": self._in_step / self._n_in if self._n_in else None,
+            "gap_time": self._between / self._n_between if self._n_between else None,
+        }
         self._in_step = self._between = 0.0
         self._n_in = self._n_between = 0
         timed = _collective_timing(self.model) if self._reads_collective else None
@@ -218,13 +236,19 @@ class _Telemetry:
         else:
             self.step += 1
         last_of_epoch = self.steps_per_epoch is not None and batch + 1 >= self.steps_per_epoch
-        if (not last_of_epoch and self._last_emit is not None
-                and now - self._last_emit < self.min_interval):
+        if not last_of_epoch and self._last_emit is not None and now - self._last_emit < self.min_interval:
             return  # throttled: no row
         rates = self._rates(now)
-        row = {"rank": self.rank, "epoch": self.epoch, "step": self._step_offset + self.step,
-               "batch": batch, "fit": self._fit_index, "time": now, "kind": "step",
-               "batch_size": self.batch_size}
+        row = {
+            "rank": self.rank,
+            "epoch": self.epoch,
+            "step": self._step_offset + self.step,
+            "batch": batch,
+            "fit": self._fit_index,
+            "time": now,
+            "kind": "step",
+            "batch_size": self.batch_size,
+        }
         row.update({k: _number(v) for k, v in (logs or {}).items()})
         if self._live_lr:
             self.lr = _learning_rate(self.model)
@@ -241,8 +265,14 @@ class _Telemetry:
 
     def _epoch_end(self, epoch, logs):
         now = self._clock()
-        row = {"rank": self.rank, "epoch": epoch, "step": self._step_offset + self.step,
-               "fit": self._fit_index, "time": now, "kind": "epoch"}
+        row = {
+            "rank": self.rank,
+            "epoch": epoch,
+            "step": self._step_offset + self.step,
+            "fit": self._fit_index,
+            "time": now,
+            "kind": "epoch",
+        }
         row.update({k: _number(v) for k, v in (logs or {}).items()})
         row["lr"] = self.lr = _learning_rate(self.model)
         elapsed = now - (self.fit_started or now)
@@ -255,8 +285,9 @@ class _Telemetry:
         now = self._clock()
         elapsed = now - (self.fit_started or now)
         sps = self.step / elapsed if elapsed > 0 and self.step else None
-        self._progress(now, {"steps_per_s": sps, "samples_per_s":
-                             sps * self.batch_size if sps and self.batch_size else None})
+        self._progress(
+            now, {"steps_per_s": sps, "samples_per_s": sps * self.batch_size if sps and self.batch_size else None}
+        )
 
 
 def _collective_timing(model) -> tuple[float, int] | None:
@@ -289,8 +320,13 @@ class _Mark:
 
 
 @contextlib.contextmanager
-def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL,
-             stop_after: int | None = None, batch_scale: float | None = None):
+def attached(
+    sink: Sink,
+    rank: int = 0,
+    min_interval: float = MIN_INTERVAL,
+    stop_after: int | None = None,
+    batch_scale: float | None = None,
+):
     """Within the block, ``keras.Model.fit`` gets the kdist callback appended.
 
     A ``fit`` that already carries a callback with ``kdist_opt_out = True`` (or is
@@ -313,9 +349,14 @@ def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL,
         if stop_after:
             callbacks.append(probe_for_fit(sink, rank, stop_after, batch_scale, args, kwargs))
         if enabled and not any(getattr(c, "kdist_opt_out", False) for c in callbacks):
-            cb = make_callback(sink, rank, batch_size=_batch_size(args, kwargs),
-                               min_interval=min_interval, step_offset=done["steps"],
-                               fit_index=done["fits"])
+            cb = make_callback(
+                sink,
+                rank,
+                batch_size=_batch_size(args, kwargs),
+                min_interval=min_interval,
+                step_offset=done["steps"],
+                fit_index=done["fits"],
+            )
             ended, began = cb.markers
             callbacks = [ended, *callbacks, cb, began]  # see make_callback: step timing
         try:
@@ -332,5 +373,3 @@ def attached(sink: Sink, rank: int = 0, min_interval: float = MIN_INTERVAL,
         yield
     finally:
         keras.Model.fit = original
-
-

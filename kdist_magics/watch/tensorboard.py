@@ -30,8 +30,22 @@ from typing import Any, BinaryIO
 from .record import RunRecord
 
 #: row fields that are not metrics (as the dashboard's)
-NOT_SCALARS = frozenset({"rank", "epoch", "step", "batch", "fit", "time", "kind", "size",
-                         "num_steps", "step_time", "gap_time", "batch_size"})
+NOT_SCALARS = frozenset(
+    {
+        "rank",
+        "epoch",
+        "step",
+        "batch",
+        "fit",
+        "time",
+        "kind",
+        "size",
+        "num_steps",
+        "step_time",
+        "gap_time",
+        "batch_size",
+    }
+)
 
 
 def _crc32c_table() -> list[int]:
@@ -74,8 +88,9 @@ def _field(number: int, payload: bytes) -> bytes:  # a length-delimited field
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def event(wall_time: float, step: int, scalars: dict[str, float] | None = None,
-          file_version: str | None = None) -> bytes:
+def event(
+    wall_time: float, step: int, scalars: dict[str, float] | None = None, file_version: str | None = None
+) -> bytes:
     """One ``Event``: wall_time (1, double), step (2, int64), file_version (3) or a summary (5)
     of ``Summary.Value``s: tag (1) and simple_value (2, float)."""
     out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(int(step))
@@ -83,8 +98,8 @@ def event(wall_time: float, step: int, scalars: dict[str, float] | None = None,
         out += _field(3, file_version.encode())
     if scalars:
         values = b"".join(
-            _field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", float(v)))
-            for tag, v in scalars.items())
+            _field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", float(v))) for tag, v in scalars.items()
+        )
         out += _field(5, values)
     return out
 
@@ -103,8 +118,7 @@ class EventWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
         # unique per writer: two runs in one second (same kernel, same pid) keep both files
-        name = (f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}."
-                f"{uuid.uuid4().hex[:8]}.kdist")
+        name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.kdist"
         self.path = self.directory / name
         self._file: BinaryIO = open(self.path, "wb")
         self._file.write(record_bytes(event(now, 0, file_version="brain.Event:2")))
@@ -147,10 +161,15 @@ class RunEvents:
         if not isinstance(step, (int, float)):
             return
         epoch = row.get("kind") == "epoch"
-        scalars = {(f"epoch_{k}" if epoch else k): v for k, v in row.items()
-                   if k not in NOT_SCALARS and isinstance(v, (int, float))
-                   and not isinstance(v, bool) and v == v
-                   and not (k.endswith("_per_s") and epoch)}
+        scalars = {
+            (f"epoch_{k}" if epoch else k): v
+            for k, v in row.items()
+            if k not in NOT_SCALARS
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and v == v
+            and not (k.endswith("_per_s") and epoch)
+        }
         with self._lock:
             if self.closed:
                 return

@@ -39,7 +39,8 @@ START_UP_NOISE = re.compile(
     r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     r"|port\.cc:\d+\] oneDNN custom operations are on"
     r"|cpu_feature_guard\.cc:\d+\]|^To enable the following instructions: .*rebuild TensorFlow"
-    r"|Memory patch applied")
+    r"|Memory patch applied"
+)
 
 
 def _warnings_and_above(record: logging.LogRecord) -> bool:
@@ -49,8 +50,9 @@ def _warnings_and_above(record: logging.LogRecord) -> bool:
 #: lines TensorFlow's C++ writes while an in-kernel strategy trains that tell a user nothing:
 #: Keras' data adapter under tf.distribute feeds fit() from a Python generator, which
 #: TensorFlow 2.16-2.21 warns "will not be optimized" (a W line, shown at any level but 2)
-RUN_NOISE = re.compile(START_UP_NOISE.pattern +
-                       r"|dataset\.cc:\d+\] Input of GeneratorDatasetOp::Dataset will not be optimized")
+RUN_NOISE = re.compile(
+    START_UP_NOISE.pattern + r"|dataset\.cc:\d+\] Input of GeneratorDatasetOp::Dataset will not be optimized"
+)
 
 
 @contextlib.contextmanager

@@ -24,8 +24,11 @@ def _jax_tpu_probe() -> list[dict[str, Any]] | None:
         return None
     out = []
     for d in devices:
-        entry: dict[str, Any] = {"index": d.id, "name": str(getattr(d, "device_kind", "TPU")),
-                                 "source": TPU_SOURCES["jax"]}
+        entry: dict[str, Any] = {
+            "index": d.id,
+            "name": str(getattr(d, "device_kind", "TPU")),
+            "source": TPU_SOURCES["jax"],
+        }
         try:
             stats = d.memory_stats() or {}
             entry["mem_used_bytes"] = stats.get("bytes_in_use")
@@ -41,8 +44,11 @@ LIBTPU_METRICS = ("duty_cycle_pct", "hbm_capacity_usage", "hbm_capacity_total")
 
 
 #: where a TPU row's figures came from, as the dashboard names it
-TPU_SOURCES = {"libtpu": "libtpu monitoring SDK", "jax": "JAX memory_stats()",
-               "tensorflow": "TensorFlow get_memory_info()"}
+TPU_SOURCES = {
+    "libtpu": "libtpu monitoring SDK",
+    "jax": "JAX memory_stats()",
+    "tensorflow": "TensorFlow get_memory_info()",
+}
 
 
 def _libtpu_monitoring():
@@ -70,8 +76,7 @@ def libtpu_probe(monitoring=None) -> list[dict[str, Any]] | None:
         return None
     try:
         supported = set(sdk.list_supported_metrics())
-        data = {name: list(sdk.get_metric(name).data() or []) for name in LIBTPU_METRICS
-                if name in supported}
+        data = {name: list(sdk.get_metric(name).data() or []) for name in LIBTPU_METRICS if name in supported}
     except Exception:
         return None
     chips = max((len(v) for v in data.values()), default=0)
@@ -87,10 +92,16 @@ def libtpu_probe(monitoring=None) -> list[dict[str, Any]] | None:
     out = []
     for i in range(chips):
         used, total = value("hbm_capacity_usage", i), value("hbm_capacity_total", i)
-        out.append({"index": i, "name": f"TPU chip {i}", "source": TPU_SOURCES["libtpu"],
-                    "duty_cycle_percent": value("duty_cycle_pct", i),
-                    "mem_used_bytes": int(used) if used is not None else None,
-                    "mem_total_bytes": int(total) if total is not None else None})
+        out.append(
+            {
+                "index": i,
+                "name": f"TPU chip {i}",
+                "source": TPU_SOURCES["libtpu"],
+                "duty_cycle_percent": value("duty_cycle_pct", i),
+                "mem_used_bytes": int(used) if used is not None else None,
+                "mem_total_bytes": int(total) if total is not None else None,
+            }
+        )
     return out
 
 
@@ -127,5 +138,7 @@ def _tensorflow_tpu_probe() -> list[dict[str, Any]] | None:
 
 
 #: a TPU host where neither libtpu's monitoring SDK nor a running runtime reports figures
-TPU_UNREAD = ("TPU: no figures available (libtpu's monitoring SDK is not importable here, and "
-              "no JAX or TensorFlow runtime in this process has started on it)")
+TPU_UNREAD = (
+    "TPU: no figures available (libtpu's monitoring SDK is not importable here, and "
+    "no JAX or TensorFlow runtime in this process has started on it)"
+)

@@ -35,8 +35,7 @@ def rank_data(rank, n=128, seed=0):
 
 def build_model(keras, seed):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
-                             keras.layers.Dense(1)])
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
 
 
 def weights_dict(model, prefix="w"):
@@ -88,16 +87,21 @@ def scenario_train(outdir):
         hvd.callbacks.LearningRateWarmupCallback(initial_lr=base_lr, warmup_epochs=warmup),
         After(),
     ]
-    history = model.fit(x, y, batch_size=len(x) // steps, epochs=epochs, shuffle=False,
-                        callbacks=callbacks, verbose=0)
-    record.update(rank=rank, size=size, steps=steps, epochs=epochs, warmup=warmup,
-                  base_lr=base_lr, history={k: [float(v) for v in vs]
-                                            for k, vs in history.history.items()},
-                  iterations=int(np.asarray(opt.iterations)),
-                  collective=hvd_optimizer.collective_timing(opt),
-                  opt_class=type(opt).__name__, is_sgd=isinstance(opt, keras.optimizers.SGD))
-    save(outdir, "train", rank, {**initial, **after_broadcast, **weights_dict(model),
-                                 "x": x}, record)
+    history = model.fit(x, y, batch_size=len(x) // steps, epochs=epochs, shuffle=False, callbacks=callbacks, verbose=0)
+    record.update(
+        rank=rank,
+        size=size,
+        steps=steps,
+        epochs=epochs,
+        warmup=warmup,
+        base_lr=base_lr,
+        history={k: [float(v) for v in vs] for k, vs in history.history.items()},
+        iterations=int(np.asarray(opt.iterations)),
+        collective=hvd_optimizer.collective_timing(opt),
+        opt_class=type(opt).__name__,
+        is_sgd=isinstance(opt, keras.optimizers.SGD),
+    )
+    save(outdir, "train", rank, {**initial, **after_broadcast, **weights_dict(model), "x": x}, record)
 
 
 def scenario_stock(outdir):
@@ -115,9 +119,13 @@ def scenario_stock(outdir):
     opt = stock.DistributedOptimizer(keras.optimizers.SGD(0.05))
     model.compile(optimizer=opt, loss="mse")
     history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
-    save(outdir, "stock", rank, {**initial, **weights_dict(model)},
-         {"rank": rank, "module": stock.__name__,
-          "loss": [float(v) for v in history.history["loss"]]})
+    save(
+        outdir,
+        "stock",
+        rank,
+        {**initial, **weights_dict(model)},
+        {"rank": rank, "module": stock.__name__, "loss": [float(v) for v in history.history["loss"]]},
+    )
 
 
 def scenario_aggregate(outdir):
@@ -138,7 +146,7 @@ def scenario_aggregate(outdir):
     # Each rank's gradient on its two batches, at w0 (no update happens in between).
     per_batch = []
     for b in range(2):
-        xb, yb = x[b * 32:(b + 1) * 32], y[b * 32:(b + 1) * 32]
+        xb, yb = x[b * 32 : (b + 1) * 32], y[b * 32 : (b + 1) * 32]
         with tf.GradientTape() as tape:
             loss = loss_fn(yb, model(xb, training=True))
         per_batch.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
@@ -149,15 +157,13 @@ def scenario_aggregate(outdir):
     # op=Sum with explicit groups (list of lists of variables)
     m = build_model(keras, seed=0)
     tv = m.trainable_variables
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), op=hvd.Sum,
-                                   groups=[[tv[0], tv[2]], [tv[1]]])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), op=hvd.Sum, groups=[[tv[0], tv[2]], [tv[1]]])
     m.compile(optimizer=opt, loss="mse")
     m.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
     variants["sum"] = m
     # Average with gradient_predivide_factor and an integer number of groups
     m = build_model(keras, seed=0)
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), gradient_predivide_factor=2.0,
-                                   groups=2)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), gradient_predivide_factor=2.0, groups=2)
     m.compile(optimizer=opt, loss="mse")
     m.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
     variants["predivide"] = m
@@ -176,14 +182,14 @@ def scenario_aggregate(outdir):
         def step(xb, yb, m=m, opt=opt):
             with tf.GradientTape() as tape:
                 loss = loss_fn(yb, m(xb, training=True))
-            opt.apply_gradients(zip(tape.gradient(loss, m.trainable_variables),
-                                    m.trainable_variables))
+            opt.apply_gradients(zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables))
 
         wrap(step)(tf.constant(x[:32]), tf.constant(y[:32]))
         variants[name] = m
 
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), backward_passes_per_step=2,
-                                   average_aggregated_gradients=True)
+    opt = hvd.DistributedOptimizer(
+        keras.optimizers.SGD(lr), backward_passes_per_step=2, average_aggregated_gradients=True
+    )
     model.compile(optimizer=opt, loss="mse")
     model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     after_two = weights_dict(model, "w2_")
@@ -199,37 +205,56 @@ def scenario_aggregate(outdir):
 
     def embedding_model():
         keras.utils.set_random_seed(0)
-        return keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(20, 3),
-                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+        return keras.Sequential(
+            [
+                keras.Input((4,), dtype="int32"),
+                keras.layers.Embedding(20, 3),
+                keras.layers.Flatten(),
+                keras.layers.Dense(1),
+            ]
+        )
 
     probe = embedding_model()
     with tf.GradientTape() as tape:
         loss = loss_fn(target[:8], probe(ids[:8]))
     sparse_grad = isinstance(tape.gradient(loss, probe.trainable_variables)[0], tf.IndexedSlices)
-    for name, kwargs in (("sparse", {}),
-                         ("sparsedense", {"sparse_as_dense": True, "backward_passes_per_step": 2})):
+    for name, kwargs in (("sparse", {}), ("sparsedense", {"sparse_as_dense": True, "backward_passes_per_step": 2})):
         m = embedding_model()
-        m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr), **kwargs),
-                  loss="mse")
+        m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr), **kwargs), loss="mse")
         m.fit(ids, target, batch_size=16, epochs=1, shuffle=False, verbose=0)
         variants[name] = m
 
     # (b) fp16 compression, no averaging of aggregated gradients, several syncs.
     model_b = build_model(keras, seed=0)
-    opt_b = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2,
-                                     compression=hvd.Compression.fp16)
+    opt_b = hvd.DistributedOptimizer(
+        keras.optimizers.Adam(0.01), backward_passes_per_step=2, compression=hvd.Compression.fp16
+    )
     model_b.compile(optimizer=opt_b, loss="mse")
     hist = model_b.fit(x, y, batch_size=8, epochs=3, shuffle=True, verbose=0)
-    save(outdir, "aggregate", rank,
-         {**w0, **after_two, **after_three, **weights_dict(model_b, "b_"),
-          **{f"g{i}": g for i, g in enumerate(local)},
-          **{f"first{i}": g for i, g in enumerate(per_batch[0])},
-          **weights_dict(probe, "probe"),
-          **{k: v for name, mv in variants.items() for k, v in weights_dict(mv, name).items()}},
-         {"rank": rank, "size": hvd.size(), "lr": lr, "iterations_two": iterations_two,
-          "sparse_grad": sparse_grad,
-          "iterations_b": int(np.asarray(opt_b.iterations)),
-          "loss_b": [float(v) for v in hist.history["loss"]]})
+    save(
+        outdir,
+        "aggregate",
+        rank,
+        {
+            **w0,
+            **after_two,
+            **after_three,
+            **weights_dict(model_b, "b_"),
+            **{f"g{i}": g for i, g in enumerate(local)},
+            **{f"first{i}": g for i, g in enumerate(per_batch[0])},
+            **weights_dict(probe, "probe"),
+            **{k: v for name, mv in variants.items() for k, v in weights_dict(mv, name).items()},
+        },
+        {
+            "rank": rank,
+            "size": hvd.size(),
+            "lr": lr,
+            "iterations_two": iterations_two,
+            "sparse_grad": sparse_grad,
+            "iterations_b": int(np.asarray(opt_b.iterations)),
+            "loss_b": [float(v) for v in hist.history["loss"]],
+        },
+    )
 
 
 def scenario_frozen(outdir):
@@ -245,8 +270,9 @@ def scenario_frozen(outdir):
     arrays, info = {}, {"rank": rank}
     for case in ("all", "local"):
         keras.utils.set_random_seed(100 * rank + (case == "local"))
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4),
-                                  keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(4), keras.layers.BatchNormalization(), keras.layers.Dense(1)]
+        )
         model.layers[1].moving_mean.assign(np.full((4,), float(rank + 1), "float32"))
         for layer in model.layers:
             layer.trainable = False
@@ -254,8 +280,14 @@ def scenario_frozen(outdir):
         info[f"{case}_trainable"] = len(model.trainable_variables)
         local = [model.layers[0].kernel] if case == "local" else None
         arrays.update(weights_dict(model, f"{case}_init"))
-        model.fit(x, y, batch_size=32, epochs=1, verbose=0,
-                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(1, local_variables=local)])
+        model.fit(
+            x,
+            y,
+            batch_size=32,
+            epochs=1,
+            verbose=0,
+            callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(1, local_variables=local)],
+        )
         arrays.update(weights_dict(model, f"{case}_after"))
     save(outdir, "frozen", rank, arrays, info)
 
@@ -282,18 +314,20 @@ def scenario_partial(outdir):
         loss = keras.losses.MeanSquaredError()(y, model(x, training=True))
     for i, g in enumerate(tape.gradient(loss, model.trainable_variables)):
         arrays[f"g{i}"] = g.numpy()
-    cases = {"binding": (binding, {}), "keras": (hk, {}), "tfkeras": (htk, {}),
-             "unscaled": (binding, {"scale_local_gradients": False}),
-             "nolocal": (binding, None)}
-    info = {"rank": rank, "size": binding.size(), "lr": lr,
-            "modules": [hk.__name__, htk.__name__]}
+    cases = {
+        "binding": (binding, {}),
+        "keras": (hk, {}),
+        "tfkeras": (htk, {}),
+        "unscaled": (binding, {"scale_local_gradients": False}),
+        "nolocal": (binding, None),
+    }
+    info = {"rank": rank, "size": binding.size(), "lr": lr, "modules": [hk.__name__, htk.__name__]}
     for name, (module, extra) in cases.items():
         m = build_model(keras, seed=0)
         if extra is None:
             opt = module.PartialDistributedOptimizer(keras.optimizers.SGD(lr))
         else:  # the last Dense layer (kernel and bias) is local
-            opt = module.PartialDistributedOptimizer(keras.optimizers.SGD(lr),
-                                                     local_layers=[m.layers[-1]], **extra)
+            opt = module.PartialDistributedOptimizer(keras.optimizers.SGD(lr), local_layers=[m.layers[-1]], **extra)
         info[f"{name}_class"] = type(opt).__name__
         m.compile(optimizer=opt, loss="mse")
         m.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
@@ -318,9 +352,19 @@ def scenario_shrink(outdir):
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
     resets, commits = [], []
-    state.register_reset_callbacks([lambda: resets.append(
-        {"size": hvd.size(), "rank": hvd.rank(), "epoch": state.epoch, "batch": state.batch,
-         "weights": [w.tolist() for w in model.get_weights()]})])
+    state.register_reset_callbacks(
+        [
+            lambda: resets.append(
+                {
+                    "size": hvd.size(),
+                    "rank": hvd.rank(),
+                    "epoch": state.epoch,
+                    "batch": state.batch,
+                    "weights": [w.tolist() for w in model.get_weights()],
+                }
+            )
+        ]
+    )
 
     class Committed(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -329,25 +373,44 @@ def scenario_shrink(outdir):
                 if first == 1 and hvd.size() == 3:
                     os.kill(os.getpid(), 9)
 
-    callbacks = [hvd.elastic.CommitStateCallback(state), Committed(),
-                 hvd.elastic.UpdateBatchStateCallback(state),
-                 hvd.elastic.UpdateEpochStateCallback(state)]
+    callbacks = [
+        hvd.elastic.CommitStateCallback(state),
+        Committed(),
+        hvd.elastic.UpdateBatchStateCallback(state),
+        hvd.elastic.UpdateEpochStateCallback(state),
+    ]
 
     @hvd.elastic.run
     def train(state):
-        model.fit(x, y, batch_size=8, epochs=3 - state.epoch, shuffle=False, verbose=0,
-                  callbacks=callbacks)
+        model.fit(x, y, batch_size=8, epochs=3 - state.epoch, shuffle=False, verbose=0, callbacks=callbacks)
 
     train(state)
-    save(outdir, "shrink", first, weights_dict(model),
-         {"first": first, "rank": hvd.rank(), "size": hvd.size(), "epoch": state.epoch,
-          "batch": state.batch, "resets": resets, "commit": commits[0],
-          "iterations": int(model.optimizer.iterations.numpy())})
+    save(
+        outdir,
+        "shrink",
+        first,
+        weights_dict(model),
+        {
+            "first": first,
+            "rank": hvd.rank(),
+            "size": hvd.size(),
+            "epoch": state.epoch,
+            "batch": state.batch,
+            "resets": resets,
+            "commit": commits[0],
+            "iterations": int(model.optimizer.iterations.numpy()),
+        },
+    )
 
 
-SCENARIOS = {"frozen": scenario_frozen, "train": scenario_train, "stock": scenario_stock, "aggregate": scenario_aggregate,
-             "partial": scenario_partial,
-             "shrink": scenario_shrink}
+SCENARIOS = {
+    "frozen": scenario_frozen,
+    "train": scenario_train,
+    "stock": scenario_stock,
+    "aggregate": scenario_aggregate,
+    "partial": scenario_partial,
+    "shrink": scenario_shrink,
+}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](sys.argv[2])

@@ -14,10 +14,12 @@ import os
 import sys
 
 index, ports, fix = int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3] == "1"
-os.environ["TF_CONFIG"] = json.dumps({
-    "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-    "task": {"type": "worker", "index": index},
-})
+os.environ["TF_CONFIG"] = json.dumps(
+    {
+        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+        "task": {"type": "worker", "index": index},
+    }
+)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["KERAS_BACKEND"] = "tensorflow"
 for var in ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS"):
@@ -41,29 +43,32 @@ x = rng.normal(size=(128, 4)).astype("float32")
 y = (x @ np.array([1.0, -2.0, 0.5, 3.0], dtype="float32"))[:, None]
 keras.utils.set_random_seed(10 + index)  # different initial weights on each worker
 with strategy.scope():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
-                              keras.layers.Dense(1)])
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
 
-with (keras_mwms.applied() if fix else contextlib.nullcontext(False)) as active:
+with keras_mwms.applied() if fix else contextlib.nullcontext(False) as active:
     try:
-        history = model.fit(x, y, batch_size=16, epochs=3, verbose=0,
-                            validation_data=(x[:32], y[:32]))
+        history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, validation_data=(x[:32], y[:32]))
         evaluated = model.evaluate(x, y, batch_size=16, verbose=0)
         predicted = model.predict(x[:40], batch_size=16, verbose=0)
     except Exception as exc:
         import traceback
 
         traceback.print_exc()
-        print("ERROR " + json.dumps({"type": type(exc).__name__, "message": str(exc)[:2000]}),
-              flush=True)
+        print("ERROR " + json.dumps({"type": type(exc).__name__, "message": str(exc)[:2000]}), flush=True)
         sys.exit(0)
-print("RESULT " + json.dumps({
-    "loss": history.history["loss"],
-    "val_loss": history.history["val_loss"],
-    "evaluate": float(evaluated),
-    "predict_shape": list(predicted.shape),
-    "weights": [w.tolist() for w in model.get_weights()],
-    "fix_active": bool(active),
-    "patched_after": keras_mwms.active(),
-}), flush=True)
+print(
+    "RESULT "
+    + json.dumps(
+        {
+            "loss": history.history["loss"],
+            "val_loss": history.history["val_loss"],
+            "evaluate": float(evaluated),
+            "predict_shape": list(predicted.shape),
+            "weights": [w.tolist() for w in model.get_weights()],
+            "fix_active": bool(active),
+            "patched_after": keras_mwms.active(),
+        }
+    ),
+    flush=True,
+)

@@ -21,10 +21,20 @@ def begin_ranks(run) -> None:
     ctx, cluster, ranks = run.ctx, run.cluster, run.ranks
     spec = ctx.spec
     with waiting.named_deaths(run, ranks, "as the run began"):
-        begun = [cluster.client[e.engine_id].apply_async(
-            lifecycle.begin, rank, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
-            ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice, ctx.probe)
-            for e, rank in zip(cluster.engines, ranks)]
+        begun = [
+            cluster.client[e.engine_id].apply_async(
+                lifecycle.begin,
+                rank,
+                spec.telemetry,
+                FEED_INTERVAL,
+                spec.checkpoint,
+                ctx.options.freeze_gc,
+                ctx.options.tf_info_logs,
+                ctx.options.helper_nice,
+                ctx.probe,
+            )
+            for e, rank in zip(cluster.engines, ranks)
+        ]
         waiting.gather(run, begun, ranks, 60, "as the run began")
 
 
@@ -44,8 +54,12 @@ def execute(run):
 
     record.phase(PHASE_CELL)
     sup = run.supervisor = RunSupervisor(
-        record, spec.out, lambda busy: strategy.abort_collectives(cluster, busy), on_lost=go_on,
-        on_grow=lambda final: strategy.grow(cluster, ctx, final))
+        record,
+        spec.out,
+        lambda busy: strategy.abort_collectives(cluster, busy),
+        on_lost=go_on,
+        on_grow=lambda final: strategy.grow(cluster, ctx, final),
+    )
     ar = cluster.view().execute(run.cell, silent=False, block=False)
     hold("cell", cluster)
     for rank, fut in zip(ranks, children(ar)):

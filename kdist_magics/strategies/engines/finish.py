@@ -42,8 +42,7 @@ def _end_on_engines(run, sup) -> None:
         ar.wait(timeout=10)
         if ar.ready() and sup is not None:
             ar.wait_for_output(timeout=5)  # the final batch is published before idle
-            sup.drain_outputs(ar, [r for r, e in zip(run.ranks, run.cluster.engines)
-                                   if e.engine_id not in run.lost])
+            sup.drain_outputs(ar, [r for r, e in zip(run.ranks, run.cluster.engines) if e.engine_id not in run.lost])
     except Exception:
         pass
 
@@ -78,9 +77,12 @@ def end_collective_cell(run, ok: bool, what: str, leave, committed: bool = True)
             if cluster.owned:
                 run.must_restart("the previous run stopped mid-way")
             else:
-                say(f"the run stopped mid-way; {what} may be out of step on these "
+                say(
+                    f"the run stopped mid-way; {what} may be out of step on these "
                     f"engines. If the next cell hangs, restart the cluster's engines (kdist "
-                    f"does not restart a cluster it did not start).", warn=True)
+                    f"does not restart a cluster it did not start).",
+                    warn=True,
+                )
     if cluster.running and run.restart is None:
         try:
             cluster.view().apply_async(leave).wait(timeout=10)

@@ -38,8 +38,11 @@ def prepare_engines(run) -> None:
     with waiting.named_deaths(run, ranks, during):
         for eng, env, (local, size) in zip(cluster.engines, extra, local_ranks(hosts, ranks)):
             cwd = os.getcwd() if cluster.owned else None
-            ars.append(cluster.client[eng.engine_id].apply_async(
-                prepare_remote, dict(env), threads, size, cwd, (local, size, policy)))
+            ars.append(
+                cluster.client[eng.engine_id].apply_async(
+                    prepare_remote, dict(env), threads, size, cwd, (local, size, policy)
+                )
+            )
     infos = waiting.gather(run, ars, ranks, 60, during)
     errors = [info["gpu_error"] for info in infos if info.get("gpu_error")]
     if errors:

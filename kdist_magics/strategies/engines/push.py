@@ -105,8 +105,7 @@ def _to_send(run, cluster, plan: Plan, ranks) -> dict[str, set]:
     needs = {name: set(ids) for name in plan.values if name not in again}
     if again:
         view = cluster.view(ids)
-        answers = waiting.gather(run, [view.apply_async(shared.rebind, again)], ranks, 600,
-                                 DURING)[0]
+        answers = waiting.gather(run, [view.apply_async(shared.rebind, again)], ranks, 600, DURING)[0]
         for eid, names in zip(ids, answers):
             for name in names:  # this engine's copy is gone or was written to
                 needs.setdefault(name, set()).add(eid)
@@ -119,8 +118,7 @@ def _count(run, cluster, plan: Plan, ranks) -> None:
     import psutil
 
     for host in plan.hosts:
-        wanted = {name: [e for e in host.engines if e.engine_id in plan.needs.get(name, ())]
-                  for name in plan.values}
+        wanted = {name: [e for e in host.engines if e.engine_id in plan.needs.get(name, ())] for name in plan.values}
         nbytes = {name: shared.segment_bytes(plan.values[name]) for name, es in wanted.items() if es}
         total = sum(nbytes.values())
         if not total:
@@ -131,12 +129,12 @@ def _count(run, cluster, plan: Plan, ranks) -> None:
         else:
             first = cluster.client[host.engines[0].engine_id]
             host.free, host.segments = waiting.gather(
-                run, [first.apply_async(shared.host_room, total)], ranks, 60, DURING)[0]
+                run, [first.apply_async(shared.host_room, total)], ranks, 60, DURING
+            )[0]
         host.need = sum(n * host.copies(len(wanted[name])) for name, n in nbytes.items())
         if host.need > host.free:
             copies = max(host.copies(len(es)) for es in wanted.values() if es)
-            raise KDistError(words.push_too_big(host.need, host.free,
-                                                None if host.here else host.name, copies))
+            raise KDistError(words.push_too_big(host.need, host.free, None if host.here else host.name, copies))
 
 
 def _shm_room(nbytes: int) -> bool:
@@ -167,8 +165,7 @@ def _send_value(run, cluster, plan: Plan, name: str, ranks) -> str:
             _copies(run, cluster.view(wanted), name, value, print_, ranks)
             said.append(words.SENT)
         else:
-            shared_there = _send_remote(run, cluster, wanted, name, value, print_, ranks,
-                                        host.segments)
+            shared_there = _send_remote(run, cluster, wanted, name, value, print_, ranks, host.segments)
             said.append(words.SHARED if shared_there else words.SENT)
     cluster.held_prints[name] = plan.prints[name]
     what = words.SHARED if words.SHARED in said else words.SENT
@@ -187,20 +184,22 @@ def sweep(folder: str = "/dev/shm") -> list[str]:
     return remove_segments(folder=folder)
 
 
-def _send_remote(run, cluster, ids: list[int], name: str, value, print_: str, ranks,
-                 segments: bool) -> bool:
+def _send_remote(run, cluster, ids: list[int], name: str, value, print_: str, ranks, segments: bool) -> bool:
     """Another machine's engines ``ids``: the value travels once, to the first; it copies the
     large arrays into segments there, the others map them, and the first removes their names
     (also when a step fails: what it made, it unnames). Whether the others share its copy."""
     first, rest = cluster.client[ids[0]], ids[1:]
     desc = None
     try:
-        desc = waiting.gather(run, [first.apply_async(shared.host_share, name, value, print_,
-                                                           bool(rest) and segments)],
-                              ranks, 600, DURING)[0]
+        desc = waiting.gather(
+            run,
+            [first.apply_async(shared.host_share, name, value, print_, bool(rest) and segments)],
+            ranks,
+            600,
+            DURING,
+        )[0]
         if rest and desc is not None:
-            waiting.gather(run, [cluster.view(rest).apply_async(shared.attach, name, desc, print_)],
-                           ranks, 600, DURING)
+            waiting.gather(run, [cluster.view(rest).apply_async(shared.attach, name, desc, print_)], ranks, 600, DURING)
         elif rest:  # no shared memory on that machine: each engine its own copy
             _copies(run, cluster.view(rest), name, value, print_, ranks)
     finally:
@@ -225,8 +224,7 @@ def _send(run, view, name: str, value, print_: str, ranks) -> None:
     try:
         desc = shared.describe(value, lambda nbytes: shared.new_segment(made, nbytes))
         hold("push", run.cluster, segments=[mem.name for mem in made])
-        waiting.gather(run, [view.apply_async(shared.attach, name, desc, print_)], ranks,
-                       600, DURING)
+        waiting.gather(run, [view.apply_async(shared.attach, name, desc, print_)], ranks, 600, DURING)
     finally:
         for mem in made:  # mapped by every engine now (or never will be): the names go
             shared.drop(mem)

@@ -53,8 +53,7 @@ def pull(run, by_rank: dict, result_content) -> Any:
     if result_content is None:
         return None
     try:
-        return values.unpack(from_rank0(run, by_rank, values.last_value,
-                                        result_content.get("execution_count")))
+        return values.unpack(from_rank0(run, by_rank, values.last_value, result_content.get("execution_count")))
     except KDistError:  # rank 0 or the controller ended: say so, not a stale rendering
         raise
     except Exception:

@@ -58,8 +58,7 @@ class EngineRun:
         self.ranks = strategy.ranks(cluster, ctx)
         by_rank = dict(zip(self.ranks, cluster.engines))
         for rank, eng in by_rank.items():
-            ctx.record.set_rank(rank, state="starting", host=eng.hostname, node=cluster.node_of(eng),
-                                pid=eng.pid)
+            ctx.record.set_rank(rank, state="starting", host=eng.hostname, node=cluster.node_of(eng), pid=eng.pid)
         ctx.record.phase(phase_setup(strategy.setup_words))
         ok, now = False, None
         try:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from ...cluster.cluster import EngineCluster
 from ...cluster.namespace import wanted
 from ...errors import CellFailed
-from ...messages import (phase_engines, ranks_changed, registered, restarting_engines,
-                         say)
+from ...messages import phase_engines, ranks_changed, registered, restarting_engines, say
 from ..base import RunContext
 
 
@@ -39,11 +38,16 @@ def new_cluster(strategy, ctx: RunContext) -> EngineCluster:
 
         return place(n, ctx, news)
     address = ctx.options.bind_address if spec.attach else "127.0.0.1"
-    cluster = EngineCluster(n, cluster_id=spec.cluster_id, profile=spec.profile, ip=address,
-                            controller_nice=ctx.options.helper_nice,
-                            private=not spec.attach and wanted(ctx.options.private_network),
-                            preload=strategy.warm_modules if ctx.options.preload else (),
-                            threads=ctx.options.threads_per_rank or 0)
+    cluster = EngineCluster(
+        n,
+        cluster_id=spec.cluster_id,
+        profile=spec.profile,
+        ip=address,
+        controller_nice=ctx.options.helper_nice,
+        private=not spec.attach and wanted(ctx.options.private_network),
+        preload=strategy.warm_modules if ctx.options.preload else (),
+        threads=ctx.options.threads_per_rank or 0,
+    )
     if not spec.attach:
         news(f"starting {n} engine{'s' if n != 1 else ''} on this machine (loopback only)...")
     return cluster
@@ -57,8 +61,7 @@ def reuse(strategy, ctx: RunContext) -> EngineCluster | None:
         return None
     n, news = strategy.size(spec), _news(ctx)
     key = (n, spec.cluster_id, spec.profile, spec.slurm or spec.ray)
-    current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile,
-               cluster.options)
+    current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile, cluster.options)
     if current != key:
         news(ranks_changed(n, cluster.n, cluster.attached))
         strategy.teardown()

@@ -94,8 +94,7 @@ class EngineStrategy(Strategy):
         engines stay warm. Default: nothing (stuck ranks are killed after ``stop_grace``).
         """
 
-    def go_on_without(self, cluster: EngineCluster, ctx: RunContext,
-                      deaths: dict[int, str]) -> dict[int, int] | None:
+    def go_on_without(self, cluster: EngineCluster, ctx: RunContext, deaths: dict[int, str]) -> dict[int, int] | None:
         return None
 
     def listen_addresses(self) -> list[str]:

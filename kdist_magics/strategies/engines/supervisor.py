@@ -50,10 +50,14 @@ class RunSupervisor:
     supervised from then on like the others (``final``: the run is over, let joiners go).
     """
 
-    def __init__(self, record, out: str = "rank0",
-                 abort_collectives: Callable[[list[int]], None] = lambda ranks: None,
-                 on_lost: Callable[[dict[int, str]], dict[int, int] | None] | None = None,
-                 on_grow: Callable[[bool], list] | None = None):
+    def __init__(
+        self,
+        record,
+        out: str = "rank0",
+        abort_collectives: Callable[[list[int]], None] = lambda ranks: None,
+        on_lost: Callable[[dict[int, str]], dict[int, int] | None] | None = None,
+        on_grow: Callable[[bool], list] | None = None,
+    ):
         self.record = record
         self.on_lost = on_lost
         self.on_grow = on_grow
@@ -175,8 +179,9 @@ class RunSupervisor:
             raise RankFailed(failures, [])
         return result_content
 
-    def _loop(self, cluster, ranks: list[int], children: list, timeout: float | None,
-              grace: float) -> tuple[Any, dict[int, Any]]:
+    def _loop(
+        self, cluster, ranks: list[int], children: list, timeout: float | None, grace: float
+    ) -> tuple[Any, dict[int, Any]]:
         """The supervision loop and its wake-up times, until every rank is done: (rank 0's
         result content, the ranks that raised). Each way out but the last raises."""
         started = time.monotonic()
@@ -230,8 +235,7 @@ class RunSupervisor:
         deaths = cluster.dead()
         next_death_check = time.monotonic() + DEATH_CHECK
         by_engine = {e.engine_id: r for e, r in zip(cluster.engines, ranks)}
-        deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items()
-                          if by_engine[eid] not in self.lost}
+        deaths_by_rank = {by_engine[eid]: how for eid, how in deaths.items() if by_engine[eid] not in self.lost}
         if deaths_by_rank and self._go_on(deaths_by_rank):
             deaths_by_rank = {}
         if deaths_by_rank:
@@ -290,8 +294,9 @@ class RunSupervisor:
         before = self.record.world_size
         self.lost.update(deaths)
         self.printer.lead = min(renumbered, key=renumbered.get)
-        self.record.note_resize(sorted(deaths), len(renumbered),
-                                error="; ".join(f"process {how}" for how in deaths.values()))
+        self.record.note_resize(
+            sorted(deaths), len(renumbered), error="; ".join(f"process {how}" for how in deaths.values())
+        )
         self.drain()
         say(went_on_without(deaths, len(renumbered), before))
         return True
@@ -300,7 +305,12 @@ class RunSupervisor:
         """Mark ranks whose request finished done or failed; True when one newly failed."""
         record, failed = self.record, False
         for rank, fut in zip(ranks, children):
-            if not fut.done() or rank in self.lost or rank in failures or record.ranks[rank].state in ("done", "failed"):
+            if (
+                not fut.done()
+                or rank in self.lost
+                or rank in failures
+                or record.ranks[rank].state in ("done", "failed")
+            ):
                 continue
             exc = fut.exception()
             if exc is None:  # ipyparallel resolves a failed request with its error
@@ -315,8 +325,11 @@ class RunSupervisor:
                 record.set_rank(rank, state="done")
             else:
                 failures[rank] = exc
-                record.set_rank(rank, state="failed", error=f"{getattr(exc, 'ename', type(exc).__name__)}: "
-                                                            f"{getattr(exc, 'evalue', exc)}")
+                record.set_rank(
+                    rank,
+                    state="failed",
+                    error=f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}",
+                )
                 failed = True
         return failed
 
@@ -326,8 +339,7 @@ class RunSupervisor:
         Returns the ranks that had to be stopped. With ``hard`` (a rank died, so the
         survivors' collectives can never complete), kill at once.
         """
-        busy = [(r, e, f) for r, e, f in zip(ranks, cluster.engines, children)
-                if not f.done() and r not in self.lost]
+        busy = [(r, e, f) for r, e, f in zip(ranks, cluster.engines, children) if not f.done() and r not in self.lost]
         if not busy:
             return []
         if not hard:
@@ -342,8 +354,7 @@ class RunSupervisor:
             signalled: set[int] = set()
             deadline = time.monotonic() + grace
             while True:
-                ready = [(r, e) for r, e, f in busy if not f.done() and r not in signalled
-                         and r in self.started]
+                ready = [(r, e) for r, e, f in busy if not f.done() and r not in signalled and r in self.started]
                 if ready:
                     cluster.signal(signal.SIGINT, [e.engine_id for _, e in ready])
                     signalled |= {r for r, _ in ready}
@@ -354,8 +365,7 @@ class RunSupervisor:
         if stuck or hard:
             if cluster.owned:
                 cluster.kill([e.engine_id for _, e in stuck])
-            self.needs_restart = ("stopped ranks did not answer" if not hard else
-                                  "a rank died in the previous run")
+            self.needs_restart = "stopped ranks did not answer" if not hard else "a rank died in the previous run"
         for r, _, _ in busy:
             if self.record.ranks[r].state not in ("failed",):
                 self.record.set_rank(r, state="stopped")

@@ -85,8 +85,7 @@ def named_deaths(run, ranks, during: str, ran: bool = False):
         raise
 
 
-def wait_all(run, ars: list, ranks, timeout: float | None, during: str,
-             ran: bool = False, every: float = 0.05) -> None:
+def wait_all(run, ars: list, ranks, timeout: float | None, during: str, ran: bool = False, every: float = 0.05) -> None:
     """Until every one of ``ars`` is ready, one has failed, or ``timeout`` s pass (None: no
     bound); the engines and the controller are looked at meanwhile (see :func:`check`)."""
     deadline = time.monotonic() + timeout if timeout is not None else float("inf")
@@ -116,16 +115,14 @@ def _error(ar) -> BaseException | None:
     return None
 
 
-def gather(run, ars: list, ranks, timeout: float | None, during: str,
-           ran: bool = False) -> list[Any]:
+def gather(run, ars: list, ranks, timeout: float | None, during: str, ran: bool = False) -> list[Any]:
     """Every result of ``ars`` (a rank's error is raised as itself), watched as :func:`wait_all`
     (``during``: the words for when, "while Horovod started"; ``ran``: after the cell)."""
     wait_all(run, ars, ranks, timeout, during, ran)
     return [ar.get(timeout=0 if ar.ready() else 1) for ar in ars]
 
 
-def setup_results(run, ars, ranks: list[int], what: str, reach: str, timeout: float,
-                  failed: str) -> dict[int, Any]:
+def setup_results(run, ars, ranks: list[int], what: str, reach: str, timeout: float, failed: str) -> dict[int, Any]:
     """Wait for a set-up call made on every engine at once (the ranks wait for each
     other); ``{rank: result}``. One that does not finish, or any that raise, mark the
     engines for a restart and raise :class:`KDistError` naming the ranks; an engine or the
@@ -143,17 +140,20 @@ def setup_results(run, ars, ranks: list[int], what: str, reach: str, timeout: fl
     for ar, rank in ars_ranks:
         if not ar.ready():
             run.must_restart(f"{what} did not start")
-            raise KDistError(f"{what} did not start on rank {rank} within {timeout:g} s: "
-                             f"can every engine reach {reach}?")
+            raise KDistError(
+                f"{what} did not start on rank {rank} within {timeout:g} s: can every engine reach {reach}?"
+            )
         try:
             results[rank] = ar.get()
         except Exception as exc:
-            failures.append(f"rank {rank}: {getattr(exc, 'ename', type(exc).__name__)}: "
-                            f"{getattr(exc, 'evalue', exc)}")
+            failures.append(f"rank {rank}: {getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}")
     if failures:
         run.must_restart(f"{what} failed to start")
         waiting = [rank for ar, rank in zip(ars, ranks) if not ar.ready()]
-        others = f" (rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} " \
-                 f"left waiting for it)" if waiting else ""
+        others = (
+            f" (rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} left waiting for it)"
+            if waiting
+            else ""
+        )
         raise KDistError(f"{failed}: " + "; ".join(failures) + others)
     return results

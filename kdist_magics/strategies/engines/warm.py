@@ -60,12 +60,16 @@ class Warming:
         took = (self.finished or self.started) - self.started
         imported = ", ".join((self.result or {}).get("imported") or []) or "nothing"
         skipped = (self.result or {}).get("skipped")
-        return (f"{self.n} engines warmed by %kdist start in {took:.1f} s (imported {imported}"
-                + (f"; {skipped}" if skipped else "") + ")")
+        return (
+            f"{self.n} engines warmed by %kdist start in {took:.1f} s (imported {imported}"
+            + (f"; {skipped}" if skipped else "")
+            + ")"
+        )
 
 
-def warm_remote(threads: int | None, local_size: int, cwd: str | None,
-                modules: tuple[str, ...]) -> dict[str, Any]:  # runs on an engine
+def warm_remote(
+    threads: int | None, local_size: int, cwd: str | None, modules: tuple[str, ...]
+) -> dict[str, Any]:  # runs on an engine
     """Thread variables as the run sets them, then ``modules`` imported; what was done."""
     import importlib
 
@@ -91,13 +95,19 @@ def start(strategy, ctx) -> Warming:
         cluster = strategy._cluster(ctx)
         hosts = [e.hostname for e in cluster.engines]
         cwd = os.getcwd() if cluster.owned else None
-        ars = [cluster.client[e.engine_id].apply_async(
-                   warm_remote, ctx.options.threads_per_rank, size, cwd, strategy.warm_modules)
-               for e, (_, size) in zip(cluster.engines, local_ranks(hosts, list(range(len(hosts)))))]
+        ars = [
+            cluster.client[e.engine_id].apply_async(
+                warm_remote, ctx.options.threads_per_rank, size, cwd, strategy.warm_modules
+            )
+            for e, (_, size) in zip(cluster.engines, local_ranks(hosts, list(range(len(hosts)))))
+        ]
         results = [ar.get(timeout=600) for ar in ars]
         skipped = next((r["skipped"] for r in results if r.get("skipped")), None)
-        return {"imported": [] if skipped else list(strategy.warm_modules), "skipped": skipped,
-                "seconds": time.monotonic() - t0}
+        return {
+            "imported": [] if skipped else list(strategy.warm_modules),
+            "skipped": skipped,
+            "seconds": time.monotonic() - t0,
+        }
 
     return Warming(strategy.size(ctx.spec), work)
 

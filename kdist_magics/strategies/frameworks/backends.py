@@ -64,7 +64,8 @@ def check_backend(strategy: str) -> str:
     if backend not in ("tensorflow", "jax"):
         raise StrategyUnavailable(
             f"--strategy {strategy} drives Keras on tensorflow or jax; this kernel's Keras runs on "
-            f"{backend} (set KERAS_BACKEND before importing keras). The cell did not run.")
+            f"{backend} (set KERAS_BACKEND before importing keras). The cell did not run."
+        )
     if backend == "tensorflow":
         require_tensorflow(f"--strategy {strategy} on Keras' tensorflow backend")
     return backend

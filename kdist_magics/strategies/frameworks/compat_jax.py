@@ -26,8 +26,7 @@ def jax_state() -> dict:
     state = distributed.global_state
     dist = None
     if getattr(state, "client", None) is not None:
-        dist = {"coordinator": state.coordinator_address, "processes": state.num_processes,
-                "process": state.process_id}
+        dist = {"coordinator": state.coordinator_address, "processes": state.num_processes, "process": state.process_id}
     return {"started": bool(xla_bridge.backends_are_initialized()), "distributed": dist}
 
 
@@ -48,8 +47,11 @@ def device_put_takes_keras_variables():
     original = jax.device_put
 
     def device_put(x, *args, **kwargs):
-        x = jax.tree_util.tree_map(lambda v: v.value if isinstance(v, keras.Variable) else v, x,
-                                   is_leaf=lambda v: isinstance(v, keras.Variable))
+        x = jax.tree_util.tree_map(
+            lambda v: v.value if isinstance(v, keras.Variable) else v,
+            x,
+            is_leaf=lambda v: isinstance(v, keras.Variable),
+        )
         return original(x, *args, **kwargs)
 
     device_put.__doc__ = original.__doc__

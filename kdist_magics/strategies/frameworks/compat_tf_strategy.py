@@ -95,19 +95,27 @@ def _tasks(resolver) -> int:
 def multiworker_check(workers: int, task: int) -> Callable[[type, tuple, dict], None]:
     """Accepts arguments a ``MultiWorkerMirroredStrategy`` of ``workers`` workers, this one
     ``task``, can stand for: a cluster resolver (positional or keyword) must agree."""
+
     def check(klass, args, kwargs):
         __tracebackhide__ = True
         call = "tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=...)"
         for resolver in [v for v in (*args, *kwargs.values()) if hasattr(v, "cluster_spec")]:
             n = _tasks(resolver)
             if n != workers:
-                raise LauncherMismatch(launcher_mismatch(
-                    call, f"{n} workers", f"{workers} (--np {workers})", f"give --np {n}"))
+                raise LauncherMismatch(
+                    launcher_mismatch(call, f"{n} workers", f"{workers} (--np {workers})", f"give --np {n}")
+                )
             given = getattr(resolver, "task_id", None)
             if given is not None and given != task:
-                raise LauncherMismatch(launcher_mismatch(
-                    call, f"task {given}", f"this engine as task {task}",
-                    "ranks are kdist's (TF_CONFIG describes them)"))
+                raise LauncherMismatch(
+                    launcher_mismatch(
+                        call,
+                        f"task {given}",
+                        f"this engine as task {task}",
+                        "ranks are kdist's (TF_CONFIG describes them)",
+                    )
+                )
+
     return check
 
 
@@ -142,10 +150,15 @@ def mirrored_check(devices: list[str]) -> Callable[[type, tuple, dict], None]:
             return
         given = [given] if isinstance(given, str) else list(given)
         if sorted(device_key(d) for d in given) != want:
-            raise LauncherMismatch(launcher_mismatch(
-                f"tf.distribute.MirroredStrategy(devices={given!r})", f"{len(given)} devices",
-                f"{len(devices)} ({', '.join(devices)})",
-                f"give --devices {len(given)} (kdist picks the devices)"))
+            raise LauncherMismatch(
+                launcher_mismatch(
+                    f"tf.distribute.MirroredStrategy(devices={given!r})",
+                    f"{len(given)} devices",
+                    f"{len(devices)} ({', '.join(devices)})",
+                    f"give --devices {len(given)} (kdist picks the devices)",
+                )
+            )
+
     return check
 
 

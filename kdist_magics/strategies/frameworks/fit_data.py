@@ -42,6 +42,7 @@ def _map(fn, x):
 
 def _arrays(*parts) -> bool:
     """True when every part given is an in-memory array (or a structure of them)."""
+
     def ok(x):
         if x is None:
             return True
@@ -91,8 +92,10 @@ def shard(parts: dict[str, Any], rank: int, n: int, what: str, say) -> dict[str,
     if each == 0:
         raise ValueError(f"kdist: {rows} {what} samples cannot be shared by {n} processes; give at least {n}")
     if rows % n:
-        say(f"kdist: leaving out the last {rows % n} of {rows} {what} samples so every process gets "
-            f"{each} (the same number of steps on each)")
+        say(
+            f"kdist: leaving out the last {rows % n} of {rows} {what} samples so every process gets "
+            f"{each} (the same number of steps on each)"
+        )
     lo, hi = rank * each, (rank + 1) * each
     return {k: _map(lambda a: a[lo:hi], v) for k, v in parts.items()}
 
@@ -108,15 +111,21 @@ def _validation_sharded(a: dict, x, y, sw, part: int, parts: int, once):
         a["validation_split"] = 0.0
     val = a.get("validation_data")
     if isinstance(val, tuple) and _arrays(*val):
-        keys = ("x", "y", "sample_weight")[:len(val)]
+        keys = ("x", "y", "sample_weight")[: len(val)]
         mine = shard(dict(zip(keys, val)), part, parts, "validation", once)
         a["validation_data"] = tuple(mine[k] for k in keys)
     return x, y, sw
 
 
 @contextlib.contextmanager
-def process_shards(rank: int, n: int, say=print, fit_callbacks: Callable[[], list] = list,
-                   no_predict: str = "", position: Callable[[], tuple[int, int, bool]] | None = None):
+def process_shards(
+    rank: int,
+    n: int,
+    say=print,
+    fit_callbacks: Callable[[], list] = list,
+    no_predict: str = "",
+    position: Callable[[], tuple[int, int, bool]] | None = None,
+):
     """While open, ``fit``/``evaluate`` given in-memory arrays use process ``rank``'s 1/``n``;
     ``predict`` takes all of its input on every process.
 
@@ -150,8 +159,9 @@ def process_shards(rank: int, n: int, say=print, fit_callbacks: Callable[[], lis
                 return original(*bound.args, **bound.kwargs)
             if name == "fit":
                 x, y, sw = _validation_sharded(a, x, y, sw, part, parts, once)
-            mine = shard({"x": x, "y": y, "sample_weight": sw}, part, parts,
-                         "training" if name == "fit" else "evaluation", once)
+            mine = shard(
+                {"x": x, "y": y, "sample_weight": sw}, part, parts, "training" if name == "fit" else "evaluation", once
+            )
             a.update({k: v for k, v in mine.items() if k in a or v is not None})
             return original(*bound.args, **bound.kwargs)
 

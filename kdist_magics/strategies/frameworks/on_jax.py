@@ -108,10 +108,13 @@ class _Divisible:
         if keep == rows:
             return parts
         if keep == 0:
-            raise StrategyUnavailable(f"kdist: {rows} {what} samples cannot be split over {n} devices; "
-                                      f"give at least {n}")
-        self.once(f"kdist: leaving out the last {rows - keep} of {rows} {what} samples so every batch "
-                  f"splits evenly over {n} devices")
+            raise StrategyUnavailable(
+                f"kdist: {rows} {what} samples cannot be split over {n} devices; give at least {n}"
+            )
+        self.once(
+            f"kdist: leaving out the last {rows - keep} of {rows} {what} samples so every batch "
+            f"splits evenly over {n} devices"
+        )
         return {k: _map(lambda a: a[:keep], v) for k, v in parts.items()}
 
     def wrap(self, name: str, original: Callable) -> Callable:
@@ -125,8 +128,11 @@ class _Divisible:
             except TypeError:
                 return original(model, *args, **kwargs)
             a = bound.arguments
-            if (not _arrays(a.get("x"), a.get("y"), a.get("sample_weight")) or a.get("steps")
-                    or a.get("steps_per_epoch")):
+            if (
+                not _arrays(a.get("x"), a.get("y"), a.get("sample_weight"))
+                or a.get("steps")
+                or a.get("steps_per_epoch")
+            ):
                 return original(*bound.args, **bound.kwargs)
             if name == "predict":
                 rows, padded = self._predict_args(a)
@@ -153,8 +159,7 @@ class _Divisible:
         return rows, padded
 
     def _trim_args(self, a: dict[str, Any], what: str) -> None:
-        parts = self.trim({"x": a.get("x"), "y": a.get("y"), "sample_weight": a.get("sample_weight")},
-                          what)
+        parts = self.trim({"x": a.get("x"), "y": a.get("y"), "sample_weight": a.get("sample_weight")}, what)
         a.update({k: v for k, v in parts.items() if k in a or v is not None})
 
     def _fit_args(self, a: dict[str, Any]) -> None:
@@ -178,12 +183,11 @@ class _Divisible:
         a.update({k: v for k, v in parts.items() if k in a or v is not None})
         val = a.get("validation_data")
         if isinstance(val, tuple) and _arrays(*val):
-            keys = ("x", "y", "sample_weight")[:len(val)]
+            keys = ("x", "y", "sample_weight")[: len(val)]
             fixed = self.trim(dict(zip(keys, val)), "validation")
             a["validation_data"] = tuple(fixed[k] for k in keys)
             if a.get("validation_batch_size") is not None:
-                a["validation_batch_size"] = self.batch(a["validation_batch_size"],
-                                                        "validation_batch_size")
+                a["validation_batch_size"] = self.batch(a["validation_batch_size"], "validation_batch_size")
 
 
 def _gpus_by_nvml() -> int:
@@ -214,12 +218,17 @@ def plan_devices(wanted: int | None, platform: str | None):
         asked = f"mirrored (default {wanted} CPU devices)"
     if wanted and wanted > len(devices):
         kind = devices[0].platform.upper()
-        hint = (f" Restart the kernel and run this %%kdist cell before any other JAX code "
-                f"(or start it with XLA_FLAGS=--xla_force_host_platform_device_count={wanted})."
-                if kind == "CPU" else "")
-        raise DevicesFixed(f"{asked}: JAX in this kernel has {len(devices)} {kind} "
-                           f"device{'s' if len(devices) != 1 else ''}, fixed when it started.{hint} "
-                           "The cell did not run.")
+        hint = (
+            f" Restart the kernel and run this %%kdist cell before any other JAX code "
+            f"(or start it with XLA_FLAGS=--xla_force_host_platform_device_count={wanted})."
+            if kind == "CPU"
+            else ""
+        )
+        raise DevicesFixed(
+            f"{asked}: JAX in this kernel has {len(devices)} {kind} "
+            f"device{'s' if len(devices) != 1 else ''}, fixed when it started.{hint} "
+            "The cell did not run."
+        )
     return devices[:wanted] if wanted else devices
 
 
@@ -239,8 +248,7 @@ def data_position(distribution) -> tuple[int, int]:
     devices = np.asarray(mesh.backend_mesh.devices)
     axis = list(mesh.axis_names).index(distribution.batch_dim_name)
     me = jax.process_index()
-    rows = sorted({index[axis] for index in np.ndindex(devices.shape)
-                   if devices[index].process_index == me})
+    rows = sorted({index[axis] for index in np.ndindex(devices.shape) if devices[index].process_index == me})
     total = devices.shape[axis]
     if not rows or total % len(rows):  # pragma: no cover - a mesh kdist does not make
         return 0, 1

@@ -30,8 +30,11 @@ from pathlib import Path
 VERSION = "0.28.1"
 PATCH = Path(__file__).with_name("patches") / "horovod-0.28.1-tensorflow-2.19.patch"
 BUILD_ENV = {
-    "HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_MPI": "1",
-    "HOROVOD_WITHOUT_PYTORCH": "1", "HOROVOD_WITHOUT_MXNET": "1",
+    "HOROVOD_WITH_TENSORFLOW": "1",
+    "HOROVOD_WITH_GLOO": "1",
+    "HOROVOD_WITHOUT_MPI": "1",
+    "HOROVOD_WITHOUT_PYTORCH": "1",
+    "HOROVOD_WITHOUT_MXNET": "1",
 }
 
 
@@ -46,11 +49,13 @@ def say(message: str) -> None:
 def tensorflow_version(python: str) -> tuple[str, str]:
     """(TensorFlow's version, the interpreter's tag such as 'cp313') of ``python``."""
     code = "import sys, tensorflow as tf; print(tf.__version__, 'cp%d%d' % sys.version_info[:2])"
-    out = subprocess.run([python, "-c", code],
-                         capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    out = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    )
     if out.returncode != 0:
-        raise BuildError("TensorFlow is not importable here; install it first "
-                         "(pip install 'kdist_magics[tensorflow-cpu]')")
+        raise BuildError(
+            "TensorFlow is not importable here; install it first (pip install 'kdist_magics[tensorflow-cpu]')"
+        )
     version, tag = out.stdout.strip().splitlines()[-1].split()
     return version, tag
 
@@ -80,8 +85,7 @@ def build(python: str, folder: Path) -> Path:
     """Fetch the sdist, patch it, build the wheel into ``folder``; returns the wheel."""
     missing = missing_tools()
     if missing:
-        raise BuildError(f"building Horovod needs {', '.join(missing)} "
-                         f"(e.g. sudo apt-get install {' '.join(missing)})")
+        raise BuildError(f"building Horovod needs {', '.join(missing)} (e.g. sudo apt-get install {' '.join(missing)})")
     with tempfile.TemporaryDirectory(prefix="kdist-horovod-") as tmp:
         tmp = Path(tmp)
         pip(python, "download", "-q", "--no-deps", "--no-binary", ":all:", f"horovod=={VERSION}", "-d", str(tmp))
@@ -89,12 +93,15 @@ def build(python: str, folder: Path) -> Path:
         with tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(tmp)
         src = tmp / f"horovod-{VERSION}"
-        subprocess.run(["patch", "-p1", "--forward", "--input", str(PATCH)], cwd=src, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["patch", "-p1", "--forward", "--input", str(PATCH)], cwd=src, check=True, stdout=subprocess.DEVNULL
+        )
         if gpu_present():
-            say("an NVIDIA GPU is present: building the Gloo variant (CPU collectives). A NCCL build "
+            say(
+                "an NVIDIA GPU is present: building the Gloo variant (CPU collectives). A NCCL build "
                 "against TensorFlow >= 2.19 needs further patches (conda-forge's horovod-feedstock: "
-                "StatusOr, GPU stream) that kdist does not carry")
+                "StatusOr, GPU stream) that kdist does not carry"
+            )
         env = {**os.environ, **BUILD_ENV}
         env.pop("HOROVOD_GPU_OPERATIONS", None)
         env.setdefault("MAKEFLAGS", f"-j{os.cpu_count() or 1}")
@@ -108,8 +115,10 @@ def build(python: str, folder: Path) -> Path:
 
 
 def gpu_present() -> bool:
-    return shutil.which("nvidia-smi") is not None and subprocess.run(
-        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    return (
+        shutil.which("nvidia-smi") is not None
+        and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    )
 
 
 def ensure(python: str = sys.executable, check: bool = False) -> str:
@@ -125,13 +134,16 @@ def ensure(python: str = sys.executable, check: bool = False) -> str:
     pip(python, "install", "-q", "--no-deps", "--force-reinstall", str(wheel))
     probe = subprocess.run([python, "-c", "import horovod.tensorflow"], capture_output=True, text=True)
     if probe.returncode != 0:
-        raise BuildError(f"Horovod installed from {wheel} but does not import: "
-                         f"{probe.stderr.strip().splitlines()[-1:]}")
+        raise BuildError(
+            f"Horovod installed from {wheel} but does not import: {probe.stderr.strip().splitlines()[-1:]}"
+        )
     return f"Horovod {VERSION} for TensorFlow {tf} installed from {wheel}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kdist_magics.strategies.horovod.build", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kdist_magics.strategies.horovod.build", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--python", default=sys.executable, help="the environment's interpreter (default: this one)")
     parser.add_argument("--check", action="store_true", help="say what would happen; build nothing")
     args = parser.parse_args(argv)
@@ -141,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"cannot build Horovod: {exc}")
         return 2
     except subprocess.CalledProcessError as exc:
-        say(f"cannot build Horovod: {' '.join(map(str, exc.cmd[:4]))} ... failed (exit {exc.returncode}); "
-            "see the output above")
+        say(
+            f"cannot build Horovod: {' '.join(map(str, exc.cmd[:4]))} ... failed (exit {exc.returncode}); "
+            "see the output above"
+        )
         return 1
     return 0
 

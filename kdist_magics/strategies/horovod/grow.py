@@ -57,8 +57,7 @@ class Growth:
                 del self.joining[eid]
                 if item["stage"] == "joining":
                     self.strategy.rendezvous.shrink([item["index"]])
-                self.ctx.record.set_rank(item["label"], state="failed",
-                                         error="the engine went away while joining")
+                self.ctx.record.set_rank(item["label"], state="failed", error="the engine went away while joining")
                 say(f"engine {eid} went away while joining the run", warn=True)
                 continue
             if not ar.ready():
@@ -69,8 +68,11 @@ class Growth:
                 del self.joining[eid]
                 if item["stage"] == "joining":  # the others must not wait for it
                     self.strategy.rendezvous.shrink([item["index"]])
-                say(f"engine {eid} could not join the run: {getattr(exc, 'ename', type(exc).__name__)}: "
-                    f"{getattr(exc, 'evalue', exc)}", warn=True)
+                say(
+                    f"engine {eid} could not join the run: {getattr(exc, 'ename', type(exc).__name__)}: "
+                    f"{getattr(exc, 'evalue', exc)}",
+                    warn=True,
+                )
                 continue
             if item["stage"] == "warming":
                 self._join(eid, item)
@@ -108,12 +110,24 @@ class Growth:
         if self.run.pushed:  # what --push gave the others
             client.push(self.run.pushed, block=True)
         spec = ctx.spec
-        client.apply_sync(lifecycle.begin, label, spec.telemetry, FEED_INTERVAL, spec.checkpoint,
-                          ctx.options.freeze_gc, ctx.options.tf_info_logs, ctx.options.helper_nice)
+        client.apply_sync(
+            lifecycle.begin,
+            label,
+            spec.telemetry,
+            FEED_INTERVAL,
+            spec.checkpoint,
+            ctx.options.freeze_gc,
+            ctx.options.tf_info_logs,
+            ctx.options.helper_nice,
+        )
         ctx.record.set_rank(label, state="starting", host=host, pid=pid)
         say(f"engine {eid} on {host} registered: rank {label} joins the run at its next commit")
-        self.joining[eid] = {"stage": "warming", "label": label,
-                             "info": EngineInfo(eid, pid, host, machine), "ar": client.apply_async(warm_imports)}
+        self.joining[eid] = {
+            "stage": "warming",
+            "label": label,
+            "info": EngineInfo(eid, pid, host, machine),
+            "ar": client.apply_async(warm_imports),
+        }
 
     def _join(self, eid: int, item: dict[str, Any]) -> None:
         from .on_engine import HOSTS_ADDED, elastic_env, hvd_join
@@ -130,9 +144,14 @@ class Growth:
             iface = self.cluster.client[eid].apply_sync(route_iface, rdv.address)
         env = elastic_env(rdv.common_env(info.hostname, iface))
         abort = (rdv.address, rdv.abort_line.port)
-        item.update(stage="joining", index=index, key=key,
-                    ar=self.cluster.client[eid].apply_async(hvd_join, env, (rdv.address, rdv.port),
-                                                            key, abort, self.keras_names))
+        item.update(
+            stage="joining",
+            index=index,
+            key=key,
+            ar=self.cluster.client[eid].apply_async(
+                hvd_join, env, (rdv.address, rdv.port), key, abort, self.keras_names
+            ),
+        )
         rdv.abort_line.tell(HOSTS_ADDED)
 
     def _run_cell(self, eid: int, item: dict[str, Any]) -> tuple[int, EngineInfo, Any]:
@@ -151,6 +170,5 @@ class Growth:
                 item["ar"].wait(timeout=30)
             except Exception:
                 pass
-            self.ctx.record.set_rank(item["label"], state="stopped",
-                                     error="registered too late to join the run")
+            self.ctx.record.set_rank(item["label"], state="stopped", error="registered too late to join the run")
         self.joining.clear()

@@ -24,7 +24,6 @@ def check(cluster, ranks: list[int]) -> None:
     """Raise :class:`KDistError` naming each rank (and its host) that cannot resolve a peer's name."""
     names = sorted({e.hostname for e in cluster.engines})
     answers = cluster.view().apply_async(_unresolved, names).get(timeout=60)
-    problems = {(rank, e.hostname): missing for rank, e, missing in zip(ranks, cluster.engines, answers)
-                if missing}
+    problems = {(rank, e.hostname): missing for rank, e, missing in zip(ranks, cluster.engines, answers) if missing}
     if problems:
         raise KDistError(unresolved_hosts(problems))

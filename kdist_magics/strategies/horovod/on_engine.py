@@ -44,8 +44,7 @@ def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[
     before = set(_run_hvd.pop("env_set", ()))
     for name in before - set(env):
         os.environ.pop(name, None)
-    _run_hvd["env_set"] = [k for k in ELASTIC_VARS
-                           if k in env and (k in before or k not in os.environ)]
+    _run_hvd["env_set"] = [k for k in ELASTIC_VARS if k in env and (k in before or k not in os.environ)]
     os.environ.update(env)
     import horovod.tensorflow as core
 
@@ -70,8 +69,13 @@ def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[
         shell.user_ns["hvd"] = hvd
     from ..frameworks.compat_keras import keras_name_uids
 
-    return {"rank": core.rank(), "size": core.size(), "local_rank": core.local_rank(),
-            "binding": hvd.__name__, "keras_names": keras_name_uids()}
+    return {
+        "rank": core.rank(),
+        "size": core.size(),
+        "local_rank": core.local_rank(),
+        "binding": hvd.__name__,
+        "keras_names": keras_name_uids(),
+    }
 
 
 def warm_imports() -> bool:
@@ -86,8 +90,9 @@ def warm_imports() -> bool:
     return True
 
 
-def hvd_join(env: dict[str, str], store: tuple[str, int], key: str,
-             abort: tuple[str, int] | None, keras_names: dict | None) -> dict[str, Any]:
+def hvd_join(
+    env: dict[str, str], store: tuple[str, int], key: str, abort: tuple[str, int] | None, keras_names: dict | None
+) -> dict[str, Any]:
     """Join an elastic run that is under way: ask the kernel's store for this engine's rank
     (the answer comes once every rank of the re-formed job is ready), then ``hvd_init``.
     ``keras_names``: the other ranks' Keras naming counters at the start of the cell, so
@@ -107,9 +112,15 @@ def hvd_join(env: dict[str, str], store: tuple[str, int], key: str,
         rank, size, local_rank, local_size, cross_rank, cross_size = reply.read().decode().split(",")
     if int(rank) < 0:
         raise RuntimeError("this engine was not taken into the elastic run")
-    env = {**env, "HOROVOD_RANK": rank, "HOROVOD_SIZE": size, "HOROVOD_LOCAL_RANK": local_rank,
-           "HOROVOD_LOCAL_SIZE": local_size, "HOROVOD_CROSS_RANK": cross_rank,
-           "HOROVOD_CROSS_SIZE": cross_size}
+    env = {
+        **env,
+        "HOROVOD_RANK": rank,
+        "HOROVOD_SIZE": size,
+        "HOROVOD_LOCAL_RANK": local_rank,
+        "HOROVOD_LOCAL_SIZE": local_size,
+        "HOROVOD_CROSS_RANK": cross_rank,
+        "HOROVOD_CROSS_SIZE": cross_size,
+    }
     return hvd_init(env, abort)
 
 

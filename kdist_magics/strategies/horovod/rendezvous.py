@@ -45,9 +45,15 @@ class Rendezvous:
     serves on the engines' own loopback; by default bound here.
     """
 
-    def __init__(self, hostnames: Sequence[str], address: str = "127.0.0.1", iface: str = "lo",
-                 elastic: bool = False, same_user: bool = True,
-                 sockets: Callable[[str], socket.socket] | None = None):
+    def __init__(
+        self,
+        hostnames: Sequence[str],
+        address: str = "127.0.0.1",
+        iface: str = "lo",
+        elastic: bool = False,
+        same_user: bool = True,
+        sockets: Callable[[str], socket.socket] | None = None,
+    ):
         self.hostnames = list(hostnames)
         self.address = address
         self.iface = iface
@@ -81,11 +87,11 @@ class Rendezvous:
         self._httpd.init(self.slots)
         if self.same_user:  # socketserver closes a request this refuses, unanswered
             self._httpd.verify_request = lambda request, client_address: allowed(request)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="kdist-rendezvous",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="kdist-rendezvous", daemon=True)
         self._thread.start()
-        self.abort_line = AbortLine(self.address, same_user=self.same_user,
-                                    sock=self.sockets(self.address) if self.sockets else None)
+        self.abort_line = AbortLine(
+            self.address, same_user=self.same_user, sock=self.sockets(self.address) if self.sockets else None
+        )
         return self.port
 
     def env(self, index: int, iface: str | None = None) -> dict[str, str]:
@@ -195,8 +201,7 @@ class ElasticPlan:
             new = dict(zip(alive, assign([self.hostnames[i] for i in alive]))) if alive else {}
             if httpd is not None:
                 httpd.init(list(new.values()))  # clears the store: the old addresses go
-            self._answers = {_key(old[i]): slot.to_response_string().encode("ascii")
-                             for i, slot in new.items()}
+            self._answers = {_key(old[i]): slot.to_response_string().encode("ascii") for i, slot in new.items()}
             self._open = False
             self.slots = new
             self.sizes.append(len(new))
@@ -212,8 +217,10 @@ class ElasticPlan:
             new = dict(zip(members, assign([self.hostnames[i] for i in members])))
             if httpd is not None:
                 httpd.init(list(new.values()))
-            self._answers = {(_key(old[i]) if i in old else join_key(i)):
-                             slot.to_response_string().encode("ascii") for i, slot in new.items()}
+            self._answers = {
+                (_key(old[i]) if i in old else join_key(i)): slot.to_response_string().encode("ascii")
+                for i, slot in new.items()
+            }
             self._open = False
             self.slots = new
             self.sizes.append(len(new))
@@ -287,8 +294,7 @@ class AbortLine:
     backlog until :meth:`abort` or :meth:`close` accepts them.
     """
 
-    def __init__(self, address: str = "127.0.0.1", same_user: bool = True,
-                 sock: socket.socket | None = None):
+    def __init__(self, address: str = "127.0.0.1", same_user: bool = True, sock: socket.socket | None = None):
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self.same_user = same_user
         if sock is None:  # else one bound already (in a private network: namespace.py)

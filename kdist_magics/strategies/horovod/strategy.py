@@ -81,7 +81,8 @@ class HorovodStrategy(EngineStrategy):
             if ipaddress.ip_address(address).is_loopback and len(set(hosts)) > 1:
                 raise KDistError(
                     f"the engines run on {len(set(hosts))} hosts but the rendezvous would listen on "
-                    f"loopback; set %config KDist.bind_address = '<an address every engine reaches>'")
+                    f"loopback; set %config KDist.bind_address = '<an address every engine reaches>'"
+                )
         if not cluster.loopback and len(set(hosts)) > 1:
             from .hostnames import check
 
@@ -90,9 +91,14 @@ class HorovodStrategy(EngineStrategy):
         elastic = spec.min_np is not None or spec.max_np is not None
         self.min_np = (spec.min_np or len(hosts)) if elastic else None
         private = cluster.namespace  # the ranks' own loopback: only they can connect there
-        self.rendezvous = Rendezvous(hosts, address=address, iface=iface_for(address), elastic=elastic,
-                                     same_user=ctx.options.same_user_only and private is None,
-                                     sockets=private.socket if private is not None else None)
+        self.rendezvous = Rendezvous(
+            hosts,
+            address=address,
+            iface=iface_for(address),
+            elastic=elastic,
+            same_user=ctx.options.same_user_only and private is None,
+            sockets=private.socket if private is not None else None,
+        )
         self.labels = {i: slot.rank for i, slot in enumerate(self.rendezvous.slots)}
         self.engine_of = dict(enumerate(cluster.engines))  # engine index -> EngineInfo
         self.growth = None
@@ -105,10 +111,10 @@ class HorovodStrategy(EngineStrategy):
         envs = [self.rendezvous.env(i, iface=ifaces[i]) for i in range(len(hosts))]
         if elastic:
             envs = [elastic_env(env) for env in envs]
-        ars = [cluster.client[e.engine_id].apply_async(hvd_init, envs[i], abort)
-               for i, e in enumerate(cluster.engines)]
-        results = waiting.setup_results(self.run_now, ars, ranks, "Horovod", f"the rendezvous at {address}", 120,
-                                      "hvd.init() failed")
+        ars = [cluster.client[e.engine_id].apply_async(hvd_init, envs[i], abort) for i, e in enumerate(cluster.engines)]
+        results = waiting.setup_results(
+            self.run_now, ars, ranks, "Horovod", f"the rendezvous at {address}", 120, "hvd.init() failed"
+        )
         infos = {}
         for rank, info in results.items():
             if info["rank"] != rank:  # pragma: no cover - defensive
@@ -120,8 +126,7 @@ class HorovodStrategy(EngineStrategy):
         if spec.max_np is not None:
             from .grow import Growth
 
-            self.growth = Growth(self, self.run_now, spec.max_np,
-                                 infos[0].get("keras_names"))
+            self.growth = Growth(self, self.run_now, spec.max_np, infos[0].get("keras_names"))
 
     @staticmethod
     def _align_keras_names(cluster: EngineCluster, names: list) -> None:
@@ -148,8 +153,7 @@ class HorovodStrategy(EngineStrategy):
     def grow(self, cluster: EngineCluster, ctx: RunContext, final: bool):
         return self.growth.step(final) if self.growth is not None else []
 
-    def go_on_without(self, cluster: EngineCluster, ctx: RunContext,
-                      deaths: dict[int, str]) -> dict[int, int] | None:
+    def go_on_without(self, cluster: EngineCluster, ctx: RunContext, deaths: dict[int, str]) -> dict[int, int] | None:
         """Elastic runs: re-form the job without the dead ranks while ``--min-np`` are left;
         ``{rank: new rank}`` of the ranks left (None: too few, the run stops)."""
         from ...messages import too_few_left

@@ -42,7 +42,8 @@ def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
         if n > len(gpus):
             raise StrategyUnavailable(
                 f"--devices {n}: this machine has {len(gpus)} GPU{'s' if len(gpus) != 1 else ''} "
-                f"visible to TensorFlow; give --devices {len(gpus)} or fewer. The cell did not run.")
+                f"visible to TensorFlow; give --devices {len(gpus)} or fewer. The cell did not run."
+            )
         return [f"/gpu:{i}" for i in range(n)], "GPU"
     n = wanted or CPU_DEFAULT_DEVICES
     asked = f"--devices {n}" if wanted else f"mirrored's default of {n} CPU devices"
@@ -50,8 +51,7 @@ def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
     current = tf.config.get_logical_device_configuration(cpu)
     if current is None or len(current) < n:
         try:
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
         except RuntimeError:  # "Virtual devices cannot be modified after being initialized"
             have = len(tf.config.list_logical_devices("CPU"))
             if have < n:
@@ -59,7 +59,8 @@ def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
                     f"TensorFlow in this kernel already started with {have} CPU device"
                     f"{'s' if have != 1 else ''}, and it fixes its devices at start-up, so "
                     f"{asked} cannot take effect now. Restart the kernel and run this "
-                    f"%%kdist cell before any other TensorFlow code. The cell did not run.") from None
+                    f"%%kdist cell before any other TensorFlow code. The cell did not run."
+                ) from None
     return [f"/cpu:{i}" for i in range(n)], "logical CPU"
 
 

@@ -13,8 +13,9 @@ from .limits import checkpoint_each_epoch, time_limit, timed_out
 from .stop import stop_reaches_fit
 
 
-def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = None,
-                  bind: dict[str, Any] | None = None) -> Any:
+def run_cell_here(
+    cell: str, ctx: RunContext, scope: ContextManager | None = None, bind: dict[str, Any] | None = None
+) -> Any:
     """Run ``cell`` in the user's namespace inside ``scope``.
 
     The cell goes through ``shell.run_cell``, so output, progress bars, the
@@ -39,8 +40,7 @@ def run_cell_here(cell: str, ctx: RunContext, scope: ContextManager | None = Non
             from ...watch.telemetry import attached
 
             stop_after, batch_scale = ctx.probe or (None, None)  # %kdist scale's runs
-            stack.enter_context(attached(ctx.record.add, rank=0, stop_after=stop_after,
-                                         batch_scale=batch_scale))
+            stack.enter_context(attached(ctx.record.add, rank=0, stop_after=stop_after, batch_scale=batch_scale))
             # replicas share this process: one sampler shows it (and each GPU it uses)
             stack.enter_context(sampling(ctx.record.add, rank=0, nice=ctx.options.helper_nice))
         stack.enter_context(checkpoint_each_epoch(ctx.spec.checkpoint))

@@ -45,7 +45,7 @@ class TPURuntime:
             return
         import socket
 
-        host, _, port = target[len("grpc://"):].rpartition(":")
+        host, _, port = target[len("grpc://") :].rpartition(":")
         try:
             socket.create_connection((host, int(port)), timeout=timeout).close()
         except (OSError, ValueError) as exc:
@@ -89,8 +89,9 @@ def connect(tpu: TPU, runtime: TPURuntime, cache: dict | None = None):
         raise
     except Exception as exc:  # resolver ValueError, NotFoundError, connection refused, ...
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise no_tpu(f"{tpu.found_by or 'the TPU'} -> {tpu.target}",
-                     f"connecting failed ({type(exc).__name__}: {message[:160]})") from None
+        raise no_tpu(
+            f"{tpu.found_by or 'the TPU'} -> {tpu.target}", f"connecting failed ({type(exc).__name__}: {message[:160]})"
+        ) from None
     cache[tpu.target] = (resolver, strategy)
     return strategy
 
@@ -141,8 +142,7 @@ class TPUStrategy(Strategy):
     def status(self) -> dict[str, Any]:
         if self.strategy is None:
             return {"connected": False}
-        return {"tpu": self.tpu.kind, "target": self.tpu.target,
-                "replicas": int(self.strategy.num_replicas_in_sync)}
+        return {"tpu": self.tpu.kind, "target": self.tpu.target, "replicas": int(self.strategy.num_replicas_in_sync)}
 
     def teardown(self) -> None:
         # The TPU system stays initialised for the kernel (see the module docstring).

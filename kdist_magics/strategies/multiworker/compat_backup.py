@@ -29,8 +29,7 @@ import threading
 _lock = threading.Lock()
 _state: dict = {"chief": True, "originals": None}
 #: the callback's attributes that name files under ``backup_dir`` (Keras 3.13 to 3.15)
-PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
-         "_prev_training_metadata_path")
+PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path", "_prev_training_metadata_path")
 
 
 def _callback_class():
@@ -52,7 +51,7 @@ def _save_elsewhere(callback, save) -> None:
     try:
         for name, path in own.items():
             if isinstance(path, str) and path.startswith(base):
-                setattr(callback, name, temp + path[len(base):])
+                setattr(callback, name, temp + path[len(base) :])
         save(callback)
     finally:
         for name, path in own.items():

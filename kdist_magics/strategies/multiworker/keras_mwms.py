@@ -116,15 +116,13 @@ def needed() -> tuple[bool, str]:
 
 
 def _parts(module) -> list[str]:
-    return [name for name, has_bug in (("build", _build_has_bug), ("logs", _logs_have_bug))
-            if has_bug(module)]
+    return [name for name, has_bug in (("build", _build_has_bug), ("logs", _logs_have_bug)) if has_bug(module)]
 
 
 def _multiworker(strategy) -> bool:
     import tensorflow as tf
 
-    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and strategy.extended._in_multi_worker_mode())
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._in_multi_worker_mode()
 
 
 def _fixed_build(original):
@@ -172,7 +170,9 @@ def _fixed_logs(original):
 
         return tree.map_structure(reduce, values)
 
-    reduce_per_replica.__doc__ = f"kdist_magics.strategies.multiworker.keras_mwms: scalar logs reduce with axis=None ({ISSUE})"
+    reduce_per_replica.__doc__ = (
+        f"kdist_magics.strategies.multiworker.keras_mwms: scalar logs reduce with axis=None ({ISSUE})"
+    )
     reduce_per_replica.__wrapped__ = original
     return reduce_per_replica
 

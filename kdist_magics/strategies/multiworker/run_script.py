@@ -58,8 +58,7 @@ def usage() -> str:
 
 
 def _takes_value() -> dict[str, bool]:
-    return {flag: kwargs.get("action") != "store_true"
-            for flags, kwargs in specmod.OPTIONS for flag in flags}
+    return {flag: kwargs.get("action") != "store_true" for flags, kwargs in specmod.OPTIONS for flag in flags}
 
 
 def split_line(rest: str) -> tuple[str, str, list[str]]:
@@ -73,17 +72,20 @@ def split_line(rest: str) -> tuple[str, str, list[str]]:
         word = words[i]
         flag = word.split("=", 1)[0]
         if flag not in known:
-            raise UsageError(f"%kdist run: unknown option {word!r}; kdist's options come before "
-                             f"the script's path, the script's own after it (see %kdist run?)")
+            raise UsageError(
+                f"%kdist run: unknown option {word!r}; kdist's options come before "
+                f"the script's path, the script's own after it (see %kdist run?)"
+            )
         step = 2 if known[flag] and "=" not in word else 1
         if i + step > len(words):
             raise UsageError(f"%kdist run: {flag} needs a value (see %kdist run?)")
-        options += words[i:i + step]
+        options += words[i : i + step]
         i += step
     if i >= len(words):
-        raise UsageError("%kdist run: which script? Usage: %kdist run [kdist options] "
-                         "script.py [script args] (see %kdist run?)")
-    return shlex.join(options), words[i], words[i + 1:]
+        raise UsageError(
+            "%kdist run: which script? Usage: %kdist run [kdist options] script.py [script args] (see %kdist run?)"
+        )
+    return shlex.join(options), words[i], words[i + 1 :]
 
 
 def read_script(path: str) -> tuple[str, str]:
@@ -100,16 +102,16 @@ def read_script(path: str) -> tuple[str, str]:
         compile(source, full, "exec")
     except (SyntaxError, ValueError) as exc:
         where = f", line {exc.lineno}" if getattr(exc, "lineno", None) else ""
-        raise UsageError(f"%kdist run: {path}{where}: {type(exc).__name__}: "
-                         f"{getattr(exc, 'msg', exc)}; the script did not run") from None
+        raise UsageError(
+            f"%kdist run: {path}{where}: {type(exc).__name__}: {getattr(exc, 'msg', exc)}; the script did not run"
+        ) from None
     return full, source
 
 
 #: where the script travels: a name in the kernel's namespace, --push-ed to engine ranks, so the
 #: cell that runs it is one short line (a traceback's first frame shows that line, not the script)
 SCRIPT_NAME = "_kdist_run_script"
-CELL = (f"__import__('kdist_magics.strategies.multiworker.run_script', fromlist=['run_main'])"
-        f".run_main(*{SCRIPT_NAME})")
+CELL = f"__import__('kdist_magics.strategies.multiworker.run_script', fromlist=['run_main']).run_main(*{SCRIPT_NAME})"
 _HOROVOD = re.compile(r"^\s*(import|from)\s+horovod\b", re.M)
 
 
@@ -139,8 +141,10 @@ def script_cell(rest: str, parse=None, user_ns=None) -> tuple[str, str] | None:
     if user_ns is not None:
         user_ns[SCRIPT_NAME] = (source, full, argv)
         return line, CELL
-    return line, (f"__import__('kdist_magics.strategies.multiworker.run_script', "
-                  f"fromlist=['run_main']).run_main({source!r}, {full!r}, {argv!r})")
+    return line, (
+        f"__import__('kdist_magics.strategies.multiworker.run_script', "
+        f"fromlist=['run_main']).run_main({source!r}, {full!r}, {argv!r})"
+    )
 
 
 def not_global(source: str, names) -> list[str]:
@@ -151,14 +155,15 @@ def not_global(source: str, names) -> list[str]:
     tree = ast.parse(source)
     top = set()
     for node in tree.body:
-        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                           ast.ClassDef)) else ():
+        for sub in (
+            ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else ()
+        ):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
                 top.add(sub.id)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
-                             ast.ImportFrom)):
-            top.update([node.name] if hasattr(node, "name") else
-                       [(a.asname or a.name).split(".")[0] for a in node.names])
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+            top.update(
+                [node.name] if hasattr(node, "name") else [(a.asname or a.name).split(".")[0] for a in node.names]
+            )
     declared = {n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names}
     return [n for n in names if n not in top and n not in declared]
 
@@ -166,8 +171,9 @@ def not_global(source: str, names) -> list[str]:
 def help_lines(lines: list[str]) -> list[str]:
     """An input transformer (IPython's cleanup stage): ``%kdist run?`` shows :func:`usage`
     (IPython would otherwise look up ``run`` and show its own ``%run``)."""
-    return ["get_ipython().run_line_magic('kdist', 'run --help')\n" if _HELP_LINE.match(line)
-            else line for line in lines]
+    return [
+        "get_ipython().run_line_magic('kdist', 'run --help')\n" if _HELP_LINE.match(line) else line for line in lines
+    ]
 
 
 def run_main(source: str, path: str, argv: list[str]) -> None:  # runs on a rank
@@ -190,10 +196,16 @@ def run_main(source: str, path: str, argv: list[str]) -> None:  # runs on a rank
     except SystemExit as exc:
         if exc.code not in (None, 0):
             ours = [w.split("=", 1)[0] for w in argv if w.split("=", 1)[0] in _takes_value()]
-            raise ScriptExited(f"{os.path.basename(path)} exited with status {exc.code!r}"
-                               + (f"; {ours[0]} reached the script: kdist's options go before the "
-                                  f"script's path (%kdist run [kdist options] script.py [script "
-                                  f"args])" if exc.code == 2 and ours else "")) from None
+            raise ScriptExited(
+                f"{os.path.basename(path)} exited with status {exc.code!r}"
+                + (
+                    f"; {ours[0]} reached the script: kdist's options go before the "
+                    f"script's path (%kdist run [kdist options] script.py [script "
+                    f"args])"
+                    if exc.code == 2 and ours
+                    else ""
+                )
+            ) from None
     finally:
         names()
         sys.argv = saved_argv

@@ -73,8 +73,7 @@ def for_backend() -> EngineStrategy:
         return TorchMultiWorkerStrategy()
     from ..frameworks.backends import require_tensorflow
 
-    require_tensorflow("--strategy multiworker on Keras' tensorflow backend "
-                       "(MultiWorkerMirroredStrategy)")
+    require_tensorflow("--strategy multiworker on Keras' tensorflow backend (MultiWorkerMirroredStrategy)")
     return MultiWorkerStrategy()
 
 
@@ -105,9 +104,13 @@ class MultiWorkerStrategy(EngineStrategy):
                     f"{why}. TensorFlow sets up multi-worker collectives once per process, so "
                     f"these engines cannot join a new MultiWorkerMirroredStrategy: restart them "
                     f"(e.g. ipcluster stop/start, or client.shutdown(restart=True)) and run the "
-                    f"cell again")
-            say(restarting_engines(f"{why}; MultiWorkerMirroredStrategy must be created before "
-                                   f"TensorFlow starts in each process"))
+                    f"cell again"
+                )
+            say(
+                restarting_engines(
+                    f"{why}; MultiWorkerMirroredStrategy must be created before TensorFlow starts in each process"
+                )
+            )
             cluster.restart()
             self._made = False
             plan = self._plan(cluster, ctx)
@@ -128,8 +131,13 @@ class MultiWorkerStrategy(EngineStrategy):
                 self.must_restart("engines did not answer")
             raise KDistError(
                 f"engine {', '.join(map(str, busy))} did not answer within 60 s (still busy in an "
-                f"earlier run?); " + ("they restart with the next cell" if cluster.owned else
-                                      "restart the cluster's engines and run the cell again"))
+                f"earlier run?); "
+                + (
+                    "they restart with the next cell"
+                    if cluster.owned
+                    else "restart the cluster's engines and run the cell again"
+                )
+            )
         infos = [ar.get() for ar in ars]
         hosts = [e.hostname for e in cluster.engines]
         ranks = host_grouped_ranks(hosts)
@@ -137,17 +145,16 @@ class MultiWorkerStrategy(EngineStrategy):
         self._made = any(current)
         if all(current) and len(set(_cluster_part(c) for c in current)) == 1:
             spec = json.loads(current[0])["cluster"]["worker"]
-            if len(spec) == len(ranks) and all(json.loads(c)["task"]["index"] == r
-                                               for c, r in zip(current, ranks)):
+            if len(spec) == len(ranks) and all(json.loads(c)["task"]["index"] == r for c, r in zip(current, ranks)):
                 self._made = True
                 self.addresses = [spec[r] for r in ranks]
                 return ranks, current
         started = [r for r, i in zip(ranks, infos) if i["tf_started"] or i.get("tf_config")]
         if started:
             other = any(i.get("tf_config") for i in infos)
-            self._restart_reason = (
-                f"TensorFlow already started on rank {', '.join(map(str, sorted(started)))}"
-                + (" with another TF_CONFIG" if other else ""))
+            self._restart_reason = f"TensorFlow already started on rank {', '.join(map(str, sorted(started)))}" + (
+                " with another TF_CONFIG" if other else ""
+            )
             return None
         loopback = [r for r, i in zip(ranks, infos) if i["address"].startswith("127.")]
         if loopback and len(set(hosts)) > 1:
@@ -155,20 +162,21 @@ class MultiWorkerStrategy(EngineStrategy):
                 f"the engines run on {len(set(hosts))} hosts but rank "
                 f"{', '.join(map(str, loopback))} would listen on loopback for TF_CONFIG; set "
                 f"%config KDist.worker_network = '<interface, network or address every engine "
-                f"reaches>'")
+                f"reaches>'"
+            )
         bad = [f"rank {r}: {i['error']}" for r, i in zip(ranks, infos) if i.get("error")]
         if bad:
             raise KDistError("no TF_CONFIG address: " + "; ".join(bad))
         workers = _worker_addresses(cluster, ranks, infos, mode)
-        configs = [json.dumps({"cluster": {"worker": workers},
-                               "task": {"type": "worker", "index": rank}}) for rank in ranks]
+        configs = [
+            json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}) for rank in ranks
+        ]
         self.addresses = workers
         return ranks, configs
 
     # -- hooks -----------------------------------------------------------------
     def ranks(self, cluster: EngineCluster, ctx: RunContext) -> list[int]:
-        return list(self._ranks) if self._ranks else host_grouped_ranks(
-            [e.hostname for e in cluster.engines])
+        return list(self._ranks) if self._ranks else host_grouped_ranks([e.hostname for e in cluster.engines])
 
     def engine_env(self, cluster: EngineCluster, ctx: RunContext) -> list[dict[str, str]]:
         return [{"TF_CONFIG": c, "KERAS_BACKEND": "tensorflow"} for c in self._configs]
@@ -177,19 +185,29 @@ class MultiWorkerStrategy(EngineStrategy):
         return list(self.addresses)
 
     def before_cell(self, cluster: EngineCluster, ctx: RunContext, ranks: list[int]) -> None:
-        ars = [cluster.client[e.engine_id].apply_async(_setup, config)
-               for e, config in zip(cluster.engines, self._configs)]
-        infos = waiting.setup_results(self.run_now, ars, ranks, "MultiWorkerMirroredStrategy", ", ".join(self.addresses),
-                                    SETUP_TIMEOUT, "creating MultiWorkerMirroredStrategy failed")
+        ars = [
+            cluster.client[e.engine_id].apply_async(_setup, config) for e, config in zip(cluster.engines, self._configs)
+        ]
+        infos = waiting.setup_results(
+            self.run_now,
+            ars,
+            ranks,
+            "MultiWorkerMirroredStrategy",
+            ", ".join(self.addresses),
+            SETUP_TIMEOUT,
+            "creating MultiWorkerMirroredStrategy failed",
+        )
         self._made = True
         for rank, info in infos.items():
             if info["task"] != rank or info["workers"] != len(ranks):  # pragma: no cover
-                raise KDistError(f"engine became worker {info['task']} of {info['workers']}, "
-                                 f"expected {rank} of {len(ranks)}")
+                raise KDistError(
+                    f"engine became worker {info['task']} of {info['workers']}, expected {rank} of {len(ranks)}"
+                )
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
-        finish.end_collective_cell(self.run_now, ok, "MultiWorkerMirroredStrategy's collectives",
-                                  _leave, committed=self._made)
+        finish.end_collective_cell(
+            self.run_now, ok, "MultiWorkerMirroredStrategy's collectives", _leave, committed=self._made
+        )
 
     def teardown(self) -> None:
         self._made = False
@@ -231,8 +249,13 @@ def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
     """Host, TF state, the address for TF_CONFIG (per ``mode``) and a free port there."""
     import socket
 
-    out: dict[str, Any] = {"host": socket.gethostname(), "tf_config": _mw.get("tf_config"),
-                           "tf_started": tf_started(), "address": "", "port": 0}
+    out: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "tf_config": _mw.get("tf_config"),
+        "tf_started": tf_started(),
+        "address": "",
+        "port": 0,
+    }
     try:
         address = engine_address(mode)
         out["address"], out["port"] = address, free_port(address)
@@ -253,8 +276,9 @@ def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
         if "keras" in sys.modules:
             backend = sys.modules["keras"].backend.backend()
             if backend != "tensorflow":
-                raise RuntimeError(f"Keras runs on {backend} on this engine; "
-                                   f"MultiWorkerMirroredStrategy needs the tensorflow backend")
+                raise RuntimeError(
+                    f"Keras runs on {backend} on this engine; MultiWorkerMirroredStrategy needs the tensorflow backend"
+                )
         os.environ["TF_CONFIG"] = tf_config
         import logging
 
@@ -286,8 +310,12 @@ def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
     if shell is not None:
         shell.user_ns["strategy"] = strategy
     resolver = strategy.cluster_resolver
-    return {"task": resolver.task_id, "workers": len(resolver.cluster_spec().as_dict()["worker"]),
-            "replicas": strategy.num_replicas_in_sync, "fix": _mw["fix"]}
+    return {
+        "task": resolver.task_id,
+        "workers": len(resolver.cluster_spec().as_dict()["worker"]),
+        "replicas": strategy.num_replicas_in_sync,
+        "fix": _mw["fix"],
+    }
 
 
 def _leave() -> None:  # runs on an engine

@@ -70,6 +70,8 @@ class ProcessGroupStrategy(EngineStrategy):
     def check_reachable(address: str, cluster: EngineCluster, what: str) -> None:
         """A loopback ``address`` for ``what`` cannot serve engines on several hosts."""
         if address.startswith("127.") and len({e.hostname for e in cluster.engines}) > 1:
-            raise KDistError(f"the engines run on several hosts but rank 0 would listen on loopback "
-                             f"for {what}; set %config KDist.worker_network = '<interface, network "
-                             f"or address every engine reaches>'")
+            raise KDistError(
+                f"the engines run on several hosts but rank 0 would listen on loopback "
+                f"for {what}; set %config KDist.worker_network = '<interface, network "
+                f"or address every engine reaches>'"
+            )

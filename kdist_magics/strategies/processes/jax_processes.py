@@ -68,9 +68,11 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
     backend = "jax"
     collective_values = True  # saving a model whose variables span the processes is collective
     restart_because = "; jax.distributed must start before any other JAX use in each process"
-    attached_advice = (". jax.distributed.initialize runs once per process, before any other JAX use, "
-                       "so these engines cannot join: restart them (e.g. client.shutdown(restart=True)) "
-                       "and run the cell again")
+    attached_advice = (
+        ". jax.distributed.initialize runs once per process, before any other JAX use, "
+        "so these engines cannot join: restart them (e.g. client.shutdown(restart=True)) "
+        "and run the cell again"
+    )
 
     def __init__(self):
         super().__init__()
@@ -87,16 +89,21 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
         self._ranks = ranks
         missing = sorted(r for r, i in zip(ranks, infos) if not i["jax"])
         if missing:
-            raise KDistError(f"KERAS_BACKEND=jax: JAX is not installed on rank "
-                             f"{', '.join(map(str, missing))} (pip install 'jax[cpu]' in the "
-                             f"engines' environment). The cell did not run.")
+            raise KDistError(
+                f"KERAS_BACKEND=jax: JAX is not installed on rank "
+                f"{', '.join(map(str, missing))} (pip install 'jax[cpu]' in the "
+                f"engines' environment). The cell did not run."
+            )
         other = sorted(r for r, i in zip(ranks, infos) if i["keras"] not in (None, "jax"))
         if other:
             return f"Keras already runs on {infos[ranks.index(other[0])]['keras']} on rank {other[0]}"
         n = len(ranks)
         dists = [i["distributed"] for i in infos]
-        if all(dists) and len({d["coordinator"] for d in dists}) == 1 and all(
-                d["processes"] == n and d["process"] == r for d, r in zip(dists, ranks)):
+        if (
+            all(dists)
+            and len({d["coordinator"] for d in dists}) == 1
+            and all(d["processes"] == n and d["process"] == r for d, r in zip(dists, ranks))
+        ):
             self.coordinator, self._bind = dists[0]["coordinator"], ""  # it runs already
             return ""
         started = sorted(r for r, i in zip(ranks, infos) if i["started"] or i["distributed"])
@@ -122,17 +129,26 @@ class JaxMultiWorkerStrategy(ProcessGroupStrategy):
         import secrets
 
         n = len(ranks)
-        seed = secrets.randbelow(2 ** 31)  # one per run, the same on every process
+        seed = secrets.randbelow(2**31)  # one per run, the same on every process
         make, args = self.keras_distribution(ctx)
-        ars = [cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind, seed,
-                                                       make, args)
-               for e, rank in zip(cluster.engines, ranks)]
-        infos = waiting.setup_results(self.run_now, ars, ranks, "jax.distributed", self.coordinator, SETUP_TIMEOUT,
-                                    "joining jax.distributed failed")
+        ars = [
+            cluster.client[e.engine_id].apply_async(_setup, self.coordinator, n, rank, self._bind, seed, make, args)
+            for e, rank in zip(cluster.engines, ranks)
+        ]
+        infos = waiting.setup_results(
+            self.run_now,
+            ars,
+            ranks,
+            "jax.distributed",
+            self.coordinator,
+            SETUP_TIMEOUT,
+            "joining jax.distributed failed",
+        )
         for rank, info in infos.items():
             if info["process"] != rank or info["processes"] != n:  # pragma: no cover - defensive
-                raise KDistError(f"engine became JAX process {info['process']} of {info['processes']}, "
-                                 f"expected {rank} of {n}")
+                raise KDistError(
+                    f"engine became JAX process {info['process']} of {info['processes']}, expected {rank} of {n}"
+                )
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
         finish.end_collective_cell(self.run_now, ok, "the JAX processes' collectives", _leave)
@@ -164,9 +180,14 @@ def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
     from ..frameworks.compat_jax import jax_state
 
     keras = sys.modules.get("keras")
-    out: dict[str, Any] = {"host": socket.gethostname(), "jax": importlib.util.find_spec("jax") is not None,
-                           "keras": keras.backend.backend() if keras is not None else None,
-                           "address": "", "port": 0, **jax_state()}
+    out: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "jax": importlib.util.find_spec("jax") is not None,
+        "keras": keras.backend.backend() if keras is not None else None,
+        "address": "",
+        "port": 0,
+        **jax_state(),
+    }
     try:
         out["address"] = engine_address(mode)
         out["port"] = free_port(out["address"])
@@ -175,8 +196,9 @@ def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
     return out
 
 
-def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
-           make: Callable = None, args: tuple = ()) -> dict[str, Any]:
+def _setup(
+    coordinator: str, processes: int, process: int, bind: str, seed: int, make: Callable = None, args: tuple = ()
+) -> dict[str, Any]:
     """On an engine: join ``jax.distributed`` (once per process), seed Keras alike on every
     process, set the distribution ``make(jax.devices(), *args)`` builds (DataParallel when none
     is given) and bind ``strategy`` to it, feed array inputs by data-axis position
@@ -192,9 +214,13 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
     import jax
 
     if jax_state()["distributed"] is None:
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=processes,
-                                   process_id=process, coordinator_bind_address=bind or None,
-                                   initialization_timeout=int(SETUP_TIMEOUT))
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=processes,
+            process_id=process,
+            coordinator_bind_address=bind or None,
+            initialization_timeout=int(SETUP_TIMEOUT),
+        )
     import keras
 
     # A variable's initial value must be the same on every process (jax checks it in
@@ -210,8 +236,12 @@ def _setup(coordinator: str, processes: int, process: int, bind: str, seed: int,
     shell = get_ipython()
     if shell is not None:
         shell.user_ns["strategy"] = strategy
-    return {"process": jax.process_index(), "processes": jax.process_count(),
-            "devices": len(devices), "local_devices": local}
+    return {
+        "process": jax.process_index(),
+        "processes": jax.process_count(),
+        "devices": len(devices),
+        "local_devices": local,
+    }
 
 
 def _cell_patches(strategy: "ProcessesStrategy", distribution, local: int) -> contextlib.ExitStack:
@@ -221,13 +251,19 @@ def _cell_patches(strategy: "ProcessesStrategy", distribution, local: int) -> co
     from ..frameworks.on_jax import divisible_batches, feeding
 
     stack = contextlib.ExitStack()
-    stack.enter_context(process_shards(
-        strategy.process_index, strategy.num_processes,
-        say=print if strategy.process_index == 0 else (lambda m: None),
-        fit_callbacks=lambda: [_from_process_zero()],
-        no_predict=(f"kdist: predict() inside a multiworker JAX cell would return an array spread over "
-                    f"{strategy.num_processes} processes; --pull the model and predict in the notebook instead"),
-        position=feeding(distribution, strategy.process_index, strategy.num_processes)))
+    stack.enter_context(
+        process_shards(
+            strategy.process_index,
+            strategy.num_processes,
+            say=print if strategy.process_index == 0 else (lambda m: None),
+            fit_callbacks=lambda: [_from_process_zero()],
+            no_predict=(
+                f"kdist: predict() inside a multiworker JAX cell would return an array spread over "
+                f"{strategy.num_processes} processes; --pull the model and predict in the notebook instead"
+            ),
+            position=feeding(distribution, strategy.process_index, strategy.num_processes),
+        )
+    )
     # the cell's own jax.distributed.initialize() / keras.distribution.initialize(): the run's
     stack.enter_context(jax_calls(strategy.process_index, strategy.num_processes))
     stack.enter_context(device_put_takes_keras_variables())  # Keras' JAX guide, on JAX 0.12
@@ -253,8 +289,10 @@ class ProcessesStrategy(DataParallelStrategy):
         self.num_processes = num_processes
 
     def __repr__(self) -> str:
-        return (f"<DataParallelStrategy {len(self.devices)} devices over {self.num_processes} "
-                f"JAX processes (this is process {self.process_index})>")
+        return (
+            f"<DataParallelStrategy {len(self.devices)} devices over {self.num_processes} "
+            f"JAX processes (this is process {self.process_index})>"
+        )
 
 
 def _from_process_zero():

@@ -38,8 +38,9 @@ from ...errors import LauncherMismatch
 from ...messages import launcher_mismatch, torch_code_other_backend
 
 
-def torchrun_env(hosts: list[str], ranks: list[int], master: tuple[str, int],
-                 run_id: str = "kdist") -> list[dict[str, str]]:
+def torchrun_env(
+    hosts: list[str], ranks: list[int], master: tuple[str, int], run_id: str = "kdist"
+) -> list[dict[str, str]]:
     """torchrun's variables for each engine (``hosts``, ``ranks`` in engine order); a host is
     a torchrun node (``GROUP_RANK``: hosts in order of their lowest rank)."""
     from ...cluster.placement import local_ranks
@@ -48,13 +49,25 @@ def torchrun_env(hosts: list[str], ranks: list[int], master: tuple[str, int],
     nodes = sorted(set(hosts), key=lambda h: min(r for x, r in zip(hosts, ranks) if x == h))
     out = []
     for host, rank, (local, local_size) in zip(hosts, ranks, local_ranks(hosts, ranks)):
-        out.append({
-            "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
-            "LOCAL_WORLD_SIZE": str(local_size), "GROUP_RANK": str(nodes.index(host)),
-            "GROUP_WORLD_SIZE": str(len(nodes)), "ROLE_NAME": "default", "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
-            "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "False"})
+        out.append(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(local),
+                "LOCAL_WORLD_SIZE": str(local_size),
+                "GROUP_RANK": str(nodes.index(host)),
+                "GROUP_WORLD_SIZE": str(len(nodes)),
+                "ROLE_NAME": "default",
+                "ROLE_RANK": str(rank),
+                "ROLE_WORLD_SIZE": str(world),
+                "MASTER_ADDR": master[0],
+                "MASTER_PORT": str(master[1]),
+                "TORCHELASTIC_RUN_ID": run_id,
+                "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_USE_AGENT_STORE": "False",
+            }
+        )
     return out
 
 
@@ -67,14 +80,20 @@ def check_world(call: str, world: int, rank: int, size: Any, index: Any) -> None
     of ``world`` ranks in which this one is ``rank``."""
     __tracebackhide__ = True
     if size not in (None, -1) and int(size) != world:
-        raise LauncherMismatch(launcher_mismatch(
-            call, f"{size} processes", f"{world} ranks (--np {world})",
-            f"give --np {size} on the %%kdist line"))
+        raise LauncherMismatch(
+            launcher_mismatch(
+                call, f"{size} processes", f"{world} ranks (--np {world})", f"give --np {size} on the %%kdist line"
+            )
+        )
     if index not in (None, -1) and int(index) != rank:
-        option = (f"give --np {int(index) + 1} or more on the %%kdist line" if int(index) >= world
-                  else "ranks are kdist's (read RANK from the environment)")
-        raise LauncherMismatch(launcher_mismatch(
-            call, f"rank {index}", f"this engine as rank {rank} of {world}", option))
+        option = (
+            f"give --np {int(index) + 1} or more on the %%kdist line"
+            if int(index) >= world
+            else "ranks are kdist's (read RANK from the environment)"
+        )
+        raise LauncherMismatch(
+            launcher_mismatch(call, f"rank {index}", f"this engine as rank {rank} of {world}", option)
+        )
 
 
 def _bound(original: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -107,8 +126,7 @@ def torch_calls(rank: int, world: int):  # entered on an engine, for the cell
     def init_process_group(*args, **kwargs):
         __tracebackhide__ = True
         given = _bound(init, args, kwargs)
-        check_world("torch.distributed.init_process_group()", world, rank,
-                    given.get("world_size"), given.get("rank"))
+        check_world("torch.distributed.init_process_group()", world, rank, given.get("world_size"), given.get("rank"))
         if dist.is_initialized():
             return None
         return init(*args, **kwargs)
@@ -127,11 +145,14 @@ def torch_calls(rank: int, world: int):  # entered on an engine, for the cell
     spawn = _in_this_rank("torch.multiprocessing.spawn()", mp.spawn, local, here, world, hosts)
     init_process_group.__doc__ = init.__doc__
     destroy_process_group.__doc__ = destroy.__doc__
-    return patched((dist, "init_process_group", init_process_group),
-                   (c10d, "init_process_group", init_process_group),
-                   (dist, "destroy_process_group", destroy_process_group),
-                   (c10d, "destroy_process_group", destroy_process_group),
-                   (mp, "start_processes", start), (mp, "spawn", spawn))
+    return patched(
+        (dist, "init_process_group", init_process_group),
+        (c10d, "init_process_group", init_process_group),
+        (dist, "destroy_process_group", destroy_process_group),
+        (c10d, "destroy_process_group", destroy_process_group),
+        (mp, "start_processes", start),
+        (mp, "spawn", spawn),
+    )
 
 
 def _in_this_rank(call: str, original: Callable, local: int, here: int, world: int, hosts: int):
@@ -144,14 +165,20 @@ def _in_this_rank(call: str, original: Callable, local: int, here: int, world: i
         nprocs = int(given.get("nprocs", 1))
         if nprocs != here:
             run = f"{here} ranks here (--np {world})"
-            each = ("start one process per rank of this host: "
-                    "nprocs=int(os.environ['LOCAL_WORLD_SIZE']) (each rank is one of them)")
+            each = (
+                "start one process per rank of this host: "
+                "nprocs=int(os.environ['LOCAL_WORLD_SIZE']) (each rank is one of them)"
+            )
             if nprocs > 0:
-                words = launcher_mismatch(call, f"{nprocs} processes on this host", run,
-                                          f"give --np {nprocs * hosts} on the %%kdist line", each)
+                words = launcher_mismatch(
+                    call,
+                    f"{nprocs} processes on this host",
+                    run,
+                    f"give --np {nprocs * hosts} on the %%kdist line",
+                    each,
+                )
             else:  # the guide's torch.cuda.device_count() on a host without GPUs
-                words = launcher_mismatch(call, "0 processes", run, each,
-                                          "run on a host with GPUs if it counts them")
+                words = launcher_mismatch(call, "0 processes", run, each, "run on a host with GPUs if it counts them")
             raise LauncherMismatch(words)
         fn(local, *tuple(given.get("args", ())))
         return None if given.get("join", True) else _Started()
@@ -176,8 +203,7 @@ def jax_calls(rank: int, world: int):  # entered on an engine, for the cell
     def joined(*args, **kwargs):
         __tracebackhide__ = True
         given = _bound(initialize, args, kwargs)
-        check_world("jax.distributed.initialize()", world, rank,
-                    given.get("num_processes"), given.get("process_id"))
+        check_world("jax.distributed.initialize()", world, rank, given.get("num_processes"), given.get("process_id"))
         return None
 
     def shutdown():
@@ -202,12 +228,21 @@ def uses_torch_distributed(source: str) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(a.name.startswith("torch.distributed") for a in node.names):
             return True
-        if isinstance(node, ast.ImportFrom) and node.module and (
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and (
                 node.module.startswith("torch.distributed")
-                or (node.module == "torch" and any(a.name == "distributed" for a in node.names))):
+                or (node.module == "torch" and any(a.name == "distributed" for a in node.names))
+            )
+        ):
             return True
-        if isinstance(node, ast.Attribute) and node.attr == "distributed" and \
-                isinstance(node.value, ast.Name) and node.value.id == "torch":
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "distributed"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "torch"
+        ):
             return True
         if isinstance(node, ast.Call):
             func = node.func

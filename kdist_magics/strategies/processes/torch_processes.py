@@ -69,14 +69,17 @@ class TorchMultiWorkerStrategy(ProcessGroupStrategy):
     # -- plan ------------------------------------------------------------------
     def _plan(self, cluster: EngineCluster, ctx: RunContext) -> str:
         """Ranks; '' when the engines can join, else why they must restart."""
-        infos = [ar.get(timeout=60) for ar in
-                 [cluster.client[e.engine_id].apply_async(_probe) for e in cluster.engines]]
+        infos = [
+            ar.get(timeout=60) for ar in [cluster.client[e.engine_id].apply_async(_probe) for e in cluster.engines]
+        ]
         self._ranks = host_grouped_ranks([e.hostname for e in cluster.engines])
         missing = sorted(r for r, i in zip(self._ranks, infos) if not i["torch"])
         if missing:
-            raise KDistError(f"KERAS_BACKEND=torch: PyTorch is not installed on rank "
-                             f"{', '.join(map(str, missing))} (pip install torch in the engines' "
-                             f"environment). The cell did not run.")
+            raise KDistError(
+                f"KERAS_BACKEND=torch: PyTorch is not installed on rank "
+                f"{', '.join(map(str, missing))} (pip install torch in the engines' "
+                f"environment). The cell did not run."
+            )
         for rank, info in sorted(zip(self._ranks, infos)):
             if info["keras"] not in (None, "torch"):
                 return f"Keras already runs on {info['keras']} on rank {rank}"
@@ -93,28 +96,34 @@ class TorchMultiWorkerStrategy(ProcessGroupStrategy):
         during = "while torch.distributed was set up"
         lead = {by_rank[0].engine_id: 0}
         try:
-            opened = waiting.gather(self.run_now, [cluster.client[by_rank[0].engine_id].apply_async(_listen, mode)],
-                                    lead, 60, during)[0]
+            opened = waiting.gather(
+                self.run_now, [cluster.client[by_rank[0].engine_id].apply_async(_listen, mode)], lead, 60, during
+            )[0]
         except KDistError:  # rank 0 or the controller ended: named
             raise
         except Exception as exc:
-            raise KDistError(f"torch's store could not listen on rank 0: "
-                             f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}") from None
+            raise KDistError(
+                f"torch's store could not listen on rank 0: "
+                f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}"
+            ) from None
         address, port = opened["address"], opened["port"]
         self.check_reachable(address, cluster, "torch's store")
         self.store = join(address, port)
-        cudas = waiting.gather(self.run_now, [cluster.client[e.engine_id].apply_async(_cuda) for e in cluster.engines],
-                               ranks, 60, during)
+        cudas = waiting.gather(
+            self.run_now, [cluster.client[e.engine_id].apply_async(_cuda) for e in cluster.engines], ranks, 60, during
+        )
         gpus = [(e.hostname, cuda) for e, cuda in zip(cluster.engines, cudas)]
         # NCCL when every rank has a GPU of its own (it refuses two ranks on one GPU)
         backend = "nccl" if all(g for _, g in gpus) and len(set(gpus)) == len(gpus) else "gloo"
-        seed = secrets.randbelow(2 ** 31)  # one per run, the same on every process
+        seed = secrets.randbelow(2**31)  # one per run, the same on every process
         envs = torchrun_env([e.hostname for e in cluster.engines], ranks, (address, port))
-        ars = [cluster.client[e.engine_id].apply_async(_setup, address, port, len(ranks), rank, backend,
-                                                       mode, seed, env)
-               for e, rank, env in zip(cluster.engines, ranks, envs)]
-        waiting.setup_results(self.run_now, ars, ranks, "torch.distributed", self.store, SETUP_TIMEOUT,
-                            "joining torch.distributed failed")
+        ars = [
+            cluster.client[e.engine_id].apply_async(_setup, address, port, len(ranks), rank, backend, mode, seed, env)
+            for e, rank, env in zip(cluster.engines, ranks, envs)
+        ]
+        waiting.setup_results(
+            self.run_now, ars, ranks, "torch.distributed", self.store, SETUP_TIMEOUT, "joining torch.distributed failed"
+        )
 
     def after_cell(self, cluster: EngineCluster, ctx: RunContext, ok: bool) -> None:
         finish.end_collective_cell(self.run_now, ok, "the torch processes' collectives", _leave)
@@ -141,8 +150,11 @@ def _probe() -> dict[str, Any]:  # runs on an engine
             group = bool(dist.is_available() and dist.is_initialized())
         except Exception:
             group = False
-    return {"torch": importlib.util.find_spec("torch") is not None,
-            "keras": keras.backend.backend() if keras is not None else None, "group": group}
+    return {
+        "torch": importlib.util.find_spec("torch") is not None,
+        "keras": keras.backend.backend() if keras is not None else None,
+        "group": group,
+    }
 
 
 def _listen(mode: str) -> dict[str, Any]:  # runs on rank 0's engine
@@ -165,8 +177,9 @@ def _cuda() -> str:  # runs on an engine, after kdist chose its GPU (CUDA_VISIBL
     return os.environ.get("CUDA_VISIBLE_DEVICES", "") or "all"
 
 
-def _setup(address: str, port: int, processes: int, process: int, backend: str, mode: str,
-           seed: int, env: dict | None = None) -> dict[str, Any]:
+def _setup(
+    address: str, port: int, processes: int, process: int, backend: str, mode: str, seed: int, env: dict | None = None
+) -> dict[str, Any]:
     """On an engine: join the process group, seed Keras alike everywhere, bind ``strategy``,
     make ``fit`` data parallel; ``env``: torchrun's variables for this rank
     (:func:`.launcher_env.torchrun_env`)."""
@@ -188,8 +201,9 @@ def _setup(address: str, port: int, processes: int, process: int, backend: str, 
     timeout = datetime.timedelta(seconds=SETUP_TIMEOUT)
     if process == 0:
         sock = _run.pop("socket")
-        store = dist.TCPStore(address, port, processes, True, timeout, wait_for_workers=False,
-                              master_listen_fd=sock.detach())  # the store owns (and closes) it
+        store = dist.TCPStore(
+            address, port, processes, True, timeout, wait_for_workers=False, master_listen_fd=sock.detach()
+        )  # the store owns (and closes) it
     else:
         store = dist.TCPStore(address, port, processes, False, timeout)
     dist.init_process_group(backend, store=store, rank=process, world_size=processes, timeout=timeout)
@@ -203,9 +217,11 @@ def _setup(address: str, port: int, processes: int, process: int, backend: str, 
     keras.utils.set_random_seed(seed)  # the same initial weights on every process
     strategy = TorchProcessesStrategy(process, processes, backend, device)
     stack = contextlib.ExitStack()
-    stack.enter_context(process_shards(process, processes,
-                                       say=print if process == 0 else (lambda m: None),
-                                       fit_callbacks=lambda: [_averaged_fit()]))
+    stack.enter_context(
+        process_shards(
+            process, processes, say=print if process == 0 else (lambda m: None), fit_callbacks=lambda: [_averaged_fit()]
+        )
+    )
     stack.enter_context(torch_calls(process, processes))  # the cell's own init_process_group()
     _run["stack"] = stack
     shell = get_ipython()
@@ -239,8 +255,9 @@ class TorchProcessesStrategy:
         self.device = device
 
     def __repr__(self) -> str:
-        return (f"<torch.distributed {self.backend}: process {self.process_index} of "
-                f"{self.num_processes} on {self.device}>")
+        return (
+            f"<torch.distributed {self.backend}: process {self.process_index} of {self.num_processes} on {self.device}>"
+        )
 
 
 def _averaged_fit():
@@ -269,7 +286,7 @@ def _averaged_fit():
                     if g is None:
                         out.append(None)
                         continue
-                    out.append(flat[at:at + g.numel()].view_as(g))
+                    out.append(flat[at : at + g.numel()].view_as(g))
                     at += g.numel()
                 grads = out
             return apply(grads, trainable_variables)

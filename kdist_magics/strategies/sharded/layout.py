@@ -74,8 +74,7 @@ def check_spec(path: str, shape, axes, mesh_names, mesh_shape) -> None:
             raise LayoutError(messages.layout_missing_axis(path, missing[0], mesh_names))
         size = math.prod(sizes[a] for a in names)
         if dim < len(shape) and int(shape[dim]) % size:
-            raise LayoutError(messages.layout_not_divisible(path, [int(d) for d in shape], dim,
-                                                            "+".join(names), size))
+            raise LayoutError(messages.layout_not_divisible(path, [int(d) for d in shape], dim, "+".join(names), size))
 
 
 def _model_layout_map(mesh, cache: dict):
@@ -113,8 +112,7 @@ def distribution(devices, mesh_shape: tuple[int, int]):
         """ModelParallel with kdist's layout order (module doc)."""
 
         def __init__(self):
-            super().__init__(layout_map=dist.LayoutMap(mesh), batch_dim_name="batch",
-                             auto_shard_dataset=False)
+            super().__init__(layout_map=dist.LayoutMap(mesh), batch_dim_name="batch", auto_shard_dataset=False)
             self.model_maps: dict = {}
 
         def get_variable_layout(self, variable):
@@ -124,8 +122,9 @@ def distribution(devices, mesh_shape: tuple[int, int]):
             layout_map = _model_layout_map(mesh, self.model_maps)
             layout = layout_map[path] if layout_map is not None else None
             if layout is None:
-                axes = [None] * len(shape) if layout_map is not None else \
-                    auto_spec(shape, variable.dtype, mesh_shape[1])
+                axes = (
+                    [None] * len(shape) if layout_map is not None else auto_spec(shape, variable.dtype, mesh_shape[1])
+                )
                 layout = dist.TensorLayout(axes, mesh)
             check_spec(path, shape, layout.axes, mesh.axis_names, mesh.shape)
             return layout
@@ -186,8 +185,10 @@ class LayoutTable:
     def _lines(self) -> list[tuple[str, str, str, str]]:
         from ...choose.facts import human_bytes
 
-        return [(r["variable"], "x".join(map(str, r["shape"])) or "scalar", r["spec"],
-                 human_bytes(r["bytes_per_device"])) for r in self.rows]
+        return [
+            (r["variable"], "x".join(map(str, r["shape"])) or "scalar", r["spec"], human_bytes(r["bytes_per_device"]))
+            for r in self.rows
+        ]
 
     def per_device_words(self) -> str:
         """What each device holds: ``per device: weights 12 MB, optimizer state 24 MB``."""
@@ -209,9 +210,11 @@ class LayoutTable:
     def _repr_html_(self) -> str:
         esc = html.escape
         body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in self._lines())
-        return (f"<div class='kdist-layout'><p>{esc(self.total_words())}</p><table><thead><tr>"
-                "<th>variable</th><th>shape</th><th>spec</th><th>bytes per device</th></tr></thead>"
-                f"<tbody>{body}</tbody></table></div>")
+        return (
+            f"<div class='kdist-layout'><p>{esc(self.total_words())}</p><table><thead><tr>"
+            "<th>variable</th><th>shape</th><th>spec</th><th>bytes per device</th></tr></thead>"
+            f"<tbody>{body}</tbody></table></div>"
+        )
 
 
 def spec_words(sharding, ndim: int) -> str:
@@ -219,8 +222,7 @@ def spec_words(sharding, ndim: int) -> str:
     spec = spec + (None,) * (ndim - len(spec))
     if not any(spec):
         return "replicated"
-    return "(" + ", ".join("-" if a is None else "+".join(a) if isinstance(a, tuple) else str(a)
-                           for a in spec) + ")"
+    return "(" + ", ".join("-" if a is None else "+".join(a) if isinstance(a, tuple) else str(a) for a in spec) + ")"
 
 
 def _shard_bytes(value) -> int:
@@ -240,9 +242,14 @@ def table(user_ns: Mapping[str, Any], mesh: tuple[int, int]) -> LayoutTable:
                 continue
             seen.add(id(v))
             value = v.value
-            out.rows.append({"variable": v.path, "shape": tuple(int(d) for d in v.shape),
-                             "spec": spec_words(getattr(value, "sharding", None), len(v.shape)),
-                             "bytes_per_device": _shard_bytes(value)})
+            out.rows.append(
+                {
+                    "variable": v.path,
+                    "shape": tuple(int(d) for d in v.shape),
+                    "spec": spec_words(getattr(value, "sharding", None), len(v.shape)),
+                    "bytes_per_device": _shard_bytes(value),
+                }
+            )
         optimizer = getattr(model, "optimizer", None)
         for v in list(getattr(optimizer, "variables", None) or []):
             if id(v) not in seen:

@@ -54,8 +54,10 @@ class ShardedRun:
 
     def __repr__(self) -> str:
         kinds = "/".join(sorted({d.platform for d in self.devices}))
-        return (f"<ShardedRun mesh {self.mesh[0]}x{self.mesh[1]} (batch x model) over "
-                f"{len(self.devices)} {kinds} devices (keras.distribution.ModelParallel)>")
+        return (
+            f"<ShardedRun mesh {self.mesh[0]}x{self.mesh[1]} (batch x model) over "
+            f"{len(self.devices)} {kinds} devices (keras.distribution.ModelParallel)>"
+        )
 
 
 def _device_bytes(devices) -> int | None:
@@ -133,8 +135,7 @@ class ShardedStrategy(Strategy):
         if mesh[0] * mesh[1] != n:
             raise StrategyUnavailable(messages.mesh_for_devices(mesh, n))
         cores = os.cpu_count() or 1  # said once per device set
-        if (not ctx.quiet and ids not in self._meshes and n > cores
-                and all(d.platform == "cpu" for d in devices)):
+        if not ctx.quiet and ids not in self._meshes and n > cores and all(d.platform == "cpu" for d in devices):
             say(messages.logical_devices_share_cores(n, cores))
         self._meshes[ids] = tuple(mesh)
         key = (ids, tuple(mesh))
