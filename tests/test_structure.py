@@ -353,10 +353,12 @@ def test_no_module_over_400_lines_and_no_strategies_folder_over_15_modules():
     assert not crowded, f"folders over {MAX_FOLDER_MODULES} modules: " + ", ".join(crowded)
 
 
-def test_ruff_finds_nothing():
+@pytest.mark.parametrize("check", [["check"], ["format", "--check"]], ids=["lint", "format"])
+def test_ruff_finds_nothing(check):
     """Ruff's lint as pyproject.toml configures it (pyflakes' errors, pycodestyle's errors and
-    blank-line rules) over the whole tree (the notebooks left out: their cells use names
-    %%kdist --pull binds)."""
+    blank-line rules) and its formatter (the tree as ``ruff format`` writes it) over the whole
+    tree (the notebooks left out: their cells use names %%kdist --pull binds; the code kdist runs
+    as its authors wrote it, left out of formatting)."""
     import shutil
     import subprocess
     import sys
@@ -366,7 +368,7 @@ def test_ruff_finds_nothing():
     if not Path(ruff).exists():
         pytest.skip("ruff is not installed here (it is in the test extra: make test-fast installs it)")
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([ruff, "check", "--no-cache", "."], cwd=root, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([ruff, *check, "--no-cache", "."], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
