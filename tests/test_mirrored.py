@@ -142,13 +142,13 @@ def test_plan_devices_on_gpus_with_a_fake_tf():
     from types import SimpleNamespace
 
     from kdist_magics.errors import StrategyUnavailable
-    from kdist_magics.strategies.kernel.mirrored import plan_devices
+    from kdist_magics.strategies.frameworks.on_tf import plan_devices
 
     tf = SimpleNamespace(
         config=SimpleNamespace(list_physical_devices=lambda kind: ["GPU"] * 4 if kind == "GPU" else ["CPU"])
     )
-    assert plan_devices(tf, None) == (["/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"], "GPU")
-    assert plan_devices(tf, 2) == (["/gpu:0", "/gpu:1"], "GPU")
+    assert plan_devices(None, tf) == (["/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3"], "GPU")
+    assert plan_devices(2, tf) == (["/gpu:0", "/gpu:1"], "GPU")
     with pytest.raises(StrategyUnavailable) as info:
-        plan_devices(tf, 8)
+        plan_devices(8, tf)
     assert "4 GPUs" in str(info.value) and "--devices 4 or fewer" in str(info.value)

@@ -200,7 +200,7 @@ def test_an_address_that_does_not_answer_fails_fast_without_tensorflow():
     code = (
         "import sys\n"
         "from kdist_magics.choose.hardware import TPU\n"
-        "from kdist_magics.strategies.kernel.tpu import TPURuntime, connect\n"
+        "from kdist_magics.strategies.frameworks.on_tf import TPURuntime\nfrom kdist_magics.strategies.kernel.tpu import connect\n"
         f"node = TPU(kind='v2-8', target='grpc://127.0.0.1:{port}', found_by='COLAB_TPU_ADDR')\n"
         "try:\n"
         "    connect(node, TPURuntime(), {})\n"

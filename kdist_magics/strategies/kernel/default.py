@@ -43,9 +43,9 @@ class DefaultStrategy(Strategy):
         backend = keras_backend()
         if backend == "tensorflow":
             require_tensorflow("--strategy default on Keras' tensorflow backend")
-            import tensorflow as tf  # quietly: watch/tf_logs.py's import hook
+            from ..frameworks.on_tf import current_strategy
 
-            strategy = tf.distribute.get_strategy()
+            strategy = current_strategy()
         else:
             strategy = OneDevice(backend)
         ctx.record.set_rank(0, state="running", device="default")

@@ -24,44 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import DevicesFixed, StrategyUnavailable
 from ..frameworks.backends import CPU_DEFAULT_DEVICES, check_backend, keras_backend
+from ..frameworks.on_tf import mirrored_strategy, plan_devices
 from ..base import RunContext, Strategy
 from .run import run_cell_here
-
-
-def plan_devices(tf, wanted: int | None) -> tuple[list[str], str]:
-    """The device names for MirroredStrategy and a word for what they are.
-
-    Configures logical CPU devices when TF's runtime has not started yet;
-    raises :class:`DevicesFixed` when it started with too few.
-    """
-    gpus = tf.config.list_physical_devices("GPU")  # does not start the runtime
-    if gpus:
-        n = wanted or len(gpus)
-        if n > len(gpus):
-            raise StrategyUnavailable(
-                f"--devices {n}: this machine has {len(gpus)} GPU{'s' if len(gpus) != 1 else ''} "
-                f"visible to TensorFlow; give --devices {len(gpus)} or fewer. The cell did not run."
-            )
-        return [f"/gpu:{i}" for i in range(n)], "GPU"
-    n = wanted or CPU_DEFAULT_DEVICES
-    asked = f"--devices {n}" if wanted else f"mirrored's default of {n} CPU devices"
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    current = tf.config.get_logical_device_configuration(cpu)
-    if current is None or len(current) < n:
-        try:
-            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
-        except RuntimeError:  # "Virtual devices cannot be modified after being initialized"
-            have = len(tf.config.list_logical_devices("CPU"))
-            if have < n:
-                raise DevicesFixed(
-                    f"TensorFlow in this kernel already started with {have} CPU device"
-                    f"{'s' if have != 1 else ''}, and it fixes its devices at start-up, so "
-                    f"{asked} cannot take effect now. Restart the kernel and run this "
-                    f"%%kdist cell before any other TensorFlow code. The cell did not run."
-                ) from None
-    return [f"/cpu:{i}" for i in range(n)], "logical CPU"
 
 
 #: this process's MirroredStrategy per device list; kept across %kdist restart because
@@ -92,13 +58,11 @@ class MirroredStrategy(Strategy):
 
                 self._jax = JaxDataParallel(platform=None)
             return self._jax.run(cell, ctx)
-        import tensorflow as tf  # quietly: watch/tf_logs.py's import hook
-
-        devices, kind = plan_devices(tf, ctx.spec.devices)
+        devices, kind = plan_devices(ctx.spec.devices)
         key = tuple(devices)
         strategy = self._strategies.get(key)
         if strategy is None:
-            strategy = tf.distribute.MirroredStrategy(devices=devices)
+            strategy = mirrored_strategy(devices)
             self._strategies[key] = strategy
         self.kind = kind
         for rank, device in enumerate(devices):

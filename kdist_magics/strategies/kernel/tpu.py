@@ -18,7 +18,7 @@ not run.
 With ``KERAS_BACKEND=jax`` the TPU is driven by ``keras.distribution.DataParallel``
 over ``jax.devices("tpu")`` instead (:mod:`.jax_dp`).
 
-The TF calls go through a :class:`TPURuntime`, so tests inject a fake one.
+The TF calls go through a :class:`~..frameworks.on_tf.TPURuntime`, so tests inject a fake one.
 """
 
 from __future__ import annotations
@@ -29,44 +29,12 @@ from ... import errors
 from ...errors import StrategyUnavailable
 from ...choose.hardware import TPU, TPU_PLACES, detect_tpu
 from ..base import RunContext, Strategy
+from ..frameworks.on_tf import TPURuntime
 from .run import run_cell_here
 
 
 def no_tpu(looked: str = TPU_PLACES, detail: str = ""):
     return errors.no_tpu(looked, detail)
-
-
-class TPURuntime:
-    """TensorFlow's side of a TPU connection (replaced by a fake in tests)."""
-
-    def check(self, target: str, timeout: float = 5.0) -> None:
-        """Fail fast when an address-based TPU does not answer (TF would wait a long time)."""
-        if not target.startswith("grpc://"):
-            return
-        import socket
-
-        host, _, port = target[len("grpc://") :].rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=timeout).close()
-        except (OSError, ValueError) as exc:
-            raise ConnectionError(f"{host}:{port} does not answer ({exc})") from None
-
-    def resolver(self, target: str):
-        import tensorflow as tf
-
-        return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=target)
-
-    def initialize(self, resolver, target: str) -> None:
-        import tensorflow as tf
-
-        if target != "local":  # a TPU node: its TF server is remote
-            tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-
-    def strategy(self, resolver):
-        import tensorflow as tf
-
-        return tf.distribute.TPUStrategy(resolver)
 
 
 #: connections of this process: target -> (resolver, strategy); once per kernel

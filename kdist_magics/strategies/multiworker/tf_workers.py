@@ -280,19 +280,9 @@ def _setup(tf_config: str) -> dict[str, Any]:  # runs on an engine
                     f"Keras runs on {backend} on this engine; MultiWorkerMirroredStrategy needs the tensorflow backend"
                 )
         os.environ["TF_CONFIG"] = tf_config
-        import logging
+        from ..frameworks.on_tf import multi_worker_strategy
 
-        import tensorflow as tf
-
-        # In an interactive process (an engine is one) TensorFlow's logger defaults to INFO,
-        # and MultiWorkerMirroredStrategy logs every collective it builds: keep warnings only,
-        # unless the user chose a level already.
-        logger = tf.get_logger()
-        if logger.level in (logging.NOTSET, logging.INFO) and not _mw.get("logger_set"):
-            logger.setLevel(logging.WARNING)
-            _mw["logger_set"] = True
-
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        strategy = multi_worker_strategy()
         _mw.update(strategy=strategy, tf_config=tf_config)
     from . import compat_backup, keras_mwms
 

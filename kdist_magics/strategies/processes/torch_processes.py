@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from typing import Any
 
 from ...cluster.cluster import EngineCluster
@@ -50,6 +49,7 @@ from ...cluster.placement import host_grouped_ranks
 from ..engines import finish, waiting
 from ..base import RunContext
 from .group import ProcessGroupStrategy
+from ..frameworks import on_torch
 from ..frameworks.fit_data import process_shards
 from .launcher_env import torch_calls, torchrun_env
 
@@ -143,17 +143,10 @@ def _probe() -> dict[str, Any]:  # runs on an engine
     import importlib.util
 
     keras = sys.modules.get("keras")
-    group = False
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and "group" not in _run:
-        try:
-            group = bool(dist.is_available() and dist.is_initialized())
-        except Exception:
-            group = False
     return {
         "torch": importlib.util.find_spec("torch") is not None,
         "keras": keras.backend.backend() if keras is not None else None,
-        "group": group,
+        "group": "group" not in _run and on_torch.in_a_group(),
     }
 
 
@@ -168,13 +161,7 @@ def _listen(mode: str) -> dict[str, Any]:  # runs on rank 0's engine
 
 def _cuda() -> str:  # runs on an engine, after kdist chose its GPU (CUDA_VISIBLE_DEVICES)
     """This rank's GPU ('' when torch sees none)."""
-    import os
-
-    import torch
-
-    if not torch.cuda.is_available():
-        return ""
-    return os.environ.get("CUDA_VISIBLE_DEVICES", "") or "all"
+    return on_torch.visible_gpu()
 
 
 def _setup(
@@ -183,7 +170,6 @@ def _setup(
     """On an engine: join the process group, seed Keras alike everywhere, bind ``strategy``,
     make ``fit`` data parallel; ``env``: torchrun's variables for this rank
     (:func:`.launcher_env.torchrun_env`)."""
-    import datetime
     import os
 
     from IPython import get_ipython
@@ -191,27 +177,11 @@ def _setup(
     os.environ.update(env or {})
     os.environ["KERAS_BACKEND"] = "torch"
     # Gloo's pairs listen on the interface that has this engine's address (loopback: "lo")
-    if mode == "loopback":
-        os.environ["GLOO_SOCKET_IFNAME"] = interface_of("127.0.0.1")
-    else:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(engine_address(mode)))
-    import torch
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=SETUP_TIMEOUT)
-    if process == 0:
-        sock = _run.pop("socket")
-        store = dist.TCPStore(
-            address, port, processes, True, timeout, wait_for_workers=False, master_listen_fd=sock.detach()
-        )  # the store owns (and closes) it
-    else:
-        store = dist.TCPStore(address, port, processes, False, timeout)
-    dist.init_process_group(backend, store=store, rank=process, world_size=processes, timeout=timeout)
-    _run["group"] = store
-    device = "cpu"
-    if torch.cuda.is_available():  # Keras puts its tensors there too
-        torch.cuda.set_device(0)  # kdist left this rank its GPU as device 0 (rank_gpus 'own'/'shared')
-        device = "cuda:0"
+    ifname = interface_of("127.0.0.1" if mode == "loopback" else engine_address(mode))
+    listener = _run.pop("socket") if process == 0 else None
+    _run["group"], device = on_torch.join_group(
+        address, port, processes, process, backend, ifname, listener, SETUP_TIMEOUT, replace_ifname=mode == "loopback"
+    )
     import keras
 
     keras.utils.set_random_seed(seed)  # the same initial weights on every process
@@ -219,7 +189,10 @@ def _setup(
     stack = contextlib.ExitStack()
     stack.enter_context(
         process_shards(
-            process, processes, say=print if process == 0 else (lambda m: None), fit_callbacks=lambda: [_averaged_fit()]
+            process,
+            processes,
+            say=print if process == 0 else (lambda m: None),
+            fit_callbacks=lambda: [on_torch.averaged_fit()],
         )
     )
     stack.enter_context(torch_calls(process, processes))  # the cell's own init_process_group()
@@ -227,7 +200,7 @@ def _setup(
     shell = get_ipython()
     if shell is not None:
         shell.user_ns["strategy"] = strategy
-    return {"process": dist.get_rank(), "processes": dist.get_world_size(), "backend": backend}
+    return {"backend": backend, **on_torch.group_size()}
 
 
 def _leave() -> None:  # runs on an engine
@@ -236,10 +209,7 @@ def _leave() -> None:  # runs on an engine
     if stack is not None:
         stack.close()
     if _run.pop("group", None) is not None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        on_torch.leave_group()
     sock = _run.pop("socket", None)
     if sock is not None:
         sock.close()
@@ -258,55 +228,3 @@ class TorchProcessesStrategy:
         return (
             f"<torch.distributed {self.backend}: process {self.process_index} of {self.num_processes} on {self.device}>"
         )
-
-
-def _averaged_fit():
-    """A callback for ``fit``: process 0's weights at the start; while it trains, every step's
-    gradients are averaged over the processes before the optimizer applies them."""
-    import keras
-    import torch
-    import torch.distributed as dist
-
-    from ...watch.collective import CollectiveClock
-
-    def averaged(apply, clock):
-        def apply_averaged(grads, trainable_variables=None):
-            present = [g for g in grads if g is not None]
-            if present:
-                flat = torch.cat([g.reshape(-1) for g in present])
-                # timed where it runs on the CPU, where Gloo's all_reduce returns once done (a
-                # CUDA one returns once queued: not timed, its split stays inferred)
-                began = time.perf_counter() if flat.device.type == "cpu" else None
-                dist.all_reduce(flat)
-                if began is not None:
-                    clock.add(time.perf_counter() - began)
-                flat /= dist.get_world_size()
-                out, at = [], 0
-                for g in grads:
-                    if g is None:
-                        out.append(None)
-                        continue
-                    out.append(flat[at : at + g.numel()].view_as(g))
-                    at += g.numel()
-                grads = out
-            return apply(grads, trainable_variables)
-
-        return apply_averaged
-
-    class AveragedFit(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            with torch.no_grad():
-                for v in self.model.variables:
-                    dist.broadcast(v.value.data, 0)
-            optimizer = self.model.optimizer
-            self._optimizer = optimizer
-            clock = CollectiveClock.on(optimizer)
-            optimizer.apply = averaged(type(optimizer).apply.__get__(optimizer), clock)
-
-        def on_train_end(self, logs=None):
-            optimizer = getattr(self, "_optimizer", None)
-            if optimizer is not None:
-                optimizer.__dict__.pop("apply", None)
-                CollectiveClock.off(optimizer)
-
-    return AveragedFit()
