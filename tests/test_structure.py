@@ -337,6 +337,13 @@ def test_the_family_check_sees_a_crossing():
     ]
 
 
+def test_the_magic_is_a_thin_front():
+    """magics.py parses, chooses and hands the cell on: its settings are settings.py's, its
+    subcommands commands/', the run cell.py's; it stays under 250 lines."""
+    lines = len((PACKAGE / "magics.py").read_text().splitlines())
+    assert lines < 250, f"magics.py has {lines} lines"
+
+
 def test_no_module_over_400_lines_and_no_strategies_folder_over_15_modules():
     long = [
         f"{p.relative_to(PACKAGE.parent)}: {n}"
