@@ -131,7 +131,7 @@ def gpu_count() -> int:
     import subprocess
 
     try:
-        from .choose.hardware import detect_gpus
+        from .hardware import detect_gpus
 
         found = len(detect_gpus({}))
     except Exception:

@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from kdist_magics.choose import advisor, facts
 from kdist_magics.choose.advisor import RULES, Advice, choose, decide, facts_for
 from kdist_magics.errors import StrategyUnavailable
-from kdist_magics.choose.hardware import GiB, GPU, Hardware, detect, detect_gpus, detect_tpu
+from kdist_magics.hardware import GiB, GPU, Hardware, detect, detect_gpus, detect_tpu
 from kdist_magics.spec import parse_line
 
 
@@ -314,7 +314,7 @@ def test_kdist_hardware_env_simulates(monkeypatch):
 def test_detect_here_is_plain_and_cheap():
     code = (
         "import sys, json\n"
-        "from kdist_magics.choose.hardware import detect, horovod_importable\n"
+        "from kdist_magics.hardware import detect, horovod_importable\n"
         "import importlib.util\n"
         "hw = detect(env={})\n"
         "assert hw.cpu_cores >= 1 and hw.tpu is None and hw.source == 'detected', hw\n"

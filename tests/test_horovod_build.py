@@ -85,7 +85,7 @@ def test_without_horovod_the_strategy_says_how_in_one_line(monkeypatch):
 
 def test_auto_never_picks_horovod_when_it_is_not_importable():
     from kdist_magics.choose.advisor import decide, facts_for
-    from kdist_magics.choose.hardware import Hardware
+    from kdist_magics.hardware import Hardware
     from kdist_magics.spec import parse_line
 
     hw = Hardware.from_dict({"cpu_cores": 64, "hosts": 2, "engines": 8, "horovod": False})

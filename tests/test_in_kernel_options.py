@@ -80,7 +80,7 @@ def test_timeout_and_checkpoint_under_default(ip, tmp_path):
 def test_timeout_and_checkpoint_under_tpu(ip, tmp_path):
     from test_tpu import FakeRuntime  # a fake TPU connection: the cell runs in its scope
 
-    from kdist_magics.choose.hardware import tpu_from_kind
+    from kdist_magics.hardware import tpu_from_kind
     from kdist_magics.strategies.kernel.tpu import TPUStrategy
 
     ext = kdist_magics._extension

@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 
 from conftest import run_in_fresh_shell
 from kdist_magics.choose.advisor import decide, facts_for
-from kdist_magics.choose.hardware import GiB, Hardware
+from kdist_magics.hardware import GiB, Hardware
 from kdist_magics.strategies.sharded.mesh import pick_model_axis
 from kdist_magics.spec import parse_line
 from kdist_magics.strategies.sharded.layout import LayoutError, auto_spec, check_spec

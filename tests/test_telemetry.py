@@ -168,7 +168,7 @@ def test_no_gpu_at_all_is_cpu_only_whatever_nvml_says():
 
 def test_real_machine_without_gpu_says_cpu_only():
     # This machine has no GPU (no NVIDIA driver files), with or without pynvml installed.
-    from kdist_magics.choose.hardware import nvidia_gpu_present
+    from kdist_magics.hardware import nvidia_gpu_present
 
     if nvidia_gpu_present():
         pytest.skip("this machine has an NVIDIA GPU")
@@ -182,7 +182,7 @@ def test_real_machine_without_gpu_says_cpu_only():
 
 
 def test_nvidia_gpu_present_reads_the_driver_files(tmp_path):
-    from kdist_magics.choose.hardware import nvidia_gpu_present
+    from kdist_magics.hardware import nvidia_gpu_present
 
     assert not nvidia_gpu_present(root=str(tmp_path))
     (tmp_path / "dev").mkdir()
@@ -544,7 +544,7 @@ def test_the_tpus_own_duty_cycle_and_memory_come_from_libtpus_monitoring_sdk(mon
 
 
 def test_a_tpu_that_nothing_reports_on_is_said_and_a_broken_sdk_falls_back(monkeypatch):
-    from kdist_magics.choose import hardware
+    from kdist_magics import hardware
 
     class Broken:
         def list_supported_metrics(self):

@@ -12,7 +12,7 @@ import pytest
 
 import kdist_magics
 from kdist_magics.errors import StrategyUnavailable
-from kdist_magics.choose.hardware import TPU, tpu_from_kind
+from kdist_magics.hardware import TPU, tpu_from_kind
 from kdist_magics.strategies.kernel.tpu import TPUStrategy
 
 
@@ -199,7 +199,7 @@ def test_an_address_that_does_not_answer_fails_fast_without_tensorflow():
         port = s.getsockname()[1]
     code = (
         "import sys\n"
-        "from kdist_magics.choose.hardware import TPU\n"
+        "from kdist_magics.hardware import TPU\n"
         "from kdist_magics.strategies.frameworks.on_tf import TPURuntime\nfrom kdist_magics.strategies.kernel.tpu import connect\n"
         f"node = TPU(kind='v2-8', target='grpc://127.0.0.1:{port}', found_by='COLAB_TPU_ADDR')\n"
         "try:\n"
@@ -224,7 +224,7 @@ def test_real_tensorflow_on_a_machine_without_tpu_fails_short():
     """TPUClusterResolver('local') + initialize_tpu_system with real TF, where no TPU is."""
     code = (
         "from IPython.core.interactiveshell import InteractiveShell\n"
-        "from kdist_magics.choose.hardware import tpu_from_kind\n"
+        "from kdist_magics.hardware import tpu_from_kind\n"
         "from kdist_magics.strategies.kernel.tpu import TPUStrategy\n"
         "import kdist_magics\n"
         "ip = InteractiveShell.instance()\n"
@@ -298,7 +298,7 @@ def test_a_tpu_held_by_another_process_is_named_in_one_line_before_the_cell(ip, 
 def test_a_held_tpu_is_named_on_the_default_path_auto_takes_too(ip, tmp_path, monkeypatch, line):
     """Colab's v5e-1 with Keras on JAX: auto chooses default, which takes the TPU in the kernel
     as tpu does: a holder is named there too, in one line, and the cell does not run."""
-    from kdist_magics.choose import hardware
+    from kdist_magics import hardware
     from kdist_magics.strategies.kernel import tpu_hygiene
 
     from kdist_magics.choose import advisor
@@ -344,7 +344,7 @@ def test_one_tpu_chip_is_said_to_be_one_replica_on_jax():
 
     out = run_in_fresh_shell(
         """
-from kdist_magics.choose.hardware import tpu_from_kind
+from kdist_magics.hardware import tpu_from_kind
 from kdist_magics.strategies.frameworks import on_jax
 from kdist_magics.strategies.kernel.tpu import TPUStrategy
 import jax
@@ -437,7 +437,7 @@ def test_eight_tpu_chips_train_data_parallel_over_eight_and_sharded_over_a_mesh_
     out = run_in_fresh_shell(
         f"""
 import jax, numpy as np
-from kdist_magics.choose.hardware import detect_tpu
+from kdist_magics.hardware import detect_tpu
 from kdist_magics.strategies.frameworks import on_jax
 from kdist_magics.strategies.kernel.tpu import TPUStrategy
 found = detect_tpu({{"TPU_ACCELERATOR_TYPE": "v5litepod-8"}}, root={str(root)!r})

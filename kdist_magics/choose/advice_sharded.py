@@ -6,7 +6,7 @@ model axis of the devices here. Plain facts only, like :mod:`kdist_magics.choose
 from __future__ import annotations
 
 from .facts import human_bytes
-from .hardware import gib
+from ..hardware import gib
 from ..strategies.sharded.mesh import pick_model_axis
 
 #: strategies that keep a full copy of the model per device (what a model too big rules out)

@@ -3,7 +3,7 @@
 The seed article's five criteria -- hardware, model size, data size, training
 time, set-up cost -- plus what the user wrote on the line, as a table of
 :class:`~.rules.Rule` rows (:data:`~.rules.RULES`). Each rule looks at plain *facts* (a dict
-built from a :class:`~kdist_magics.choose.hardware.Hardware` description, the
+built from a :class:`~kdist_magics.hardware.Hardware` description, the
 largest Keras model in the namespace and the arrays there), and may rule
 strategies out or pick one. The first picking rule whose strategy survives
 decides; every rule that applied is a row of the advice table.
@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from . import advice_sharded
 from ..errors import StrategyUnavailable
 from .facts import facts_for, human
-from .hardware import Hardware, gib
+from ..hardware import Hardware, gib
 from .rules import RULES, Rule
 
 
@@ -171,7 +171,7 @@ def hardware_for(magics: Any = None) -> Hardware:
     """This kernel's hardware, with the engines/hosts of a cluster a strategy already holds."""
     from dataclasses import replace
 
-    from .hardware import detect
+    from ..hardware import detect
 
     hw = detect()
     for strategy in list(getattr(magics, "_strategies", {}).values()):

@@ -1,7 +1,7 @@
 """What the advisor looks at: plain *facts* about the hardware, the largest built Keras model
 and the data in the notebook's namespace, and the words for them.
 
-:func:`facts_for` turns a :class:`~kdist_magics.choose.hardware.Hardware` description, a RunSpec and
+:func:`facts_for` turns a :class:`~kdist_magics.hardware.Hardware` description, a RunSpec and
 the namespace into one flat dict the rules of :mod:`kdist_magics.choose.advisor` read. Nothing here
 imports TensorFlow, Keras or JAX: models and data are inspected only through modules the
 notebook has already imported (``sys.modules``).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
-from .hardware import Hardware, gib
+from ..hardware import Hardware, gib
 from ..strategies.frameworks.backends import keras_backend
 
 #: optimizer-state multiplier: weights + gradients + two Adam moments

@@ -10,7 +10,7 @@ from typing import Callable
 from . import advice_sharded
 from ..spec import ENGINE_STRATEGIES, KERNEL_STRATEGIES, KINDS
 from .facts import BIG_DATA_BYTES, ENGINE_SETUP_S, SMALL_EPOCH_S, data_words, human_seconds, model_words
-from .hardware import TPU_PLACES, gib
+from ..hardware import TPU_PLACES, gib
 
 CANDIDATES = tuple(KINDS)  # in the order auto prefers them when nothing else decides
 ENGINE = ENGINE_STRATEGIES

@@ -134,12 +134,12 @@ def _accelerators(
     else:
         note = "not available: GPU sampling disabled"
     if gpu is None and nvml is not False:
-        from ..choose.hardware import nvidia_gpu_present
+        from ..hardware import nvidia_gpu_present
 
         if not (gpu_present or nvidia_gpu_present)():
             note = CPU_ONLY  # no NVIDIA GPU here: NVML's absence is no news
     if note == CPU_ONLY and tpu_probe is None:
-        from ..choose.hardware import detect_tpu
+        from ..hardware import detect_tpu
 
         if detect_tpu() is not None:  # a TPU here that nothing reports on yet
             note = TPU_UNREAD

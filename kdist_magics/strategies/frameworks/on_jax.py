@@ -191,7 +191,7 @@ class _Divisible:
 
 
 def _gpus_by_nvml() -> int:
-    from ...choose.hardware import detect_gpus
+    from ...hardware import detect_gpus
 
     return len(detect_gpus())
 

@@ -46,7 +46,7 @@ class MirroredStrategy(Strategy):
     def size(self, spec) -> int:
         if spec.devices:
             return spec.devices
-        from ...choose.hardware import detect_gpus
+        from ...hardware import detect_gpus
 
         return len(detect_gpus()) or CPU_DEFAULT_DEVICES
 

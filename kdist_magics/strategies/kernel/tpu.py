@@ -1,6 +1,6 @@
 """``--strategy tpu``: TPUStrategy through TPUClusterResolver, in the notebook.
 
-Where the TPU is comes from :func:`kdist_magics.choose.hardware.detect_tpu`:
+Where the TPU is comes from :func:`kdist_magics.hardware.detect_tpu`:
 
 * TPU VMs -- Colab and Kaggle today, Cloud TPU VMs: ``/dev/accel*`` or
   ``/dev/vfio`` (or ``TPU_NAME=local``) -> ``TPUClusterResolver(tpu="local")``;
@@ -27,7 +27,7 @@ from typing import Any
 
 from ... import errors
 from ...errors import StrategyUnavailable
-from ...choose.hardware import TPU, TPU_PLACES, detect_tpu
+from ...hardware import TPU, TPU_PLACES, detect_tpu
 from ..base import RunContext, Strategy
 from ..frameworks.on_tf import TPURuntime
 from .run import run_cell_here

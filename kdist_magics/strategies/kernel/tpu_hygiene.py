@@ -52,7 +52,7 @@ def refuse_if_held(find=None, strategy: str = "tpu", started=None) -> None:
     naming another process that holds it (pid, command, the fix). Nothing where there is no
     local TPU, or where ``started()`` says this process has taken it already (default: its
     JAX has started its backend, so it holds the TPU itself, or runs on another platform)."""
-    from ...choose.hardware import detect_tpu
+    from ...hardware import detect_tpu
 
     tpu = (find or detect_tpu)()
     if tpu is None or tpu.target != "local" or (started or backend_started)():

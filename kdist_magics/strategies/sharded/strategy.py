@@ -69,7 +69,7 @@ def _device_bytes(devices) -> int | None:
         limit = None
     if limit:
         return int(limit)
-    from ...choose.hardware import detect
+    from ...hardware import detect
 
     hw = detect()
     if hw.gpus or hw.tpu is not None:
@@ -112,7 +112,7 @@ class ShardedStrategy(Strategy):
             return spec.mesh[0] * spec.mesh[1]
         if spec.devices:
             return spec.devices
-        from ...choose.hardware import detect_gpus
+        from ...hardware import detect_gpus
 
         return len(detect_gpus()) or CPU_DEFAULT_DEVICES
 
