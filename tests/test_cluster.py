@@ -348,6 +348,7 @@ def test_a_signal_to_an_engine_on_a_dead_host_is_not_waited_for_ever(monkeypatch
 class _FakeEngineCluster:
     made: list = []
     options = None  # (EngineCluster's: a local cluster has no launcher's options)
+    launcher = "local"  # (EngineCluster's)
 
     def give_up(self):
         pass

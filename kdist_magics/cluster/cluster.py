@@ -57,6 +57,8 @@ class EngineCluster(Liveness):
     ``status``, ``options`` (a launcher's: same options, same cluster) and ``give_up``.
     """
 
+    #: which launcher started it (its --launcher name: cluster/launchers.py); an attached one's is local
+    launcher = "local"
     #: a launcher's options (Slurm's, Ray's): a run asking for others needs another cluster
     options = None
 

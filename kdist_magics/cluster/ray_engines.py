@@ -133,6 +133,8 @@ class RayEngines(EngineLauncher):
 class RayCluster(EngineCluster):
     """An owned :class:`~.cluster.EngineCluster` whose engines Ray places (see module doc)."""
 
+    launcher = "ray"
+
     def __init__(
         self, n: int, options: ray_actors.RayOptions, ip: str, start_timeout: float = 120.0, controller_nice: int = 0
     ):

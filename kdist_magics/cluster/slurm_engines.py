@@ -91,6 +91,8 @@ class SlurmCluster(EngineCluster):
     ``options``: :class:`~.slurm.SlurmOptions`; ``queue_timeout``: seconds the job may wait in
     the queue (None: as long as Slurm keeps it; the run's ``--timeout``)."""
 
+    launcher = "slurm"
+
     loopback = False  # the ranks are on the job's nodes
 
     def __init__(

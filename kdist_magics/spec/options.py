@@ -9,6 +9,8 @@ from typing import Any
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..cluster.launchers import names as launcher_names
+
 #: the one table of strategy kinds: where each runs the cell, in the order auto prefers them
 #: when nothing else decides ("kernel": the notebook's own namespace; "engines": ipyparallel
 #: engines, one process per rank)
@@ -24,7 +26,8 @@ STRATEGIES = ("auto", *KINDS)
 ENGINE_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "engines")
 KERNEL_STRATEGIES = tuple(name for name, kind in KINDS.items() if kind == "kernel")
 OUT_MODES = ("rank0", "all", "none")
-LAUNCHERS = ("local", "ray", "slurm")
+#: "local" and every registered launcher (:mod:`kdist_magics.cluster.launchers`)
+LAUNCHERS = launcher_names()
 #: the options of a Ray cluster's placement (--launcher ray only)
 RAY_OPTIONS = ("address", "placement")
 #: the options passed to sbatch (--launcher slurm only)

@@ -4,6 +4,7 @@ in a Slurm job, on a Ray cluster, or attached to a user's cluster)."""
 
 from __future__ import annotations
 
+from ...cluster import launchers
 from ...cluster.cluster import EngineCluster
 from ...cluster.namespace import wanted
 from ...errors import CellFailed
@@ -29,14 +30,8 @@ def new_cluster(strategy, ctx: RunContext) -> EngineCluster:
     spec = ctx.spec
     n = strategy.size(spec)
     news = _news(ctx)
-    if spec.slurm is not None:
-        from ...cluster.slurm_engines import submit
-
-        return submit(n, ctx, news)
-    if spec.ray is not None:
-        from ...cluster.ray_engines import submit as place
-
-        return place(n, ctx, news)
+    if spec.launcher != launchers.LOCAL:  # Slurm's, Ray's, or another package's
+        return launchers.submitter(spec.launcher)(n, ctx, news)
     address = ctx.options.bind_address if spec.attach else "127.0.0.1"
     cluster = EngineCluster(
         n,
@@ -60,8 +55,14 @@ def reuse(strategy, ctx: RunContext) -> EngineCluster | None:
     if cluster is None or not cluster.running:
         return None
     n, news = strategy.size(spec), _news(ctx)
-    key = (n, spec.cluster_id, spec.profile, spec.slurm or spec.ray)
-    current = (cluster.n, cluster.cluster_id if cluster.attached else None, cluster.profile, cluster.options)
+    key = (n, spec.cluster_id, spec.profile, spec.launcher, spec.slurm or spec.ray)
+    current = (
+        cluster.n,
+        cluster.cluster_id if cluster.attached else None,
+        cluster.profile,
+        cluster.launcher,
+        cluster.options,
+    )
     if current != key:
         news(ranks_changed(n, cluster.n, cluster.attached))
         strategy.teardown()
