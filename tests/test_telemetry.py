@@ -297,10 +297,10 @@ def test_loading_telemetry_imports_no_framework():
 def test_batch_size_inference():
     import numpy as np
 
-    assert step_probe._batch_size((np.zeros((10, 2)),), {"batch_size": 8}) == 8
-    assert step_probe._batch_size((np.zeros((10, 2)),), {}) == 32
-    assert step_probe._batch_size((), {}) is None
-    assert step_probe._batch_size((object(),), {}) is None
+    assert step_probe.fit_batch_size((np.zeros((10, 2)),), {"batch_size": 8}) == 8
+    assert step_probe.fit_batch_size((np.zeros((10, 2)),), {}) == 32
+    assert step_probe.fit_batch_size((), {}) is None
+    assert step_probe.fit_batch_size((object(),), {}) is None
 
 
 # -- the Keras callback -------------------------------------------------------------------

@@ -19,8 +19,8 @@ BUILT_IN = {"ray": "kdist_magics.cluster.ray_engines:submit", "slurm": "kdist_ma
 
 
 def registered() -> dict[str, str]:
-    """Every registered launcher's ``module:function``, by name (kdist's own first; a package's
-    entry point of the same name does not replace them)."""
+    """Every registered launcher's ``module:function``, by name; kdist's own win over a
+    package's entry point of the same name."""
     found = {ep.name: ep.value for ep in entry_points(group=GROUP)}
     return {**found, **BUILT_IN}
 

@@ -122,7 +122,7 @@ def make_probe(sink, rank: int, stop_after: int, batch_size: int | None, clock=N
     return cls(sink, rank, stop_after, batch_size, clock or time.perf_counter)
 
 
-def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
+def fit_batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
     """Samples per step of a ``fit(x, ...)`` call, when it can be known without touching data."""
     if kwargs.get("batch_size"):
         return int(kwargs["batch_size"])
@@ -149,7 +149,7 @@ def probe_for_fit(
     kwargs: dict[str, Any],
 ):
     """The probe's callback for one ``fit``; its ``batch_size`` scaled first where asked."""
-    batch = _batch_size(args, kwargs)
+    batch = fit_batch_size(args, kwargs)
     if batch_scale and batch and (kwargs.get("batch_size") or (args and hasattr(args[0], "shape"))):
         kwargs["batch_size"] = batch = max(1, round(batch * batch_scale))
     return make_probe(sink, rank, stop_after, batch)

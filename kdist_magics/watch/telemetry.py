@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable
 
 from .collective import timing as collective_timing
-from .step_probe import _batch_size, probe_for_fit
+from .step_probe import fit_batch_size, probe_for_fit
 
 Sink = Callable[[str, dict[str, Any]], None]
 
@@ -352,7 +352,7 @@ def attached(
             cb = make_callback(
                 sink,
                 rank,
-                batch_size=_batch_size(args, kwargs),
+                batch_size=fit_batch_size(args, kwargs),
                 min_interval=min_interval,
                 step_offset=done["steps"],
                 fit_index=done["fits"],
