@@ -197,12 +197,12 @@ def _probe(mode: str) -> dict[str, Any]:  # runs on an engine
 
 
 def _setup(
-    coordinator: str, processes: int, process: int, bind: str, seed: int, make: Callable = None, args: tuple = ()
+    coordinator: str, processes: int, process: int, bind: str, seed: int, make: Callable, args: tuple
 ) -> dict[str, Any]:
     """On an engine: join ``jax.distributed`` (once per process), seed Keras alike on every
-    process, set the distribution ``make(jax.devices(), *args)`` builds (DataParallel when none
-    is given) and bind ``strategy`` to it, feed array inputs by data-axis position
-    (:func:`..frameworks.on_jax.feeding`)."""
+    process, set the distribution ``make(jax.devices(), *args)`` builds (the strategy's
+    :meth:`~JaxMultiWorkerStrategy.keras_distribution`) and bind ``strategy`` to it, feed array
+    inputs by data-axis position (:func:`..frameworks.on_jax.feeding`)."""
     import os
 
     from IPython import get_ipython
@@ -227,7 +227,7 @@ def _setup(
     # device_put, and older versions silently keep diverging replicas): same seed everywhere.
     keras.utils.set_random_seed(seed)
     devices = jax.devices()
-    distribution = (make or data_parallel)(devices, *args)
+    distribution = make(devices, *args)
     keras.distribution.set_distribution(distribution)
     strategy = ProcessesStrategy(distribution, devices, jax.process_index(), jax.process_count())
     local = jax.local_device_count()
