@@ -47,11 +47,17 @@ def _warnings_and_above(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING
 
 
-#: lines TensorFlow's C++ writes while an in-kernel strategy trains that tell a user nothing:
-#: Keras' data adapter under tf.distribute feeds fit() from a Python generator, which
-#: TensorFlow 2.16-2.21 warns "will not be optimized" (a W line, shown at any level but 2)
+#: lines TensorFlow's C++ writes while an in-kernel strategy trains that tell a user nothing
+#: (W lines, shown at any level but 2; TensorFlow 2.16-2.21): Keras' data adapter under
+#: tf.distribute feeds fit() from a Python generator, which "will not be optimized"; and, now and
+#: then, as an epoch's iterator over the replicas is dropped with a batch still in flight, the
+#: cancelled read's "Local rendezvous is aborting" and the op it names on the next line
 RUN_NOISE = re.compile(
-    START_UP_NOISE.pattern + r"|dataset\.cc:\d+\] Input of GeneratorDatasetOp::Dataset will not be optimized"
+    START_UP_NOISE.pattern
+    + r"|dataset\.cc:\d+\] Input of GeneratorDatasetOp::Dataset will not be optimized"
+    + r"|local_rendezvous\.cc:\d+\] Local rendezvous is aborting with status: "
+    + r"(CANCELLED|OUT_OF_RANGE)\b.*(GetNextFromShard|End of sequence)"
+    + r"|^\s*\[\[\{\{node MultiDeviceIteratorGetNextFromShard\}\}\]\]\s*$"
 )
 
 
