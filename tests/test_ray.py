@@ -29,6 +29,7 @@ import kdist_magics
 import kernel_driver
 from kdist_magics.cluster.network import free_port
 from kdist_magics.errors import ClusterError
+from kdist_magics.messages import ray_given_back
 from kdist_magics.spec import parse_line
 from test_multiworker import TRAIN as MW_TRAIN
 
@@ -334,11 +335,11 @@ def _epochs(rec) -> int:
     return sum(1 for m in list(rec.metrics) if m.get("kind") == "epoch" and m.get("rank") == 0)
 
 
-def _interrupt_keeps_the_engines_and_the_placement(ip, line: str, address: str, strategy) -> None:
+def _stop_gives_the_engines_and_the_placement_back(ip, line: str, address: str, strategy, capsys) -> None:
     """The notebook's Stop (SIGINT to the kernel) mid-fit on Ray-placed ranks: every rank stops,
-    the run says interrupted and keeps its history; the engines stay warm in their actors and
-    the placement group stays reserved (both are kdist's until %kdist stop or the kernel's
-    end), so the next cell runs on the same engines at once."""
+    the run says interrupted and keeps its history; then kdist ends the engines and removes the
+    placement group (a team's cluster is not held by a run that did not finish), says so in
+    one line, and the next cell places new engines."""
     pids = sorted(e.pid for e in strategy.cluster.engines)
     done = threading.Event()
 
@@ -364,10 +365,11 @@ def _interrupt_keeps_the_engines_and_the_placement(ip, line: str, address: str, 
     rec = kdist_magics.last_run()
     assert rec.status == "interrupted" and {r.state for r in rec.ranks.values()} == {"stopped"}
     assert _epochs(rec) >= 2  # the history so far is kept
-    assert strategy.needs_restart is None  # every rank stopped by itself: nothing to restart
-    assert list(groups(address).values()).count("CREATED") == 1  # still reserved, still ours
+    assert strategy.cluster is None and "CREATED" not in groups(address).values()  # given back
+    assert kernel_driver.alive(pids) == []  # the engines ended (on this machine's Ray node)
+    assert ray_given_back("was stopped") in capsys.readouterr().out
     ip.run_cell_magic("kdist", line, "kd_ok = hvd.size()")
-    assert sorted(e.pid for e in strategy.cluster.engines) == pids  # the same engines, warm
+    assert not set(e.pid for e in strategy.cluster.engines) & set(pids)  # new engines
     assert kernel_driver.engine_values(strategy, "kd_ok") == [2, 2]
 
 
@@ -376,11 +378,11 @@ def _interrupt_keeps_the_engines_and_the_placement(ip, line: str, address: str, 
 @pytest.mark.horovod
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_horovod_on_ray_stopped_and_a_rank_lost_mid_run(ip, ray_head):
+def test_horovod_on_ray_stopped_and_a_rank_lost_mid_run(ip, ray_head, capsys):
     """Horovod over two Ray-placed engines: the same weights on both ranks. Stop mid-fit stops
-    every rank and keeps the engines and the placement group. Then rank 1's engine is killed
-    mid-run: the run fails with one line naming the rank, and the next cell runs on new
-    engines."""
+    every rank, ends the engines and removes the placement group. Then rank 1's engine is
+    killed mid-run: the run fails with one line naming the rank, nothing stays reserved, and the
+    next cell runs on new engines."""
     from kdist_magics.errors import RankDied
 
     line = f"--strategy horovod --np 2 --launcher ray --address {ray_head} --no-dashboard"
@@ -389,7 +391,7 @@ def test_horovod_on_ray_stopped_and_a_rank_lost_mid_run(ip, ray_head):
     w0, w1 = kernel_driver.engine_values(strategy, "kd_weights")
     for a, b in zip(w0, w1):
         np.testing.assert_array_equal(np.array(a), np.array(b))
-    _interrupt_keeps_the_engines_and_the_placement(ip, line, ray_head, strategy)
+    _stop_gives_the_engines_and_the_placement_back(ip, line, ray_head, strategy, capsys)
     victim = strategy.cluster.engines[1]
     with pytest.raises(RankDied) as caught:
         ip.run_cell_magic(
@@ -403,6 +405,8 @@ time.sleep(60)
 """,
         )
     assert str(caught.value).startswith("rank 1 "), str(caught.value)  # which watcher names it first varies
+    assert strategy.cluster is None and "CREATED" not in groups(ray_head).values()
+    assert ray_given_back("failed") in capsys.readouterr().out
     ip.run_cell_magic("kdist", line, "kd_ok = hvd.size()")
     assert kernel_driver.engine_values(kdist_magics._extension._strategies["horovod"], "kd_ok") == [2, 2]
     ip.run_line_magic("kdist", "stop")

@@ -270,7 +270,8 @@ model.fit(x, y, batch_size=16, epochs=400, verbose=0, callbacks=[Slow()])
 def test_a_ray_node_lost_mid_run_is_named_and_nothing_stays_reserved(ip, across, capsys):
     """Last (it kills the second node): every process of the second host is killed while the
     ranks train; the run ends within seconds, not at a collective's timeout, naming the rank on
-    that node and saying the node died; after %kdist stop kdist holds nothing on Ray."""
+    that node and saying the node died; at the run's end kdist holds nothing on Ray (a run
+    that did not finish gives its engines and placement group back), nor after %kdist stop."""
     line = f"--strategy multiworker --np 2 --launcher ray --address {across.address} --no-dashboard"
     killed = {}
 
@@ -293,5 +294,6 @@ def test_a_ray_node_lost_mid_run_is_named_and_nothing_stays_reserved(ip, across,
     assert killed.get("pids"), "the second node was never killed"
     assert ended - killed["at"] < 60, f"the run went on {ended - killed['at']:.0f} s after the node died"
     assert f"({NODE_B}): the Ray node died" in words and words.startswith("rank "), words
+    assert held(across.address) == {"placement groups": [], "actors": []}
     ip.run_line_magic("kdist", "stop")
     assert held(across.address) == {"placement groups": [], "actors": []}

@@ -54,13 +54,17 @@ class EngineCluster(Liveness):
 
     What the strategies use of any cluster (a launcher's subclass keeps it): ``start``/``stop``/
     ``restart``, ``engines``, ``client``, ``loopback``, ``dead``/``kill``/``signal``,
-    ``status``, ``options`` (a launcher's: same options, same cluster) and ``give_up``.
+    ``status``, ``options`` (a launcher's: same options, same cluster), ``give_up`` and
+    ``kept_after_a_failed_run``.
     """
 
     #: which launcher started it (its --launcher name: cluster/launchers.py); an attached one's is local
     launcher = "local"
     #: a launcher's options (Slurm's, Ray's): a run asking for others needs another cluster
     options = None
+    #: what a run that does not finish (Stop, a failure) does to an owned cluster: keep its
+    #: engines warm for the next cell, or give what it holds back (a shared cluster's: Ray's)
+    kept_after_a_failed_run = True
 
     def __init__(
         self,

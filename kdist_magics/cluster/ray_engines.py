@@ -8,9 +8,10 @@ uses it too): one placement group, one actor per rank in it, each running that r
 (:mod:`.ray_actors`). The engines get the controller's connection from the environment
 (``IPP_CONNECTION_INFO``), so no file needs to be shared with the nodes.
 
-kdist owns what it asked Ray for: ``%kdist stop``, a restart, Stop during the start or a failed
-start stop the engines, kill the actors and remove the placement group (Stop while a cell trains
-keeps them warm, as on any cluster); the kernel's death ends them too
+kdist owns what it asked Ray for: ``%kdist stop``, a restart, Stop (during the start or while a
+cell runs) and a failed start or run stop the engines, kill the actors and remove the placement
+group, so a shared cluster's resources are not held by a run that did not finish (a run that
+finishes keeps them warm for the next cell); the kernel's death ends them too
 (Ray ends a driver's actors and placement groups with it; each engine dies with its actor). A
 node lost mid-run is named: ``rank 2 on node <id> (host): the Ray node died``.
 """
@@ -134,6 +135,8 @@ class RayCluster(EngineCluster):
     """An owned :class:`~.cluster.EngineCluster` whose engines Ray places (see module doc)."""
 
     launcher = "ray"
+    #: a team's cluster: a run that does not finish gives the engines and the placement back
+    kept_after_a_failed_run = False
 
     def __init__(
         self, n: int, options: ray_actors.RayOptions, ip: str, start_timeout: float = 120.0, controller_nice: int = 0

@@ -328,6 +328,7 @@ from .ray import (  # noqa: E402
     ray_actor_ended,
     ray_asks_token,
     ray_engine_ended,
+    ray_given_back,
     ray_no_cluster,
     ray_node_died,
     ray_placing,

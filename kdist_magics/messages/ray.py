@@ -53,5 +53,13 @@ def ray_engine_ended(host: str, code: int | None) -> str:
     return f"on {host}: its engine process ended" + (f" with status {code}" if code is not None else "")
 
 
+def ray_given_back(status: str) -> str:
+    """After a run that did not finish (Stop, a failure): what kdist gave back to the team."""
+    return (
+        f"the run {status}: kdist ended its engines on the Ray cluster and removed their "
+        f"placement group, so the resources are free for others; the next cell places new engines"
+    )
+
+
 def _bundle(bundle: dict) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in bundle.items()) + "}"

@@ -45,6 +45,7 @@ from typing import Any
 
 from ...cluster.cluster import EngineCluster
 from ...cluster.placement import default_np
+from ...messages import ray_given_back, say
 from ...rank.faults import hold
 from ..base import RunContext, Strategy
 from . import start, warm
@@ -163,10 +164,25 @@ class EngineStrategy(Strategy):
         run = self.run_now = EngineRun(self, cell, ctx)
         try:
             return run.go()
+        except BaseException as exc:
+            if run.cluster is not None:  # a start that failed or was stopped ended its own
+                self._give_back(run.cluster, exc)
+            raise
         finally:
             self.run_now = None
             self.needs_restart = self.needs_restart or run.restart
             self.last_timing = run.timing
+
+    def _give_back(self, cluster: EngineCluster, exc: BaseException) -> None:
+        """After a run on ``cluster`` that did not finish (``exc``): an owned cluster that is not
+        kept then (a shared Ray cluster's engines and placement group) is stopped now, and the
+        user told."""
+        if cluster is not self.cluster or not cluster.owned or cluster.kept_after_a_failed_run:
+            return
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else getattr(exc, "status", "failed")
+        self.teardown()
+        self.needs_restart = None
+        say(ray_given_back({"interrupted": "was stopped", "timeout": "timed out"}.get(status, "failed")))
 
     # -- %kdist start ----------------------------------------------------------------
     def warm(self, ctx: RunContext) -> warm.Warming:
