@@ -181,3 +181,33 @@ def test_elastic_plan_grows_by_an_engine_that_asks_with_its_join_key():
         _, late, _ = rdv.grow("c")
         rdv.plan.withdraw(late)
         assert get(rdv.port, late) == "-1,-1,-1,-1,-1,-1"
+
+
+def test_a_stopping_run_tells_every_rank_still_asking_that_it_is_out():
+    """Too few ranks left (--min-np) or the run's end: a rank that saw the failure and asks for
+    its new rank is told "out" at once, and the rendezvous stops; it waited the plan's whole
+    wait before (two minutes, where CI saw a --min-np run take 153 s to stop)."""
+    import threading
+
+    def get(port, key):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/rank_and_size/{key}", timeout=60) as r:
+            return r.read().decode()
+
+    got: dict[str, str] = {}
+    with Rendezvous(["a", "a", "a"], elastic=True) as rdv:
+        rdv.plan.started()
+        rdv.plan.wait = 600.0  # longer than any join below: only close() can answer
+        asker = threading.Thread(target=lambda: got.setdefault("a:1", get(rdv.port, "a:1")))
+        asker.start()
+        asker.join(timeout=0.5)
+        assert asker.is_alive() and not got  # waiting for the kernel to re-form the job
+        stopper = threading.Thread(target=rdv.stop)
+        stopper.start()
+        stopper.join(timeout=30)
+        assert not stopper.is_alive(), "the rendezvous waited for the question it was answering"
+        asker.join(timeout=30)
+        assert got == {"a:1": "-1,-1,-1,-1,-1,-1"}
+    plan = Rendezvous(["a", "a"], elastic=True).plan
+    plan.started()
+    plan.close()
+    assert plan.answer("a:0") == plan.GONE  # asked after the close: out, without waiting

@@ -141,6 +141,8 @@ class Rendezvous:
         return (index, join_key(index), self.plan.grow(index, hostname, self._httpd))
 
     def stop(self) -> None:
+        if self.plan is not None:  # a rank still asking is told it is out (the server's close
+            self.plan.close()  # waits for every request it is answering)
         if self.abort_line is not None:
             self.abort_line.close()
             self.abort_line = None
@@ -175,6 +177,8 @@ class ElasticPlan:
 
     Until :meth:`started`, the first plan is the answer, at once: a warm engine whose Horovod
     ran before asks too (Horovod takes the re-initialising path after any earlier shutdown).
+    Once the run stops (:meth:`close`: too few ranks left, or the run's end), every question
+    waiting and any asked later is told "out" at once.
     """
 
     wait = 120.0
@@ -187,6 +191,7 @@ class ElasticPlan:
         self._answers = {_key(slot): slot.to_response_string().encode("ascii") for slot in slots}
         self._asked: set[str] = set()  # who is waiting for the next re-forming
         self._open = True  # the answers go out (the first plan; then once all have asked)
+        self._closed = False  # the run stops: every rank is out
         self._lock = threading.Condition()
 
     def started(self) -> None:
@@ -234,6 +239,12 @@ class ElasticPlan:
             self._open = True
             self._lock.notify_all()
 
+    def close(self) -> None:
+        """The job will not re-form again (the run stops): every rank asking is out, at once."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+
     def _release(self) -> None:
         if self._answers and set(self._answers) <= self._asked:
             self._open = True
@@ -246,8 +257,10 @@ class ElasticPlan:
             # an engine joining waits as long as the ranks take to reach a commit; the kernel
             # lets it go (withdraw) if the run ends first
             timeout = None if key.startswith(JOIN_PREFIX) else self.wait
-            self._lock.wait_for(lambda: self._open and key in self._answers, timeout=timeout)
+            self._lock.wait_for(lambda: self._closed or (self._open and key in self._answers), timeout=timeout)
             self._asked.discard(key)
+            if self._closed:
+                return self.GONE
             answer = self._answers.pop(key, self.GONE) if self._open else self.GONE
             if not self._answers:
                 self._open = False  # this re-forming is over; the next one waits again

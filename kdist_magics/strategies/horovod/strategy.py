@@ -166,6 +166,7 @@ class HorovodStrategy(EngineStrategy):
         left = len(rdv.plan.slots) - len(deaths)
         if left < self.min_np:
             say(too_few_left(left, self.min_np) + "; stopping the run", warn=True)
+            rdv.plan.close()  # a rank re-initialising after the failure is told it is out
             return None
         new = rdv.shrink([index_of[r] for r in deaths])
         return {rank_of[i]: slot.rank for i, slot in new.items()}
