@@ -13,7 +13,7 @@ COLAB_VENV ?= .venv-colab
 # the tests about an environment without TensorFlow (tfless) and the TensorFlow-free ones (notf):
 # .venv-colab-tpu runs those on the same JAX, Keras, NumPy and ipykernel pins as Colab's
 # (0.7.2, 3.13.2, 2.1.3, 6.17.1), and the main suite runs them with TensorFlow installed.
-COLAB_TESTS ?= (not horovod and not torch and not ray and not netns and not slurm and not browser and not stacks and not long and not gpucheck and not docs and not tfless and not notf) or classic
+COLAB_TESTS ?= (not horovod and not torch and not ray and not netns and not slurm and not browser and not stacks and not long and not gpucheck and not docs and not tfless and not notf and not anystack) or classic
 
 .PHONY: setup lab test test-fast test-quick docs demo bench clean
 

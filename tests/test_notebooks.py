@@ -631,6 +631,7 @@ def test_the_quickstart_as_a_newcomer_runs_it_shows_no_start_up_noise_and_no_wai
 
 @pytest.mark.notebook
 @pytest.mark.slow
+@pytest.mark.anystack  # make demo runs in .venv, whichever environment runs the suite
 @pytest.mark.timeout(600)
 def test_make_demo_runs_the_quickstart(tmp_path):
     """``make demo``'s script: executes 01-quickstart, prints the copy's path and a summary."""

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+#: the code's shape, read from its files: the same in every environment
+pytestmark = pytest.mark.anystack
+
 PACKAGE = Path(__file__).resolve().parents[1] / "kdist_magics"
 MAX_LINES = 60
 MAX_MODULE_LINES = 400
