@@ -481,6 +481,47 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_jax_processes_link_is_timed_through_xlas_all_reduce_across_them():
+    """Keras on JAX across engine processes (multiworker, sharded): at the end of a probed fit
+    every process times a sum across the processes that jax.distributed joined, which XLA runs
+    as its all-reduce, every process alike, and the kernel's link says so; in a process that
+    joined none, no figure (and JAX's backends are not started for the asking)."""
+    pytest.importorskip("jax", reason="JAX is not installed in this environment")
+    from kdist_magics.scale import link as ring
+    from kdist_magics.watch.step_probe import cells_own_link
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        port = _free_port()
+        runs = [pool.apply_async(_jax_rank, (rank, 2, port)) for rank in range(2)]
+        timed = [r.get(timeout=180) for r in runs]
+    via = "XLA's all-reduce across jax.distributed's processes, cpu"
+    assert all(t["right"] and t["via"] == via for t in timed), timed
+    assert timed[0]["big_s"] == timed[1]["big_s"] and timed[0]["nbytes"] == timed[1]["nbytes"]  # agreed
+    assert timed[0]["nbytes"] >= ring.MIN_BYTES and timed[0]["big_s"] > timed[0]["tiny_s"] > 0
+    link = ring.from_ranks([{"rank": r, "kind": "probe", "link": t} for r, t in enumerate(timed)], 2)
+    assert link.via == via and link.ranks == 2
+    assert f"; link ({via}) " in ScaleTable("multiworker", [Row(1, 100.0, 0.1, 0.1, 0.0, 0.0)], link, 2**20, 32).head()
+    started = "jax" in sys.modules
+    assert cells_own_link(2**20) is None  # jax.distributed joined nothing in this process
+    assert ("jax" in sys.modules) == started  # and JAX was not imported to find that out
+
+
+def _jax_rank(rank, n, port):
+    import os
+
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    from kdist_magics.watch.step_probe import cells_own_link
+
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n, process_id=rank)
+    try:
+        return cells_own_link(2**20)
+    finally:
+        jax.distributed.shutdown()
+
+
 def _torch_rank(rank, n, port):
     import torch.distributed as dist
 
@@ -551,7 +592,7 @@ out["run"] = repr(err)
 table = ip.run_line_magic("kdist", "scale")
 out["same"] = table is kdist_magics.last_scale()
 out["rows"] = [[r.n, r.measured, r.speedup, r.compute_s, r.communication_s] for r in table.rows]
-out["link"] = [table.link.bandwidth, table.link.latency, table.link.ranks]
+out["link"] = [table.link.bandwidth, table.link.latency, table.link.ranks, table.link.via]
 out["batch"], out["grad"], out["text"] = table.batch, table.grad_bytes, repr(table)
 out["engines"] = len(kdist_magics._extension._strategies["multiworker"].cluster.engines)
 out["split"] = kdist_magics.last_run().split()
@@ -572,9 +613,10 @@ ip.run_line_magic("kdist", "stop")
     assert [r[:2] for r in out["rows"]] == [[1, True], [2, True], [4, False], [8, False]]
     assert out["rows"][0][2] == 1.0 and all(r[2] > 0 for r in out["rows"])
     assert out["rows"][1][4] >= 0 and out["rows"][1][3] > 0  # the split: compute, communication
-    bandwidth, latency, ranks = out["link"]
+    bandwidth, latency, ranks, via = out["link"]
     # timed on 4 MiB at least: this small model's 17 KiB alone timed the latency (TB/s read)
     assert 0 < bandwidth < 50 * 2**30 and latency > 0 and ranks == 2
+    assert via == "XLA's all-reduce across jax.distributed's processes, cpu"  # the processes' own
     assert out["batch"] == 32  # 64 global over 2 ranks: kept at every N
     assert out["grad"] == (32 * 128 + 128 + 128 + 1) * 4
     assert "assumes:" in out["text"] and "advice:" in out["text"]

@@ -2,10 +2,12 @@
 
 Through the collective the cell's strategy uses where kdist can reach it, timed on every rank at
 the end of the probed ``fit`` while that collective is up and sent in the probe's row
-(:func:`from_ranks` in the kernel): Horovod's all-reduce (:func:`horovod_link`) and
+(:func:`from_ranks` in the kernel): Horovod's all-reduce (:func:`horovod_link`),
 ``torch.distributed``'s on the torch processes' group (:func:`torch_link`: Gloo, or NCCL on
-GPUs). Elsewhere (JAX's and TensorFlow's collectives live inside the cell's strategy objects
-and XLA's programs) kdist's own ring, said in the table's head (:data:`RING`):
+GPUs) and, where ``jax.distributed`` joins the processes, a sum across them compiled by XLA
+(:func:`jax_link`: what Keras on JAX's data parallelism all-reduces with). Elsewhere
+(TensorFlow's collectives live inside the cell's strategy objects) kdist's own ring, said in
+the table's head (:data:`RING`):
 
 kdist's own ring over plain TCP sockets (NumPy arrays, no framework), on the address each
 engine's library would listen on (:func:`kdist_magics.cluster.network.engine_address`), so it
@@ -29,6 +31,7 @@ _ring: dict[str, Any] = {}
 #: how the link was timed (the table's head says it)
 HOROVOD, RING = "Horovod's all-reduce", "kdist's TCP ring"
 TORCH = "torch.distributed's all-reduce, {backend}"
+JAX = "XLA's all-reduce across jax.distributed's processes, {platform}"
 
 #: bytes of the tiny all-reduce that measures latency (one float32 per rank and more)
 TINY = 64
@@ -290,6 +293,53 @@ def torch_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
         return float(big), float(tiny)
 
     return {**_timed_link(sum_ones, agree, n, nbytes, repeats), "via": TORCH.format(backend=backend)}
+
+
+def jax_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
+    """On every process of a cell that ``jax.distributed`` joins (multiworker with Keras on JAX,
+    sharded across engines), at the end of a probed ``fit``: the link timed through a sum across
+    the processes that XLA compiles to its all-reduce, one device per process (its first), as
+    Keras' data parallelism reduces gradients (:func:`_timed_link`). None where JAX has not
+    joined 2 processes or more (JAX's backends are not started here for the asking)."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None or not _jax_joined(sys.modules):
+        return None
+    if jax.process_count() < 2:
+        return None
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    firsts: dict[int, Any] = {}
+    for device in jax.devices():
+        firsts.setdefault(device.process_index, device)
+    devices = [firsts[p] for p in sorted(firsts)]
+    mine, n = firsts[jax.process_index()], len(devices)
+    mesh = Mesh(np.array(devices), ("kdist_link",))
+    across = NamedSharding(mesh, PartitionSpec("kdist_link"))
+    total = jax.jit(lambda x: x.sum(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+    most = jax.jit(lambda x: x.max(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+    def reduced(reduce, row: "np.ndarray"):
+        local = jax.device_put(row[None, :], mine)
+        out = reduce(jax.make_array_from_single_device_arrays((n, row.size), across, [local]))
+        return np.asarray(out.addressable_shards[0].data)  # waits for the collective
+
+    def sum_ones(count: int):
+        return reduced(total, np.ones(count, np.float32))
+
+    def agree(big: float, tiny: float) -> tuple[float, float]:
+        both = reduced(most, np.array([big, tiny], np.float32))
+        return float(both[0]), float(both[1])
+
+    return {**_timed_link(sum_ones, agree, n, nbytes, repeats), "via": JAX.format(platform=mine.platform)}
+
+
+def _jax_joined(modules) -> bool:
+    """``jax.distributed.initialize`` has run in this process (its client is up)."""
+    state = getattr(modules.get("jax._src.distributed"), "global_state", None)
+    return getattr(state, "client", None) is not None
 
 
 def from_ranks(rows: list[dict[str, Any]], n: int, hosts: int = 1):

@@ -74,12 +74,12 @@ class StepProbe:
 
 def cells_own_link(grad_bytes: int | None) -> dict[str, Any] | None:
     """The link timed with the cell's own collective where kdist can reach it at the end of a
-    probed fit, every rank alike: Horovod's all-reduce, or ``torch.distributed``'s where the
-    torch processes' group is up (:mod:`kdist_magics.scale.link`); None elsewhere, and never an
-    error that ends the run."""
+    probed fit, every rank alike: Horovod's all-reduce, ``torch.distributed``'s where the
+    torch processes' group is up, or XLA's across the processes ``jax.distributed`` joined
+    (:mod:`kdist_magics.scale.link`); None elsewhere, and never an error that ends the run."""
     from ..scale import link
 
-    for timing in (link.horovod_link, link.torch_link):  # each None where its library is not up
+    for timing in (link.horovod_link, link.torch_link, link.jax_link):  # None where not up
         try:
             timed = timing(grad_bytes or 0)
         except Exception:  # the probe's own figures are sent all the same; the kernel times the ring
