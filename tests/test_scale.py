@@ -507,6 +507,86 @@ def test_jax_processes_link_is_timed_through_xlas_all_reduce_across_them():
     assert ("jax" in sys.modules) == started  # and JAX was not imported to find that out
 
 
+@pytest.mark.kernel  # TensorFlow in two spawned workers
+def test_a_multiworker_models_link_is_timed_through_its_own_strategys_all_reduce():
+    """multiworker on TensorFlow: at the end of a probed fit every worker times a sum across the
+    replicas of the fitted model's own MultiWorkerMirroredStrategy (its collective ops), every
+    worker alike, and the kernel's link says so; a model without such a strategy, no figure."""
+    pytest.importorskip("tensorflow", reason="TensorFlow is not installed in this environment")
+    from kdist_magics.scale import link as ring
+
+    ctx = multiprocessing.get_context("spawn")
+    ports = [_free_port(), _free_port()]
+    with ctx.Pool(2) as pool:
+        runs = [pool.apply_async(_tf_worker, (rank, ports)) for rank in range(2)]
+        timed = [r.get(timeout=240) for r in runs]
+    lone, timed = [t.pop("lone") for t in timed], timed
+    assert lone == [None, None]  # a model outside the strategy: kdist's ring instead
+    assert all(t["right"] and t["via"] == ring.TF for t in timed), timed
+    assert timed[0]["big_s"] == timed[1]["big_s"] and timed[0]["nbytes"] == timed[1]["nbytes"]  # agreed
+    assert timed[0]["nbytes"] >= ring.MIN_BYTES and timed[0]["big_s"] > timed[0]["tiny_s"] > 0
+    link = ring.from_ranks([{"rank": r, "kind": "probe", "link": t} for r, t in enumerate(timed)], 2)
+    assert link.via == ring.TF and link.ranks == 2
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_multiworker_cell_on_tensorflow_is_probed_with_its_strategys_own_link():
+    """%kdist scale --strategy multiworker on TensorFlow, on real engines: N = 1 and 2 measured,
+    the link timed on both workers through the cell's own MultiWorkerMirroredStrategy (the
+    table's head says so, not kdist's ring), and the engines run the next cell."""
+    from conftest import run_in_fresh_shell
+
+    pytest.importorskip("tensorflow", reason="multiworker runs TensorFlow on the engines")
+    cell = textwrap.dedent("""
+        import numpy as np, keras
+        x = np.random.default_rng(0).normal(size=(2048, 32)).astype("float32")
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+        model.fit(x, x[:, :1], batch_size=64, epochs=1, verbose=0)
+        """)
+    out = run_in_fresh_shell(
+        f"""
+_, err = attempt("scale --strategy multiworker --np 2 --no-dashboard", {cell!r})
+out["err"] = repr(err)
+table = kdist_magics.last_scale()
+out["rows"] = [[r.n, r.measured] for r in table.rows] if table else None
+out["via"] = table.link.via if table else None
+out["head"] = table.head() if table else None
+out["next"] = ip.run_cell_magic("kdist", "--strategy multiworker --np 2 --no-dashboard", "strategy.num_replicas_in_sync")
+ip.run_line_magic("kdist", "stop")
+""",
+        {"KERAS_BACKEND": "tensorflow"},
+    )
+    assert out["err"] == "None", out["_stdout"][-3000:] + out["_stderr"][-3000:]
+    assert [r for r in out["rows"]][:2] == [[1, True], [2, True]]
+    assert out["via"] == "MultiWorkerMirroredStrategy's all-reduce", out["head"]
+    assert "; link (MultiWorkerMirroredStrategy's all-reduce) " in out["head"]
+    assert out["next"] == 2
+
+
+def _tf_worker(rank, ports):
+    import json
+    import os
+
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": rank}}
+    )
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import keras
+    import tensorflow as tf
+
+    from kdist_magics.watch.step_probe import cells_own_link
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    lone = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])  # made before the scope
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    return {**cells_own_link(2**20, model), "lone": cells_own_link(2**20, lone)}
+
+
 def _jax_rank(rank, n, port):
     import os
 

@@ -47,7 +47,7 @@ class StepProbe:
         if not self.sent:
             self.sent = True
             row = self.row()
-            row["link"] = cells_own_link(row["grad_bytes"])
+            row["link"] = cells_own_link(row["grad_bytes"], self.model)
             self.sink("metric", row)
 
     def row(self) -> dict[str, Any]:
@@ -72,14 +72,18 @@ class StepProbe:
         }
 
 
-def cells_own_link(grad_bytes: int | None) -> dict[str, Any] | None:
+def cells_own_link(grad_bytes: int | None, model=None) -> dict[str, Any] | None:
     """The link timed with the cell's own collective where kdist can reach it at the end of a
     probed fit, every rank alike: Horovod's all-reduce, ``torch.distributed``'s where the
-    torch processes' group is up, or XLA's across the processes ``jax.distributed`` joined
-    (:mod:`kdist_magics.scale.link`); None elsewhere, and never an error that ends the run."""
-    from ..scale import link
+    torch processes' group is up, XLA's across the processes ``jax.distributed`` joined, or
+    the fitted ``model``'s own ``MultiWorkerMirroredStrategy``'s (:mod:`kdist_magics.scale.collectives`);
+    None elsewhere, and never an error that ends the run."""
+    from functools import partial
 
-    for timing in (link.horovod_link, link.torch_link, link.jax_link):  # None where not up
+    from ..scale import collectives as own
+
+    timings = (own.horovod_link, own.torch_link, own.jax_link, partial(own.tf_link, model=model))
+    for timing in timings:  # each None where its collective is not up
         try:
             timed = timing(grad_bytes or 0)
         except Exception:  # the probe's own figures are sent all the same; the kernel times the ring
