@@ -454,23 +454,34 @@ def test_a_torch_groups_link_is_timed_through_its_own_all_reduce_between_process
     torch.distributed's all-reduce on the group kdist set up (Gloo here), every rank alike, and
     the kernel's link says so; without a group, no figure (kdist's ring instead)."""
     pytest.importorskip("torch", reason="PyTorch is not installed in this environment")
-    from kdist_magics.scale import link as ring
     from kdist_magics.watch.step_probe import cells_own_link
 
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(2) as pool:
-        port = _free_port()
-        runs = [pool.apply_async(_torch_rank, (rank, 2, port)) for rank in range(2)]
-        timed = [r.get(timeout=120) for r in runs]
-    assert all(t["right"] and t["via"] == "torch.distributed's all-reduce, gloo" for t in timed), timed
-    assert timed[0]["big_s"] == timed[1]["big_s"] and timed[0]["nbytes"] == timed[1]["nbytes"]  # agreed
-    assert timed[0]["nbytes"] >= ring.MIN_BYTES and timed[0]["big_s"] > timed[0]["tiny_s"] > 0
-    rows = [{"rank": r, "kind": "probe", "link": t} for r, t in enumerate(timed)]
-    link = ring.from_ranks(rows, 2)
-    assert link.via == "torch.distributed's all-reduce, gloo" and link.ranks == 2
+    timed = _two_ranks(_torch_rank, _free_port())
+    link = _agreed_link(timed, "torch.distributed's all-reduce, gloo")
     table = ScaleTable("multiworker", [Row(1, 100.0, 0.1, 0.1, 0.0, 0.0)], link, 2**20, 32)
     assert "; link (torch.distributed's all-reduce, gloo) " in table.head()
     assert cells_own_link(2**20) is None  # no group in this process
+
+
+def _two_ranks(rank_does, *args, timeout: float = 240) -> list:
+    """What ``rank_does(rank, 2, *args)`` returns in each of two spawned processes."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        runs = [pool.apply_async(rank_does, (rank, 2, *args)) for rank in range(2)]
+        return [r.get(timeout=timeout) for r in runs]
+
+
+def _agreed_link(timed: list, via: str):
+    """Both ranks' figures from the same collective, agreed and summing right, read into a link
+    as the kernel reads them (its source named)."""
+    from kdist_magics.scale import link as ring
+
+    assert all(t["right"] and t["via"] == via for t in timed), timed
+    assert timed[0]["big_s"] == timed[1]["big_s"] and timed[0]["nbytes"] == timed[1]["nbytes"]  # agreed
+    assert timed[0]["nbytes"] >= ring.MIN_BYTES and timed[0]["big_s"] > timed[0]["tiny_s"] > 0
+    link = ring.from_ranks([{"rank": r, "kind": "probe", "link": t} for r, t in enumerate(timed)], 2)
+    assert link.via == via and link.ranks == 2
+    return link
 
 
 def _free_port() -> int:
@@ -487,20 +498,10 @@ def test_jax_processes_link_is_timed_through_xlas_all_reduce_across_them():
     as its all-reduce, every process alike, and the kernel's link says so; in a process that
     joined none, no figure (and JAX's backends are not started for the asking)."""
     pytest.importorskip("jax", reason="JAX is not installed in this environment")
-    from kdist_magics.scale import link as ring
     from kdist_magics.watch.step_probe import cells_own_link
 
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(2) as pool:
-        port = _free_port()
-        runs = [pool.apply_async(_jax_rank, (rank, 2, port)) for rank in range(2)]
-        timed = [r.get(timeout=180) for r in runs]
     via = "XLA's all-reduce across jax.distributed's processes, cpu"
-    assert all(t["right"] and t["via"] == via for t in timed), timed
-    assert timed[0]["big_s"] == timed[1]["big_s"] and timed[0]["nbytes"] == timed[1]["nbytes"]  # agreed
-    assert timed[0]["nbytes"] >= ring.MIN_BYTES and timed[0]["big_s"] > timed[0]["tiny_s"] > 0
-    link = ring.from_ranks([{"rank": r, "kind": "probe", "link": t} for r, t in enumerate(timed)], 2)
-    assert link.via == via and link.ranks == 2
+    link = _agreed_link(_two_ranks(_jax_rank, _free_port()), via)
     assert f"; link ({via}) " in ScaleTable("multiworker", [Row(1, 100.0, 0.1, 0.1, 0.0, 0.0)], link, 2**20, 32).head()
     started = "jax" in sys.modules
     assert cells_own_link(2**20) is None  # jax.distributed joined nothing in this process
@@ -515,18 +516,9 @@ def test_a_multiworker_models_link_is_timed_through_its_own_strategys_all_reduce
     pytest.importorskip("tensorflow", reason="TensorFlow is not installed in this environment")
     from kdist_magics.scale import link as ring
 
-    ctx = multiprocessing.get_context("spawn")
-    ports = [_free_port(), _free_port()]
-    with ctx.Pool(2) as pool:
-        runs = [pool.apply_async(_tf_worker, (rank, ports)) for rank in range(2)]
-        timed = [r.get(timeout=240) for r in runs]
-    lone, timed = [t.pop("lone") for t in timed], timed
-    assert lone == [None, None]  # a model outside the strategy: kdist's ring instead
-    assert all(t["right"] and t["via"] == ring.TF for t in timed), timed
-    assert timed[0]["big_s"] == timed[1]["big_s"] and timed[0]["nbytes"] == timed[1]["nbytes"]  # agreed
-    assert timed[0]["nbytes"] >= ring.MIN_BYTES and timed[0]["big_s"] > timed[0]["tiny_s"] > 0
-    link = ring.from_ranks([{"rank": r, "kind": "probe", "link": t} for r, t in enumerate(timed)], 2)
-    assert link.via == ring.TF and link.ranks == 2
+    timed = _two_ranks(_tf_worker, [_free_port(), _free_port()])
+    assert [t.pop("lone") for t in timed] == [None, None]  # a model outside the strategy: the ring
+    _agreed_link(timed, ring.TF)
 
 
 @pytest.mark.engines
@@ -567,7 +559,7 @@ ip.run_line_magic("kdist", "stop")
     assert out["next"] == 2
 
 
-def _tf_worker(rank, ports):
+def _tf_worker(rank, n, ports):
     import json
     import os
 

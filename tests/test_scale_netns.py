@@ -40,14 +40,12 @@ def test_the_probe_predicts_two_ranks_within_20_percent_and_the_verdicts_differ(
         pytest.skip(why)
     pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed here (make test builds it into .venv)")
     out = probe_on_a_slow_link(split=True)
-    if any(
-        t["advice"] and CONTENDED in t["advice"][0] and max(t["errors"].values()) > 0.20
-        for t in (out["wide"], out["cnn"])
-    ):
+    if any(t["advice"] and CONTENDED in t["advice"][0] for t in (out["wide"], out["cnn"])):
         # the probe itself found the ranks slowing each other beyond the link (two pinned ranks
         # share this VM's memory bandwidth: the CNN's 2-rank step ran 11-28 % over its 1-rank
-        # one from run to run, rehearsal 29 the most), so that run tested the host, not the
-        # model; the probe runs once more, and its figures are judged
+        # one from run to run, rehearsal 29 the most; rehearsal 35 saw 26 % with a prediction
+        # within 19 %, so the verdict, not the error, said so), so that run tested the host, not
+        # the model; the probe runs once more, and its figures and verdicts are judged
         print(out["wide"]["text"] + "\n" + out["cnn"]["text"])
         print("the ranks slowed each other down: the probe again")
         out = probe_on_a_slow_link(split=True)
