@@ -367,7 +367,7 @@ def _stop_gives_the_engines_and_the_placement_back(ip, line: str, address: str, 
     assert _epochs(rec) >= 2  # the history so far is kept
     assert strategy.cluster is None and "CREATED" not in groups(address).values()  # given back
     assert kernel_driver.alive(pids) == []  # the engines ended (on this machine's Ray node)
-    assert ray_given_back("was stopped") in capsys.readouterr().out
+    assert ray_given_back("interrupted") in capsys.readouterr().out
     ip.run_cell_magic("kdist", line, "kd_ok = hvd.size()")
     assert not set(e.pid for e in strategy.cluster.engines) & set(pids)  # new engines
     assert kernel_driver.engine_values(strategy, "kd_ok") == [2, 2]

@@ -54,9 +54,11 @@ def ray_engine_ended(host: str, code: int | None) -> str:
 
 
 def ray_given_back(status: str) -> str:
-    """After a run that did not finish (Stop, a failure): what kdist gave back to the team."""
+    """After a run that did not finish (its record's ``status``: "interrupted", "timeout",
+    "failed"): what kdist gave back to the team."""
+    ended = {"interrupted": "was stopped", "timeout": "timed out"}.get(status, "failed")
     return (
-        f"the run {status}: kdist ended its engines on the Ray cluster and removed their "
+        f"the run {ended}: kdist ended its engines on the Ray cluster and removed their "
         f"placement group, so the resources are free for others; the next cell places new engines"
     )
 

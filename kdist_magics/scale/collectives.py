@@ -123,8 +123,9 @@ def jax_link(nbytes: int, repeats: int = 3) -> dict[str, Any] | None:
     mine, n = firsts[jax.process_index()], len(devices)
     mesh = Mesh(np.array(devices), ("kdist_link",))
     across = NamedSharding(mesh, PartitionSpec("kdist_link"))
-    total = jax.jit(lambda x: x.sum(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))
-    most = jax.jit(lambda x: x.max(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+    everywhere = NamedSharding(mesh, PartitionSpec())  # the result on every process
+    total = jax.jit(lambda x: x.sum(axis=0), out_shardings=everywhere)
+    most = jax.jit(lambda x: x.max(axis=0), out_shardings=everywhere)
 
     def reduced(reduce, row: "np.ndarray"):
         local = jax.device_put(row[None, :], mine)

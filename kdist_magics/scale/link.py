@@ -212,8 +212,8 @@ def _grown(time_at, nbytes: int) -> tuple[float, float, int]:
 
 def from_ranks(rows: list[dict[str, Any]], n: int, hosts: int = 1):
     """The :class:`~kdist_magics.scale.model.Link` the ranks timed with the cell's own
-    collective (:func:`horovod_link`, :func:`torch_link`, in each probe row's ``link``); None
-    where any rank has no such figure."""
+    collective (:mod:`.collectives`' figures, in each probe row's ``link``); None where any
+    rank has no such figure."""
     from dataclasses import replace
 
     from .model import link_from

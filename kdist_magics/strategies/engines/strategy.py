@@ -182,7 +182,7 @@ class EngineStrategy(Strategy):
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else getattr(exc, "status", "failed")
         self.teardown()
         self.needs_restart = None
-        say(ray_given_back({"interrupted": "was stopped", "timeout": "timed out"}.get(status, "failed")))
+        say(ray_given_back(status))
 
     # -- %kdist start ----------------------------------------------------------------
     def warm(self, ctx: RunContext) -> warm.Warming:
