@@ -52,6 +52,24 @@ def unavailable() -> str | None:
     return None
 
 
+def without_marked_block(hosts: str) -> str:
+    """``hosts`` without the block of node names a Slurm of these tests added."""
+    lines, inside = [], False
+    for line in hosts.splitlines(True):
+        if line.strip() == MARK:
+            inside = True
+        elif inside and line.strip() == MARK + " end":
+            inside = False
+        elif not inside:
+            lines.append(line)
+    return "".join(lines)
+
+
+def without_name(hosts: str, name: str) -> str:
+    """``hosts`` without any line that names ``name``."""
+    return "".join(line for line in hosts.splitlines(True) if name not in line.split("#")[0].split()[1:])
+
+
 def _conf(folder: Path, bridge_ip: str, addresses: dict[str, str]) -> str:
     nodes = "\n".join(f"NodeName={n} NodeAddr={a} CPUs=2 State=UNKNOWN" for n, a in addresses.items())
     names = ",".join(addresses)
@@ -173,17 +191,18 @@ class Slurm:
     # -- /etc/hosts --------------------------------------------------------------
     def _add_hosts(self) -> None:
         path = Path("/etc/hosts")
-        self.etc_hosts = path.read_text()
+        # a run killed before its teardown leaves its block: with it, a node's name would still
+        # resolve (to that run's address) while a test takes this run's line out
+        self.etc_hosts = without_marked_block(path.read_text())
         lines = [MARK] + [f"{a} {n}" for n, a in self.hosts.addresses.items()] + [MARK + " end"]
         path.write_text(self.etc_hosts.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
 
     @contextlib.contextmanager
     def unresolvable(self, node: str):
-        """While inside: ``node``'s line is out of /etc/hosts (its name resolves nowhere)."""
+        """While inside: no line of /etc/hosts names ``node`` (its name resolves nowhere)."""
         path = Path("/etc/hosts")
-        line = f"{self.hosts.addresses[node]} {node}\n"
         with_it = path.read_text()
-        path.write_text(with_it.replace(line, ""))
+        path.write_text(without_name(with_it, node))
         try:
             yield
         finally:

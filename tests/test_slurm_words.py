@@ -101,3 +101,20 @@ def test_engines_start_with_tensorflows_cpp_info_lines_off_unless_the_kernel_set
     env = {"TF_CPP_MIN_LOG_LEVEL": "0"}
     quiet_tf_cpp(env)
     assert env == {"TF_CPP_MIN_LOG_LEVEL": "0"}  # the user's own choice stands
+
+
+def test_the_slurm_tiers_hosts_file_edits_see_a_block_a_killed_run_left():
+    """The Slurm tier adds its nodes' names to /etc/hosts and takes one out to test an
+    unresolvable peer. A run killed before its teardown leaves its block (other addresses):
+    that block is dropped at the next start, and taking a name out takes out every line naming
+    it, so the name resolves nowhere (CI stop 66 failed on such a leftover)."""
+    from slurm_cluster import MARK, without_marked_block, without_name
+
+    base = "127.0.0.1 localhost\n127.0.0.1 vm\n"
+    left = f"{MARK}\n10.213.113.11 kd-host-a\n10.213.113.12 kd-host-b\n{MARK} end\n"
+    assert without_marked_block(base + left) == base
+    assert without_marked_block(base) == base
+    ours = f"{MARK}\n10.213.87.11 kd-host-a\n10.213.87.12 kd-host-b # a note\n{MARK} end\n"
+    out = without_name(base + left + ours, "kd-host-b")
+    assert "kd-host-b" not in out and out.count("kd-host-a") == 2 and out.count(MARK) == 4
+    assert without_name("10.0.0.1 kd-host-bb\n", "kd-host-b") == "10.0.0.1 kd-host-bb\n"
