@@ -765,27 +765,30 @@ def test_kernel_exit_leaves_no_engine_processes(tmp_path):
 
 
 def test_an_attached_clusters_engines_with_different_pasts_train_together(shell):
-    """A run on one engine of an attached cluster, then on both: the engine that trained before
-    has named more layers (Keras' counters) and more eager ops (TensorFlow's), and Horovod,
-    which matches the ranks' collectives by name, waited for ever. kdist clears every rank's
-    session when the counters differ (strategies/horovod/strategy.py); the run trains, in sync."""
+    """A model on both engines of an attached cluster, a second one on one engine, then on
+    both: the engine that trained alone has named more layers (Keras' counters) and kept
+    Horovod's broadcast traced with the second model's variables under its names then
+    (``sequential_1/...``), and Horovod, which matches the ranks' collectives by name, waited
+    for ever (``%kdist scale`` of a second model on a cluster the user started did). kdist
+    clears every rank's session when the counters differ (strategies/horovod/strategy.py) and
+    forgets Horovod's kept traces at each init (compat_horovod); the run trains, in sync."""
     import ipyparallel as ipp
 
     theirs = ipp.Cluster(n=2, cluster_id="kd-pasts", controller_ip="127.0.0.1", log_level=40)
     theirs.start_cluster_sync()
-    cell = """
+    first = """
 import numpy as np, keras
 x = np.random.default_rng(hvd.rank()).normal(size=(128, 8)).astype("float32"); y = x[:, :1]
-model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
 model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
 model.fit(x, y, batch_size=16, epochs=1, verbose=0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-kd_weights = [w.tolist() for w in model.get_weights()]
 """
+    cell = first.replace("Dense(4)", "Dense(8)") + "kd_weights = [w.tolist() for w in model.get_weights()]\n"
     try:
-        for n in (1, 2):
+        for n, code in ((2, first), (1, cell), (2, cell)):
             shell.run_cell_magic(
-                "kdist", f"--strategy horovod --np {n} --no-dashboard --timeout 90 --cluster-id kd-pasts", cell
+                "kdist", f"--strategy horovod --np {n} --no-dashboard --timeout 90 --cluster-id kd-pasts", code
             )
         weights = theirs.connect_client_sync()[:].pull("kd_weights", block=True)
         assert weights[0] == weights[1]

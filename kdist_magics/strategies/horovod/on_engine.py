@@ -60,6 +60,9 @@ def hvd_init(env: dict[str, str], abort: tuple[str, int] | None = None) -> dict[
     else:
         import horovod.tensorflow.keras as hvd  # Keras 2 / tf_keras: Horovod's own module
     hvd.init()
+    from .compat_horovod import fresh_traces
+
+    fresh_traces()  # a trace kept from another model would name this run's collectives apart
     if abort is not None:
         _watch_abort(*abort)  # replaces the previous run's watcher
     else:
