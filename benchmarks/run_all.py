@@ -10,7 +10,8 @@ Runs, each in its own process (own temp IPython/Jupyter dirs, own kernel):
 * ``push_memory.py``       -- P11 (``--push`` of 1 GiB to local engines against a pickle round trip;
   the host's memory growth, a second push of unchanged data, 4 engines against 2)
 * ``scale_prediction.py``   -- P10 (``%kdist scale``'s 2-rank prediction against the measured
-  step, on a ``tc``-limited link, for a communication-bound and a compute-bound model; needs root)
+  step, on a ``tc``-limited link, for a communication-bound and a compute-bound model; needs root;
+  then ``--hosts 2``: one rank on each of two namespace hosts, with more hosts predicted)
 * ``bench_multiworker.py``  -- P7's multiworker half (a ``multiworker`` cell against TensorFlow's
   own launch by hand, ``TF_CONFIG``), shown in the table beside P7
 
@@ -23,6 +24,7 @@ and prints their tables, then::
     P7 <ratio> (goal >= 0.99)
     P8 <ratio> (goal <= 0.6)
     P10 <error> (goal <= 0.15)
+    P10 2 hosts <error> (goal <= 0.15)
     P11 <ratio> (goal <= 1.5)
     P11 memory <x the data> (goal <= 1.3), P11 repeat <s per GiB> (goal <= 0.25),
     P11 bound <x the data> (goal <= 0.1)
@@ -55,6 +57,7 @@ GOALS = {
     "P7 multiworker": ">= 0.97",
     "P8": "<= 0.6",
     "P10": "<= 0.15",
+    "P10 2 hosts": "<= 0.15",
     "P11": "<= 1.5",
     "P11 memory": "<= 1.3",
     "P11 repeat": "<= 0.25",
@@ -111,6 +114,7 @@ def main(argv=None) -> int:
     sharded = run("sharded_memory.py", ["--repeats", "1", "--steps", "8"] if args.quick else [], tmp / "sharded.json")
     pushed = run("push_memory.py", ["--repeats", "1", "--mib", "256"] if args.quick else [], tmp / "push.json")
     scaled = run("scale_prediction.py", [], tmp / "scale.json")
+    two_hosts = run("scale_prediction.py", ["--hosts", "2"], tmp / "scale-2-hosts.json")
 
     values: dict[str, float | None] = {k: None for k in GOALS}
     if horovod:
@@ -127,6 +131,8 @@ def main(argv=None) -> int:
             values[key] = pushed["goals"][key]["value"]
     if scaled:
         values["P10"] = scaled["goals"]["P10"]["value"]
+    if two_hosts:
+        values["P10 2 hosts"] = two_hosts["goals"]["P10"]["value"]
     p3_from = None
     if dashboard:
         values["P3 A/B"] = dashboard["P3"]
@@ -283,6 +289,16 @@ def main(argv=None) -> int:
             f"{scaled['models']['cnn']['cost_s']:.0f} s, over a {scaled['rate']} link; the live "
             f"split reads the telemetry's rows: its cost on steps/s is P3's"
         )
+    if two_hosts:
+        g = two_hosts["goals"]
+        print(
+            f"{'P10':<5} {'same, one rank on each of 2 namespace hosts':<46} "
+            f"{'wide (comm-bound) / cnn (compute-bound)':<44} {g['P10 wide']['value']:>8.3f} "
+            f"{g['P10 cnn']['value']:>8.3f}"
+        )
+        for name in ("wide", "cnn"):
+            more = two_hosts["models"][name]["more_hosts"]
+            print(f"(P10) {name}, more hosts predicted: " + ", ".join(f"{h} hosts {x:.2f}x" for h, x in more.items()))
     if p3_from:
         print(f"P3 from {p3_from}")
     if args.json:

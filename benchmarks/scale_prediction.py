@@ -39,7 +39,7 @@ RATE = "200mbit"
 PIN = """
 import os
 for _tid in os.listdir("/proc/self/task"):
-    os.sched_setaffinity(int(_tid), {hvd.local_rank() % os.cpu_count()})
+    os.sched_setaffinity(int(_tid), {hvd.rank() % os.cpu_count()})
 """
 
 WIDE = (
@@ -75,13 +75,14 @@ BODY = """
 import kdist_magics
 ip.run_line_magic("config", "KDist.threads_per_rank = 1")
 ip.run_line_magic("config", "KDist.private_network = False")
-for name, cell in (("wide", WIDE), ("cnn", CNN)):
-    table = ip.run_cell_magic("kdist", "scale --strategy horovod --np 2 --no-dashboard --timeout 300", cell)
+for name, cell in (("wide", WIDE), ("cnn", CNN))[:MODELS]:
+    table = ip.run_cell_magic("kdist", f"scale --strategy horovod --np 2 --no-dashboard --timeout 300 {WHERE}", cell)
     out[name] = {"text": repr(table), "errors": {str(k): v for k, v in table.prediction_errors().items()},
                  "advice": table.advice, "speedups": [r.speedup for r in table.rows],
-                 "bandwidth": table.link.bandwidth, "cost_s": table.cost_s}
+                 "bandwidth": table.link.bandwidth, "hosts": table.link.hosts, "cost_s": table.cost_s,
+                 "more_hosts": {str(h): r.speedup for h, r in table.more_hosts()}}
     if SPLIT:  # the same cell run on 2 ranks over the slow link: its live split, per rank
-        ip.run_cell_magic("kdist", "--strategy horovod --np 2 --no-dashboard --timeout 300", cell)
+        ip.run_cell_magic("kdist", f"--strategy horovod --np 2 --no-dashboard --timeout 300 {WHERE}", cell)
         out[name]["split"] = kdist_magics.last_run().split()
 ip.run_line_magic("kdist", "stop")
 """
@@ -91,9 +92,10 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=30, check=check)
 
 
-def probe_on_a_slow_link(rate: str = RATE, split: bool = False) -> dict:
+def probe_on_a_slow_link(rate: str = RATE, split: bool = False, models: int = 2) -> dict:
     """Both models probed in a namespace whose loopback runs at ``rate``; their figures (with
-    ``split``, each model then run once on 2 ranks there, and its ``last_run().split()``)."""
+    ``split``, each model then run once on 2 ranks there, and its ``last_run().split()``;
+    ``models``: the first 1 or both)."""
     from kernel_driver import run_in_fresh_shell
 
     ns = f"kdist-scale-{os.getpid()}"
@@ -121,7 +123,7 @@ def probe_on_a_slow_link(rate: str = RATE, split: bool = False) -> dict:
             "100ms",
         )
         return run_in_fresh_shell(
-            f"WIDE, CNN, SPLIT = {WIDE!r}, {CNN!r}, {split!r}\n" + textwrap.dedent(BODY),
+            f"WIDE, CNN, SPLIT, WHERE, MODELS = {WIDE!r}, {CNN!r}, {split!r}, '', {models}\n" + textwrap.dedent(BODY),
             {},
             prefix=("ip", "netns", "exec", ns),
         )
@@ -129,12 +131,49 @@ def probe_on_a_slow_link(rate: str = RATE, split: bool = False) -> dict:
         _ip("ip", "netns", "del", ns, check=False)
 
 
+def probe_on_two_hosts(rate: str = RATE, split: bool = False, models: int = 2) -> dict:
+    """Both models probed with one rank on each of two "hosts" (network namespaces joined
+    through a bridge, each host's way out at ``rate``: the link between hosts), the kernel's
+    shell in this machine's own namespace attached to their engines by cluster id (``models``:
+    the first 1 or both)."""
+    from kernel_driver import run_in_fresh_shell
+    from test_netns import Hosts
+
+    hosts = Hosts({"kd-host-a": 1, "kd-host-b": 1})
+    try:
+        hosts.build()
+        hosts.limit(rate)
+        hosts.start_controller()
+        hosts.launch_engines()
+        where = f"--cluster-id {hosts.cluster_id}"
+        setup = f"ip.run_line_magic('config', {'KDist.bind_address = ' + repr(hosts.bridge_ip)!r})\n"
+        return run_in_fresh_shell(
+            f"WIDE, CNN, SPLIT, WHERE, MODELS = {WIDE!r}, {CNN!r}, {split!r}, {where!r}, {models}\n"
+            + textwrap.dedent(BODY).replace("import kdist_magics\n", "import kdist_magics\n" + setup, 1),
+            {},
+        )
+    except BaseException:
+        print("the engines' log:\n" + hosts.engine_log(), file=sys.stderr)
+        raise
+    finally:
+        hosts.destroy()
+        if hosts.log is not None:
+            hosts.log.close()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default=RATE, help="the link's rate (tc tbf), default %(default)s")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1: both ranks in one namespace; 2: one rank on each of two",
+    )
     args = parser.parse_args(argv)
-    out = probe_on_a_slow_link(args.rate)
+    out = (probe_on_two_hosts if args.hosts == 2 else probe_on_a_slow_link)(args.rate)
     result = {"rate": args.rate, "models": {}, "goals": {}}
     for name in ("wide", "cnn"):
         table = out[name]

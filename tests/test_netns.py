@@ -72,12 +72,23 @@ def netns_unavailable() -> str | None:
     return None
 
 
+def _free_subnet(first: int) -> int:
+    """The first 10.213.N.0/24 from ``first`` on that no address here is in (another session's
+    hosts may be up beside these: the long tier's two-host probe beside the netns tier)."""
+    taken = _run("ip", "-4", "-o", "addr", check=False).stdout
+    n = first
+    while f" 10.213.{n}." in taken:
+        n = 20 + (n - 19) % 200
+    return n
+
+
 class Hosts:
     """The bridge, the namespaces ("hosts"), the controller and the engines."""
 
-    def __init__(self):
+    def __init__(self, counts: dict[str, int] | None = None):
+        self.counts = dict(counts or HOSTS)  # "host" -> engines on it
         tag = f"{os.getpid() % 100000:05d}"
-        self.subnet = 20 + os.getpid() % 200
+        self.subnet = _free_subnet(20 + os.getpid() % 200)
         self.bridge = f"kdb{tag}"
         self.inner = "kdeth0"  # the veth end inside every namespace: not the kernel side's name
         self.bridge_ip = f"10.213.{self.subnet}.1"
@@ -116,7 +127,7 @@ class Hosts:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
-        for i, host in enumerate(HOSTS, start=1):
+        for i, host in enumerate(self.counts, start=1):
             # the namespace carries the whole pid (the session check reads its maker from it);
             # link names are 15 characters at most, so they carry the short tag
             ns, veth, peer = f"kdist-{os.getpid()}-{i}", f"kdv{self.tag}{i}", f"kdp{self.tag}{i}"
@@ -147,6 +158,13 @@ class Hosts:
             self.etc_dirs.append(folder)
             (folder / "hosts").write_text("\n".join(lines) + "\n")
 
+    def limit(self, rate: str) -> None:
+        """Every host's way out (its veth end, so both directions between two hosts) at ``rate``
+        (``tc ... tbf``: ``netem`` is not available here), a slower network between hosts."""
+        for ns in self.namespaces.values():
+            tbf = ("tbf", "rate", rate, "burst", "64kb", "latency", "100ms")
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", self.inner, "root", *tbf)
+
     # -- ipyparallel -------------------------------------------------------------
     def start_controller(self) -> None:
         import ipyparallel as ipp
@@ -172,7 +190,7 @@ class Hosts:
         return str(Path(self.cluster.profile_dir) / "security" / f"ipcontroller-{self.cluster_id}-engine.json")
 
     def launch_engines(self) -> None:
-        """Start HOSTS' engines inside their namespaces, each with its host's hostname."""
+        """Start the hosts' engines inside their namespaces, each with its host's hostname."""
         import ipyparallel as ipp
 
         import tempfile
@@ -180,7 +198,7 @@ class Hosts:
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
         if self.log is None:
             self.log = tempfile.TemporaryFile("w+")
-        for host, count in HOSTS.items():
+        for host, count in self.counts.items():
             for _ in range(count):
                 script = f'hostname {host} && exec "$0" -m ipyparallel.engine --file="$1" --log-level=40'
                 self.engines.append(
@@ -206,7 +224,7 @@ class Hosts:
                 )
         client = ipp.Client(cluster_id=self.cluster_id)
         try:
-            client.wait_for_engines(sum(HOSTS.values()), timeout=180, interactive=False)
+            client.wait_for_engines(sum(self.counts.values()), timeout=180, interactive=False)
         finally:
             client.close()
 

@@ -3,6 +3,7 @@ step timing, kdist's ring all-reduce between processes, and the probe on real en
 
 from __future__ import annotations
 
+from dataclasses import replace
 import multiprocessing
 import sys
 import textwrap
@@ -236,6 +237,36 @@ def test_a_link_fitted_to_the_kernels_devices_explains_their_communication():
     table = ScaleTable("mirrored", [], none, 4 * MiB, 32)
     assert "no communication measured between the kernel's devices" in table.head()
     assert "per-replica batch 32" in table.head()
+
+
+def test_more_hosts_are_predicted_over_the_link_between_hosts_and_only_where_one_was_measured():
+    """Ranks probed on two hosts measured the link between them: the table predicts 4 and 8
+    hosts of as many ranks each over it (a ring across hosts runs at that slowest hop); ranks
+    that shared one host say why no host count is predicted; the kernel's devices say nothing."""
+    from kdist_magics.scale.probe import _figures, _table
+    from kdist_magics.watch.record import RunRecord
+
+    figures = {}
+    for n in (1, 2, 4):
+        rec = RunRecord("horovod", size=n)
+        rec.metrics.extend(_probe_rows(32, period=0.02 + 0.004 * (n - 1)))
+        figures[n] = _figures(rec, n, "horovod")
+    between = Link(bandwidth=200 * MiB, latency=1e-4, ranks=4, hosts=2, via="Horovod's all-reduce")
+    table = _table("horovod", figures, between, MiB, 4, 1.0)
+    (four, at4), (eight, at8) = table.more_hosts()
+    assert (four, eight) == (4, 8) and (at4.n, at8.n) == (8, 16)  # 2 ranks on each host, as probed
+    last = figures[4]
+    compute = last["step"] - between.allreduce(MiB, 4)
+    assert at8.step_s == pytest.approx(compute + last["rest"] + between.allreduce(MiB, 16))
+    assert at4.speedup > at8.speedup / 2 and not at4.measured
+    text = repr(table)
+    assert "more hosts, 2 ranks each, over the link between hosts as measured (2 hosts): 4 hosts ~" in text
+    assert "more hosts, 2 ranks each" in table._repr_html_()
+    one_host = _table("horovod", figures, replace(between, hosts=1), MiB, 4, 1.0)
+    assert one_host.more_hosts() == []
+    assert "more hosts: not predicted: the 4 ranks probed shared one host" in repr(one_host)
+    fitted = _table("mirrored", figures, replace(between, hosts=1, fitted=True), MiB, 4, 1.0)
+    assert fitted.more_hosts() == [] and fitted.hosts_line() is None and "more hosts:" not in repr(fitted)
 
 
 def test_the_table_says_measured_or_predicted_and_its_assumptions():

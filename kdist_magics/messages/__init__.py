@@ -339,6 +339,7 @@ from .scale import (  # noqa: E402
     LINK_FITTED,
     LINK_NONE,
     SCALE_COMM_INFERRED,
+    more_hosts_said,
     SCALE_INTERRUPTED,
     SCALE_NOTHING_TRAINED,
     SPLIT_LEGEND_LIVE,

@@ -161,3 +161,18 @@ def contention(n: int, extra: float, link: float, speedup: float) -> str:
         f"or a device, or one rank is slower; the predicted rows assume ranks on devices of "
         f"their own"
     )
+
+
+def more_hosts_said(rows, ranks: int, hosts: int) -> str:
+    """The table's line on more hosts: its predictions (``rows``: (hosts, row)), or why none."""
+    if not rows:
+        return (
+            f"more hosts: not predicted: the {ranks} ranks probed shared one host, so no link "
+            f"between hosts was measured (probe a cluster whose engines span hosts: --cluster-id)"
+        )
+    per = ranks // hosts or 1
+    said = ", ".join(f"{h} hosts ~{r.speedup:.2f}x ({r.samples_per_s:,.0f}/s)" for h, r in rows)
+    return (
+        f"more hosts, {per} rank{'s' if per > 1 else ''} each, over the link between hosts as "
+        f"measured ({hosts} hosts): {said} (predicted)"
+    )

@@ -28,7 +28,8 @@ ASSUMPTIONS = (
     "ring all-reduce of the gradient bytes at the measured bus bandwidth and latency",
     "communication does not overlap compute (a predicted step is an upper bound)",
     "each rank's compute and input time stay as measured at the largest N probed",
-    "the same per-rank batch at every N; more ranks talk over a link like the one measured",
+    "the same per-rank batch at every N; more ranks talk over a link like the one measured "
+    "(across hosts, the link between them: a ring's slowest hop)",
 )
 
 #: a step that is at least this much communication is communication-bound (the threshold an
@@ -146,6 +147,22 @@ def predict(
         efficiency=sps / base_samples_per_s / n,
         measured=False,
     )
+
+
+def more_hosts(
+    link: Link, ranks: int, compute: float, rest: float, batch: int, grad_bytes: float, base_samples_per_s: float
+) -> list[tuple[int, Row]]:
+    """Rows for 2 and 4 times the hosts the probe's ``ranks`` spanned, as many ranks on each,
+    where ``link`` was measured between hosts (else none). A ring across hosts runs at its
+    slowest hop, the link between hosts (a link within a host is faster), so N ranks over H
+    hosts all-reduce as N ranks over the measured link."""
+    if link.hosts <= 1 or link.fitted:
+        return []
+    per_host = max(ranks // link.hosts, 1)
+    return [
+        (h, predict(h * per_host, compute, rest, batch, grad_bytes, link, base_samples_per_s))
+        for h in (link.hosts * 2, link.hosts * 4)
+    ]
 
 
 def with_speedup(row: Row, base_samples_per_s: float) -> Row:

@@ -23,7 +23,7 @@ from ..spec import KINDS
 from ..strategies.frameworks import backends
 from ..watch.record import RunRecord
 from . import link as linkmod
-from .model import GLOBAL_BATCH, WORTH_IT, Row, advice, predict, with_speedup
+from .model import GLOBAL_BATCH, WORTH_IT, Row, advice, more_hosts, predict, with_speedup
 from .table import ScaleTable
 
 #: steps each rank runs per N (the first few, compilation, are left out of the figures)
@@ -233,6 +233,7 @@ def _table(strategy: str, figures: dict, link, grad: int, top: int, cost: float)
     compute_top = max(last["step"] - link.allreduce(grad, top), 0.0) if top > 1 else compute1
     for n in (top * 2, top * 4):
         rows.append(predict(n, compute_top, last["rest"], batch, grad, link, base))
+    hosts_rows = more_hosts(link, top, compute_top, last["rest"], batch, grad, base)
     from_one = {n: predict(n, compute1, one["rest"], batch, grad, link, base).step_s for n in figures if n > 1}
     table = ScaleTable(
         strategy,
@@ -243,6 +244,7 @@ def _table(strategy: str, figures: dict, link, grad: int, top: int, cost: float)
         predicted_from_one=from_one,
         cost_s=cost,
         backend=backends.keras_backend(),
+        hosts_rows=hosts_rows,
     )
     table.advice = advice(rows, one["batch"], grad, link, horovod=strategy == "horovod")
     return table

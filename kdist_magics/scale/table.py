@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from dataclasses import asdict, dataclass, field
 
-from ..messages import BATCH_UNKNOWN, LINK_FITTED, LINK_NONE, SCALE_COMM_INFERRED
+from ..messages import BATCH_UNKNOWN, LINK_FITTED, LINK_NONE, SCALE_COMM_INFERRED, more_hosts_said
 from .figure import svg
 from .model import ASSUMPTIONS, GLOBAL_BATCH, Link, Row
 
@@ -45,6 +45,8 @@ class ScaleTable:
     cell: str = ""  # the cell probed (a run of the same cell splits with this probe's compute)
     model_axis: int = 1  # sharded: the model axis M each probed data replica kept
     backend: str = ""  # Keras' backend the probe ran on
+    #: (hosts, row) predicted for more hosts, where the link was measured between hosts
+    hosts_rows: list[tuple[int, Row]] = field(default_factory=list)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -93,6 +95,17 @@ class ScaleTable:
             "measured" if row.measured else "predicted",
         ]
 
+    def more_hosts(self) -> list[tuple[int, Row]]:
+        """(hosts, predicted row) for 2 and 4 times the hosts probed, as many ranks on each; none
+        where the probe's ranks shared one host (no link between hosts was measured)."""
+        return list(self.hosts_rows)
+
+    def hosts_line(self) -> str | None:
+        """The table's line on more hosts (None for the kernel's devices: no hosts at all)."""
+        if self.link.fitted:
+            return None
+        return more_hosts_said(self.hosts_rows, self.link.ranks, self.link.hosts)
+
     def head(self) -> str:
         link = self.link
         if link.fitted and link.bandwidth == float("inf") and not link.latency:
@@ -121,6 +134,7 @@ class ScaleTable:
             f"  checked: {n} ranks predicted {_ms(p)} ms a step from 1 rank, measured {_ms(self.step_of(n))} ms"
             for n, p in sorted(self.predicted_from_one.items())
         ]
+        text += [f"  {line}" for line in [self.hosts_line()] if line]
         text += ["  " + SCALE_COMM_INFERRED]
         text += ["  assumes: " + "; ".join(ASSUMPTIONS)]
         text += [f"  note: {n}" for n in self.notes]
@@ -132,7 +146,8 @@ class ScaleTable:
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self.cells(r)) + "</tr>" for r in self.rows
         )
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-        extra = "".join(f"<li>{html.escape(a)}</li>" for a in self.advice + self.notes)
+        hosts = [line for line in [self.hosts_line()] if line]
+        extra = "".join(f"<li>{html.escape(a)}</li>" for a in hosts + self.advice + self.notes)
         return (
             f"<div class='kdist-scale'><p>{html.escape(self.head())}</p>{svg(self.rows)}"
             f"<table><tr>{head}</tr>"
