@@ -495,11 +495,35 @@ def test_a_torch_groups_link_is_timed_through_its_own_all_reduce_between_process
 
 
 def _two_ranks(rank_does, *args, timeout: float = 240) -> list:
-    """What ``rank_does(rank, 2, *args)`` returns in each of two spawned processes."""
+    """What ``rank_does(rank, 2, *args)`` returns in each of two spawned processes, which are
+    killed once both have answered: JAX's distributed runtime, as TensorFlow's preemption
+    notifier, catches SIGTERM, with which a Pool's end stops its workers (a rehearsal's Colab
+    part waited there until its timeout)."""
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(2) as pool:
-        runs = [pool.apply_async(rank_does, (rank, 2, *args)) for rank in range(2)]
-        return [r.get(timeout=timeout) for r in runs]
+    answers = ctx.Queue()
+    procs = [ctx.Process(target=_answer, args=(answers, rank_does, rank, 2, *args)) for rank in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        got = dict(answers.get(timeout=timeout) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join(10)
+    for value in got.values():
+        if isinstance(value, BaseException):
+            raise value
+    return [got[rank] for rank in range(2)]
+
+
+def _answer(answers, rank_does, rank: int, *args) -> None:
+    """In a spawned process: ``(rank, what rank_does returned)``, or the error it raised."""
+    import traceback
+
+    try:
+        answers.put((rank, rank_does(rank, *args)))
+    except BaseException:  # noqa: BLE001 - the test process raises it
+        answers.put((rank, RuntimeError(f"rank {rank}:\n{traceback.format_exc()}")))
 
 
 def _agreed_link(timed: list, via: str):
