@@ -97,31 +97,14 @@ def probe_on_a_slow_link(rate: str = RATE, split: bool = False, models: int = 2)
     ``split``, each model then run once on 2 ranks there, and its ``last_run().split()``;
     ``models``: the first 1 or both)."""
     from kernel_driver import run_in_fresh_shell
+    from test_netns import tbf
 
     ns = f"kdist-scale-{os.getpid()}"
     _ip("ip", "netns", "add", ns)
     try:
         # a network's packet size, not loopback's 64 KiB (tbf drops a packet over its burst)
         _ip("ip", "-n", ns, "link", "set", "lo", "mtu", "1500", "up")
-        _ip(
-            "ip",
-            "netns",
-            "exec",
-            ns,
-            "tc",
-            "qdisc",
-            "add",
-            "dev",
-            "lo",
-            "root",
-            "tbf",
-            "rate",
-            rate,
-            "burst",
-            "64kb",
-            "latency",
-            "100ms",
-        )
+        _ip("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", *tbf(rate))
         return run_in_fresh_shell(
             f"WIDE, CNN, SPLIT, WHERE, MODELS = {WIDE!r}, {CNN!r}, {split!r}, '', {models}\n" + textwrap.dedent(BODY),
             {},

@@ -218,7 +218,6 @@ def test_a_controller_ended_while_it_forks_its_schedulers_takes_them_along(momen
     (``kdist_magics.cluster.follow``, a session of its own as ipyparallel's launcher gives it),
     is killed at one moment of its start; every process of its group is gone within
     ``fm.GONE_WITHIN``."""
-    import os
     import subprocess
     import sys
     import time
@@ -226,6 +225,7 @@ def test_a_controller_ended_while_it_forks_its_schedulers_takes_them_along(momen
     import psutil
 
     from kdist_magics.cluster.follow import command
+    from kdist_magics.cluster.lifetime import live_in_group
     from kernel_driver import wait_gone
 
     cmd = command("ipyparallel.controller") + [
@@ -238,16 +238,7 @@ def test_a_controller_ended_while_it_forks_its_schedulers_takes_them_along(momen
     )
 
     def group() -> list[int]:
-        found = []
-        for proc in psutil.process_iter(["pid", "status"]):
-            try:
-                if (
-                    os.getpgid(proc.pid) == controller.pid and proc.info["status"] != psutil.STATUS_ZOMBIE
-                ):  # killed, not reaped
-                    found.append(proc.pid)
-            except OSError:
-                pass
-        return found
+        return live_in_group(controller.pid)
 
     def schedulers() -> list[int]:
         return [p for p in group() if p != controller.pid]

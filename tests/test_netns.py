@@ -72,6 +72,12 @@ def netns_unavailable() -> str | None:
     return None
 
 
+def tbf(rate: str) -> tuple[str, ...]:
+    """``tc qdisc add ... root`` arguments that hold a link to ``rate`` (a token bucket of 64 KiB:
+    a packet over it is dropped, so the link's MTU stays a network's)."""
+    return ("tbf", "rate", rate, "burst", "64kb", "latency", "100ms")
+
+
 def _free_subnet(first: int) -> int:
     """The first 10.213.N.0/24 from ``first`` on that no address here is in (another session's
     hosts may be up beside these: the long tier's two-host probe beside the netns tier)."""
@@ -162,8 +168,7 @@ class Hosts:
         """Every host's way out (its veth end, so both directions between two hosts) at ``rate``
         (``tc ... tbf``: ``netem`` is not available here), a slower network between hosts."""
         for ns in self.namespaces.values():
-            tbf = ("tbf", "rate", rate, "burst", "64kb", "latency", "100ms")
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", self.inner, "root", *tbf)
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", self.inner, "root", *tbf(rate))
 
     # -- ipyparallel -------------------------------------------------------------
     def start_controller(self) -> None:

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 
-from .lifetime import alive, descendants, end_groups, end_with
+from .lifetime import alive, descendants, end_groups, end_with, live_in_group
 
 #: TensorFlow's C++ log level on the engines kdist starts: 1 hides INFO, keeps WARNING and ERROR;
 #: TensorFlow reads it once, at its first log line, so it is set before anything imports it
@@ -150,20 +150,6 @@ def guard(pid: int, started: float, target: int, group: bool = False) -> None:
         remove_segments(of_pid=pid)
 
 
-def _in_group(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group ``pgid``."""
-    import psutil
-
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except OSError:
-            pass
-    return found
-
-
 def _end_group_until_empty(pgid: int, within: float) -> None:
     """Kill process group ``pgid`` again while a live process is left in it, for ``within``
     seconds at most: a child its leader was forking as it was killed can join the group a
@@ -171,7 +157,7 @@ def _end_group_until_empty(pgid: int, within: float) -> None:
     import time
 
     deadline = time.monotonic() + within
-    while _in_group(pgid) and time.monotonic() < deadline:
+    while live_in_group(pgid) and time.monotonic() < deadline:
         end_groups([pgid])
         threading.Event().wait(0.05)
 

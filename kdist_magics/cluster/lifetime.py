@@ -138,6 +138,21 @@ def end_groups(pgids) -> None:
             pass
 
 
+def live_in_group(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` that still run (zombies, killed and not yet
+    reaped, left out)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except OSError:
+            pass
+    return found
+
+
 def descendants(root) -> list:
     """Every process below ``root``, one level at a time: one that ends while the tree is
     being read drops out alone (psutil's recursive listing gives up on the whole tree)."""
